@@ -1,0 +1,1 @@
+//! `accel` layer: see docs/ARCHITECTURE.md. (Filled by its issue.)

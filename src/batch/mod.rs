@@ -1,0 +1,1 @@
+//! `batch` layer: see docs/ARCHITECTURE.md. (Filled by its issue.)

@@ -1,0 +1,1 @@
+//! `decode` layer: see docs/ARCHITECTURE.md. (Filled by its issue.)

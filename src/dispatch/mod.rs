@@ -1,0 +1,1 @@
+//! `dispatch` layer: see docs/ARCHITECTURE.md. (Filled by its issue.)

@@ -1,0 +1,1 @@
+//! `rt` layer: see docs/ARCHITECTURE.md. (Filled by its issue.)

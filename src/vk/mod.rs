@@ -1,0 +1,1 @@
+//! `vk` layer: see docs/ARCHITECTURE.md. (Filled by its issue.)
