@@ -3,4 +3,17 @@
 //! - [`model`]: the llama-style model's shape ([`model::Config`]), its weights
 //!   ([`model::Weights`], llama2.c tensor order) and one iteration's packed work
 //!   ([`model::BatchPlan`]).
+//! - [`trace`]: request traces in the Azure LLM inference trace schema (an
+//!   embedded CC-BY-4.0 slice is the default workload).
+//! - [`checkpoint`], [`tokenizer`]: llama2.c checkpoints and tokenizers.
+//! - [`kv_cache`]: the paged KV cache's block allocator (the group's resource).
+//! - [`seq`]: a member's sequence state and the packing of one iteration.
+//! - [`backend`]: the device model seen by the job (one launch per iteration).
+//! - [`job`]: the `xtc decode` run; [`report`]: its figures.
+pub mod backend;
+pub mod checkpoint;
+pub mod kv_cache;
 pub mod model;
+pub mod seq;
+pub mod tokenizer;
+pub mod trace;

@@ -1,0 +1,182 @@
+//! The device model seen by the decode job: one forward pass per iteration.
+//!
+//! [`DecodeModel::launch`] starts the forward pass of one [`BatchPlan`] (the
+//! whole ready vector in one command buffer on a GPU) and says how the driver
+//! waits for it: [`Launch::Ready`] (computed inline, e.g. the CPU reference) or
+//! [`Launch::Fence`] (a pollable fd — sync_file or eventfd — that becomes
+//! readable when the device finishes; the async group's `Exec::Fence`).
+//! [`DecodeModel::finish`] then returns the greedy next token of every
+//! sequence whose `sample` flag is set, in plan order.
+//!
+//! [`ToyModel`] is a device-free stand-in whose "forward pass" hashes each
+//! sequence's whole history read back through its block table, so any block
+//! table or position mistake of the job changes its tokens; tests compare it
+//! with [`toy_reference`].
+
+use std::os::fd::RawFd;
+
+use crate::decode::model::{BatchPlan, Config};
+
+/// How the driver waits for a launched iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    /// The result is already there (computed inline).
+    Ready,
+    /// Wait until this fd is readable (owned by the model; valid until `finish`).
+    Fence(RawFd),
+}
+
+/// A device model failure, with the backend's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("device model: {0}")]
+pub struct ModelError(pub String);
+
+/// A model that runs one packed iteration at a time.
+pub trait DecodeModel {
+    /// The model's shape.
+    fn config(&self) -> Config;
+    /// One line naming the device and model (for the report).
+    fn describe(&self) -> String;
+    /// Starts the forward pass of `plan` (KV writes + sampling).
+    ///
+    /// # Errors
+    /// The backend's failure; nothing is in flight then.
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError>;
+    /// The sampled tokens of the launched plan (plan order), after its fence.
+    ///
+    /// # Errors
+    /// The backend's failure, or no plan in flight.
+    fn finish(&mut self) -> Result<Vec<u32>, ModelError>;
+}
+
+/// Device-free test model over a paged token store (see the module doc).
+#[derive(Debug, Clone)]
+pub struct ToyModel {
+    config: Config,
+    block_size: usize,
+    /// `n_blocks * block_size` slots, one token id per position.
+    slots: Vec<u32>,
+    pending: Option<Vec<u32>>,
+}
+
+impl ToyModel {
+    /// A toy model over a cache of `n_blocks` blocks of `block_size` positions.
+    pub fn new(vocab_size: usize, n_blocks: usize, block_size: usize) -> Self {
+        let config = Config {
+            dim: 8,
+            hidden_dim: 8,
+            n_layers: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            vocab_size,
+            seq_len: n_blocks * block_size,
+        };
+        ToyModel {
+            config,
+            block_size,
+            slots: vec![u32::MAX; n_blocks * block_size],
+            pending: None,
+        }
+    }
+
+    fn slot(&self, table: &[u32], pos: usize) -> Result<usize, ModelError> {
+        let block = table
+            .get(pos / self.block_size)
+            .ok_or_else(|| ModelError(format!("position {pos} beyond the block table")))?;
+        Ok(*block as usize * self.block_size + pos % self.block_size)
+    }
+}
+
+/// FNV-1a step over one u32.
+fn fnv(h: u64, x: u32) -> u64 {
+    x.to_le_bytes()
+        .iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The toy model's next token after `history` (what [`ToyModel`] computes
+/// from its paged store).
+pub fn toy_next(history: impl IntoIterator<Item = u32>, vocab_size: usize) -> u32 {
+    let h = history.into_iter().fold(FNV_OFFSET, fnv);
+    (h % vocab_size as u64) as u32
+}
+
+/// Greedy decode of one request alone with the toy model: `n` tokens after `prompt`.
+pub fn toy_reference(prompt: &[u32], n: usize, vocab_size: usize) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    for _ in 0..n {
+        let t = toy_next(seq.iter().copied(), vocab_size);
+        seq.push(t);
+    }
+    seq.split_off(prompt.len())
+}
+
+impl DecodeModel for ToyModel {
+    fn config(&self) -> Config {
+        self.config
+    }
+
+    fn describe(&self) -> String {
+        "toy model (no device)".into()
+    }
+
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
+        let mut out = Vec::new();
+        for s in &plan.seqs {
+            for (i, &t) in s.tokens.iter().enumerate() {
+                let slot = self.slot(&s.block_table, s.start_pos + i)?;
+                self.slots[slot] = t;
+            }
+            if s.sample {
+                let last = s.start_pos + s.tokens.len();
+                let hist: Result<Vec<u32>, _> = (0..last)
+                    .map(|p| self.slot(&s.block_table, p).map(|i| self.slots[i]))
+                    .collect();
+                out.push(toy_next(hist?, self.config.vocab_size));
+            }
+        }
+        self.pending = Some(out);
+        Ok(Launch::Ready)
+    }
+
+    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
+        self.pending
+            .take()
+            .ok_or_else(|| ModelError("finish without a launched plan".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::model::SeqWork;
+
+    #[test]
+    fn toy_model_reads_history_through_the_block_table() {
+        let mut m = ToyModel::new(50, 4, 2);
+        let prompt = [3, 1, 4];
+        let plan = BatchPlan {
+            seqs: vec![SeqWork {
+                tokens: prompt.to_vec(),
+                start_pos: 0,
+                block_table: vec![3, 0],
+                sample: true,
+            }],
+        };
+        assert_eq!(m.launch(&plan).unwrap(), Launch::Ready);
+        let t = m.finish().unwrap();
+        assert_eq!(t, toy_reference(&prompt, 1, 50));
+        assert!(m.finish().is_err());
+        let short = BatchPlan {
+            seqs: vec![SeqWork {
+                tokens: vec![1, 2, 3],
+                start_pos: 0,
+                block_table: vec![0],
+                sample: false,
+            }],
+        };
+        assert!(m.launch(&short).is_err());
+    }
+}
