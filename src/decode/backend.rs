@@ -42,7 +42,8 @@ pub trait DecodeModel {
     /// # Errors
     /// The backend's failure; nothing is in flight then.
     fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError>;
-    /// The sampled tokens of the launched plan (plan order), after its fence.
+    /// The sampled tokens of the launched plan (plan order). Called after the
+    /// fence signalled, or earlier: then it blocks until the device is done.
     ///
     /// # Errors
     /// The backend's failure, or no plan in flight.

@@ -34,7 +34,9 @@ pub enum CheckpointError {
         msg: String,
     },
     /// The file ends inside the named header field or tensor.
-    #[error("checkpoint truncated in `{field}`: needs {needed} bytes at offset {offset}, file has {len}")]
+    #[error(
+        "checkpoint truncated in `{field}`: needs {needed} bytes at offset {offset}, file has {len}"
+    )]
     Truncated {
         /// Header field or tensor being read.
         field: &'static str,
@@ -56,7 +58,9 @@ pub enum CheckpointError {
         why: &'static str,
     },
     /// Bytes remain after the last tensor the header describes.
-    #[error("checkpoint has {extra} trailing bytes after `{last_field}` (header does not match the tensors)")]
+    #[error(
+        "checkpoint has {extra} trailing bytes after `{last_field}` (header does not match the tensors)"
+    )]
     Trailing {
         /// Bytes left over.
         extra: usize,
@@ -184,10 +188,18 @@ fn read_header(cur: &mut Cursor<'_>) -> Result<(Config, bool), CheckpointError> 
         *slot = cur.i32(name)?;
     }
     if f[0] == 0x616b_3432 {
-        return Err(bad("dim", f[0], "this is the llama2.c `ak42` v1/v2 export; use the legacy export (version 0)"));
+        return Err(bad(
+            "dim",
+            f[0],
+            "this is the llama2.c `ak42` v1/v2 export; use the legacy export (version 0)",
+        ));
     }
     for (i, name) in HEADER.iter().enumerate() {
-        let v = if i == 5 { f[i].unsigned_abs() as i64 } else { f[i] as i64 };
+        let v = if i == 5 {
+            f[i].unsigned_abs() as i64
+        } else {
+            f[i] as i64
+        };
         if v <= 0 {
             return Err(bad(name, f[i], "must be positive"));
         }
@@ -224,10 +236,18 @@ pub fn check_config(c: &Config) -> Result<(), CheckpointError> {
         return Err(bad("n_heads", v(c.n_heads), "does not divide dim"));
     }
     if c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0 {
-        return Err(bad("n_kv_heads", v(c.n_kv_heads), "does not divide n_heads"));
+        return Err(bad(
+            "n_kv_heads",
+            v(c.n_kv_heads),
+            "does not divide n_heads",
+        ));
     }
     if c.head_size() % 2 != 0 {
-        return Err(bad("n_heads", v(c.n_heads), "dim / n_heads must be even (RoPE pairs)"));
+        return Err(bad(
+            "n_heads",
+            v(c.n_heads),
+            "dim / n_heads must be even (RoPE pairs)",
+        ));
     }
     Ok(())
 }
@@ -240,8 +260,20 @@ pub fn check_config(c: &Config) -> Result<(), CheckpointError> {
 /// The writer's I/O errors.
 pub fn write(w: &Weights, shared: bool, out: &mut impl Write) -> std::io::Result<()> {
     let c = &w.config;
-    let vocab = if shared { c.vocab_size as i32 } else { -(c.vocab_size as i32) };
-    let header = [c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, 0, c.seq_len];
+    let vocab = if shared {
+        c.vocab_size as i32
+    } else {
+        -(c.vocab_size as i32)
+    };
+    let header = [
+        c.dim,
+        c.hidden_dim,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        0,
+        c.seq_len,
+    ];
     for (i, &x) in header.iter().enumerate() {
         let x = if i == 5 { vocab } else { x as i32 };
         out.write_all(&x.to_le_bytes())?;
@@ -285,13 +317,49 @@ mod tests {
     #[test]
     fn header_errors_name_the_field() {
         let e = parse(&header([8, 16, 1, 3, 1, 10, 4])).unwrap_err();
-        assert!(matches!(e, CheckpointError::Inconsistent { field: "n_heads", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                CheckpointError::Inconsistent {
+                    field: "n_heads",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = parse(&header([8, 16, 1, 2, 3, 10, 4])).unwrap_err();
-        assert!(matches!(e, CheckpointError::Inconsistent { field: "n_kv_heads", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                CheckpointError::Inconsistent {
+                    field: "n_kv_heads",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = parse(&header([8, 16, 0, 2, 1, 10, 4])).unwrap_err();
-        assert!(matches!(e, CheckpointError::Inconsistent { field: "n_layers", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                CheckpointError::Inconsistent {
+                    field: "n_layers",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = parse(&header([8, 16, 1, 2, 1, 10, 4])[..6]).unwrap_err();
-        assert!(matches!(e, CheckpointError::Truncated { field: "hidden_dim", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                CheckpointError::Truncated {
+                    field: "hidden_dim",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]
@@ -299,7 +367,16 @@ mod tests {
         let mut b = header([8, 16, 1, 2, 1, 10, 4]);
         b.extend(vec![0u8; 10 * 8 * 4]); // token_embedding only
         let e = parse(&b).unwrap_err();
-        assert!(matches!(e, CheckpointError::Truncated { field: "rms_att", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                CheckpointError::Truncated {
+                    field: "rms_att",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("rms_att"));
     }
 }

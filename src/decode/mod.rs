@@ -12,8 +12,11 @@
 //! - [`job`]: the `xtc decode` run; [`report`]: its figures.
 pub mod backend;
 pub mod checkpoint;
+pub mod job;
 pub mod kv_cache;
+pub mod local;
 pub mod model;
+pub mod report;
 pub mod seq;
 pub mod tokenizer;
 pub mod trace;

@@ -79,6 +79,8 @@ pub struct Sequence {
     pub block_table: Vec<u32>,
     /// Charge in KV blocks reserved at admission.
     pub charge: u64,
+    /// Cancel this long after arrival (`--cancel-rate`), if set.
+    pub cancel_after: Option<Duration>,
     /// This iteration's work (`None` when the member got no share).
     pub scheduled: Option<Work>,
     /// Timestamps.
@@ -97,6 +99,7 @@ impl Sequence {
             pos: 0,
             block_table: Vec::new(),
             charge,
+            cancel_after: spec.cancel_after,
             scheduled: None,
             timing: Timing {
                 arrived: now,
@@ -193,6 +196,21 @@ pub fn pack(
     Ok(plan)
 }
 
+/// `(prefill rows, decode rows)` of the members' scheduled work (call
+/// between [`pack`] and [`apply`]).
+pub fn scheduled_rows(members: &[&mut Sequence]) -> (usize, usize) {
+    members.iter().fold((0, 0), |(p, d), s| match s.scheduled {
+        Some(w) if s.is_prefill() => (p + w.n_tokens, d),
+        Some(w) => (p, d + w.n_tokens),
+        None => (p, d),
+    })
+}
+
+/// Whether a cancellation set for `s` is due at `now`.
+pub fn cancel_due(s: &Sequence, now: Instant) -> bool {
+    s.cancel_after.is_some_and(|d| s.timing.arrived + d <= now)
+}
+
 /// What [`apply`] decided for a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -244,7 +262,11 @@ pub fn apply(
                     push_token(s, *next.next().expect("counted above"), now);
                 }
             }
-            if s.is_done() { Outcome::Done } else { Outcome::Continue }
+            if s.is_done() {
+                Outcome::Done
+            } else {
+                Outcome::Continue
+            }
         })
         .collect();
     Ok(outcomes)
@@ -287,7 +309,10 @@ mod tests {
         assert_eq!(plan.seqs.len(), 1);
         assert!(!plan.seqs[0].sample);
         assert_eq!(a.block_table.len(), 2);
-        assert_eq!(apply(&mut [&mut a, &mut b], &[], now).unwrap(), [Outcome::Continue; 2]);
+        assert_eq!(
+            apply(&mut [&mut a, &mut b], &[], now).unwrap(),
+            [Outcome::Continue; 2]
+        );
         // iteration 2: a's last 4 prompt rows (sampled) + b's whole prompt (2)
         let plan = pack(&mut [&mut a, &mut b], 6, &mut kv, now).unwrap();
         assert_eq!(plan.seqs.len(), 2);
@@ -331,7 +356,10 @@ mod tests {
         let mut a = seq(0, 1, 2);
         let now = Instant::now();
         pack(&mut [&mut a], 4, &mut kv, now).unwrap();
-        assert_eq!(apply(&mut [&mut a], &[9], now).unwrap(), [Outcome::Continue]);
+        assert_eq!(
+            apply(&mut [&mut a], &[9], now).unwrap(),
+            [Outcome::Continue]
+        );
         pack(&mut [&mut a], 4, &mut kv, now).unwrap();
         assert_eq!(apply(&mut [&mut a], &[9], now).unwrap(), [Outcome::Done]);
         assert_eq!(a.pos, a.max_positions());

@@ -102,9 +102,16 @@ impl Tokenizer {
         let Some(p) = self.pieces.get(token as usize) else {
             return Vec::new();
         };
-        let p = if prev == BOS && p.first() == Some(&b' ') { &p[1..] } else { &p[..] };
+        let p = if prev == BOS && p.first() == Some(&b' ') {
+            &p[1..]
+        } else {
+            &p[..]
+        };
         if let Some(hex) = p.strip_prefix(b"<0x").and_then(|r| r.strip_suffix(b">")) {
-            if let Some(b) = std::str::from_utf8(hex).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            if let Some(b) = std::str::from_utf8(hex)
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
                 return vec![b];
             }
         }
@@ -162,7 +169,11 @@ mod tests {
         bad[8..12].copy_from_slice(&7i32.to_le_bytes()); // len of token 0
         assert!(matches!(
             Tokenizer::parse(&bad, 2).unwrap_err(),
-            TokenizerError::BadLength { token: 0, len: 7, .. }
+            TokenizerError::BadLength {
+                token: 0,
+                len: 7,
+                ..
+            }
         ));
     }
 }

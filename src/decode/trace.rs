@@ -55,7 +55,9 @@ pub enum TraceError {
         msg: String,
     },
     /// The header lacks one of [`COLUMNS`].
-    #[error("trace header lacks column `{column}` (expected TIMESTAMP,ContextTokens,GeneratedTokens)")]
+    #[error(
+        "trace header lacks column `{column}` (expected TIMESTAMP,ContextTokens,GeneratedTokens)"
+    )]
     MissingColumn {
         /// The missing column's name.
         column: &'static str,
@@ -156,7 +158,8 @@ pub fn parse(text: &str) -> Result<Trace, TraceError> {
             row_error(line, &e)
         })?;
         let line = rec.position().map_or(0, |p| p.line());
-        let (ts, prompt, output) = parse_row(&rec, idx).map_err(|msg| TraceError::Row { line, msg })?;
+        let (ts, prompt, output) =
+            parse_row(&rec, idx).map_err(|msg| TraceError::Row { line, msg })?;
         let t0 = *first_ns.get_or_insert(ts);
         let rel = u64::try_from(ts - t0).map_err(|_| TraceError::Row {
             line,
