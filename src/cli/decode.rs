@@ -1,0 +1,418 @@
+//! `xtc decode`: KV-cache continuous batching of a trace-replayed workload.
+//!
+//! With no arguments: the seeded synthetic model ([`DEFAULT_CONFIG`]), the
+//! embedded slice of the Azure LLM inference conversation trace (arrivals
+//! sped up by [`DEFAULT_TIME_SCALE`], lengths scaled down on CPU devices),
+//! on the default device; prints the report. See `xtc decode --help`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::decode::backend::{DecodeModel, ToyModel};
+use crate::decode::checkpoint;
+use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, Workload};
+use crate::decode::model::{Config, Weights};
+use crate::decode::report::{Comparison, Report, chrome_trace};
+use crate::decode::tokenizer::{self, Tokenizer};
+use crate::decode::trace::{self, Scaling, Trace};
+
+/// Shape of the default synthetic model (llama-style, seeded weights).
+pub const DEFAULT_CONFIG: Config = Config {
+    dim: 128,
+    hidden_dim: 352,
+    n_layers: 4,
+    n_heads: 4,
+    n_kv_heads: 2,
+    vocab_size: 512,
+    seq_len: 512,
+};
+
+/// Default speed-up of the trace's arrival clock.
+pub const DEFAULT_TIME_SCALE: f64 = 8.0;
+
+/// Default number of requests replayed.
+pub const DEFAULT_REQUESTS: usize = 64;
+
+/// Length scaling on CPU devices: prompt / 16, output / 8, capped.
+pub const CPU_SCALING: Scaling = Scaling {
+    time_scale: DEFAULT_TIME_SCALE,
+    prompt_div: 16,
+    output_div: 8,
+    max_prompt: 192,
+    max_output: 96,
+};
+
+/// Arguments of `xtc decode`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DecodeArgs {
+    /// llama2.c checkpoint to run instead of the synthetic model.
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// llama2.c tokenizer.bin: print sample outputs as text.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
+    /// Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) instead of the embedded Azure slice.
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<PathBuf>,
+    /// Requests to replay (the trace's first rows).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_REQUESTS)]
+    pub requests: usize,
+    /// Speed-up of the arrival clock (2 replays twice as fast).
+    #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE)]
+    pub time_scale: f64,
+    /// Members in the ready vector at most.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub max_active: usize,
+    /// Blocks in the KV cache (default: enough for max-active requests of the longest scaled length).
+    #[arg(long, value_name = "N")]
+    pub kv_blocks: Option<usize>,
+    /// Positions per KV block.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub block_size: usize,
+    /// Token rows per iteration (prefill chunks + one per decoding member).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub token_budget: usize,
+    /// Device: `auto` (a GPU if present, else lavapipe), `cpu` (the CPU reference, no Vulkan).
+    #[arg(long, value_name = "DEV", default_value = "auto")]
+    pub device: String,
+    /// Seed of the synthetic weights, prompts and cancellations.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a Chrome trace / Perfetto JSON of iterations and requests.
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
+    /// Fraction of requests cancelled at a random time after arrival.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub cancel_rate: f64,
+    /// Run continuous, static and one-at-a-time batching on the same workload and print ratios.
+    #[arg(long)]
+    pub compare: bool,
+    /// Divide prompt lengths by this (default: 16 on CPU devices, 1 on GPUs).
+    #[arg(long, value_name = "N")]
+    pub prompt_div: Option<usize>,
+    /// Divide output lengths by this (default: 8 on CPU devices, 1 on GPUs).
+    #[arg(long, value_name = "N")]
+    pub output_div: Option<usize>,
+}
+
+/// Runs `xtc decode`; returns the exit status (0 ok, 1 error).
+pub fn run(args: &DecodeArgs) -> i32 {
+    match run_inner(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("xtc decode: error: {e}");
+            1
+        }
+    }
+}
+
+fn run_inner(args: &DecodeArgs) -> Result<(), String> {
+    check_args(args)?;
+    let trace = match &args.trace {
+        Some(p) => trace::load(p).map_err(|e| e.to_string())?,
+        None => trace::embedded(),
+    };
+    let weights = load_weights(args)?;
+    let config = weights.config;
+    let device = DeviceChoice::parse(&args.device)?;
+    let scaling = scaling(args, &config, device.is_cpu());
+    let wl = job::workload(
+        &trace,
+        args.requests,
+        &scaling,
+        config.vocab_size,
+        args.seed,
+        args.cancel_rate,
+    );
+    let opts = job_opts(args, &wl, &config);
+    let tokenizer = load_tokenizer(args, &config)?;
+    let mut model = device.open(weights, &opts)?;
+    if !args.json {
+        eprintln!("{}", banner(args, &trace, &wl, &opts, &model.describe()));
+    }
+    if args.compare {
+        return compare(args, model.as_mut(), &wl, &opts);
+    }
+    let out = run_once(model.as_mut(), &wl, &opts, !args.json)?;
+    write_trace(args, &out)?;
+    let report = Report::from_run(&out, wl.requests.len());
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", report.render());
+        if let Some(t) = &tokenizer {
+            print_samples(t, &out);
+        }
+    }
+    Ok(())
+}
+
+/// Where the model runs (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The default Vulkan device: a GPU if present, else lavapipe.
+    Auto,
+    /// The CPU reference forward pass (no Vulkan).
+    Cpu,
+    /// The device-free toy model (measures the batching alone; tokens are hashes).
+    Toy,
+}
+
+impl DeviceChoice {
+    /// Parses `--device`.
+    ///
+    /// # Errors
+    /// A message listing the accepted values.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" | "vulkan" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "toy" => Ok(DeviceChoice::Toy),
+            _ => Err(format!("--device {s}: expected auto, cpu or toy")),
+        }
+    }
+
+    /// Whether lengths are scaled down (everything but a real GPU).
+    pub fn is_cpu(self) -> bool {
+        true
+    }
+
+    /// Opens the model on this device with a KV cache of `opts`' shape.
+    ///
+    /// # Errors
+    /// The backend's message.
+    pub fn open(self, weights: Weights, opts: &JobOpts) -> Result<Box<dyn DecodeModel>, String> {
+        match self {
+            DeviceChoice::Toy => Ok(Box::new(ToyModel::new(
+                weights.config.vocab_size,
+                opts.kv_blocks,
+                opts.block_size,
+            ))),
+            _ => Err("the Vulkan and CPU backends are not built yet".into()),
+        }
+    }
+}
+
+fn load_weights(args: &DecodeArgs) -> Result<Weights, String> {
+    match &args.model {
+        Some(p) => checkpoint::load(p).map_err(|e| e.to_string()),
+        None => Ok(synthetic(DEFAULT_CONFIG, args.seed)),
+    }
+}
+
+fn check_args(args: &DecodeArgs) -> Result<(), String> {
+    if args.requests == 0 {
+        return Err("--requests must be at least 1".into());
+    }
+    if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
+        return Err(format!(
+            "--time-scale must be a positive number, not {}",
+            args.time_scale
+        ));
+    }
+    if !(0.0..=1.0).contains(&args.cancel_rate) {
+        return Err(format!(
+            "--cancel-rate must be in 0..=1, not {}",
+            args.cancel_rate
+        ));
+    }
+    if args.tokenizer.is_some() && args.model.is_none() {
+        return Err("--tokenizer needs --model (the synthetic model has no vocabulary)".into());
+    }
+    Ok(())
+}
+
+/// The length scaling for the device: CPU devices get [`CPU_SCALING`]'s
+/// divisors unless overridden; lengths are capped so `prompt + output` fits
+/// the model's `seq_len`.
+pub fn scaling(args: &DecodeArgs, config: &Config, is_cpu: bool) -> Scaling {
+    let (pd, od) = if is_cpu {
+        (CPU_SCALING.prompt_div, CPU_SCALING.output_div)
+    } else {
+        (1, 1)
+    };
+    let max_prompt = if is_cpu {
+        CPU_SCALING.max_prompt
+    } else {
+        usize::MAX
+    };
+    let max_output = if is_cpu {
+        CPU_SCALING.max_output
+    } else {
+        usize::MAX
+    };
+    let half = (config.seq_len / 2).max(1);
+    Scaling {
+        time_scale: args.time_scale,
+        prompt_div: args.prompt_div.unwrap_or(pd).max(1),
+        output_div: args.output_div.unwrap_or(od).max(1),
+        max_prompt: max_prompt.min(config.seq_len.saturating_sub(half).max(1)),
+        max_output: max_output.min(half),
+    }
+}
+
+/// Job options from the arguments; the default KV cache holds `max_active`
+/// requests of the workload's longest length.
+pub fn job_opts(args: &DecodeArgs, wl: &Workload, config: &Config) -> JobOpts {
+    let longest = wl
+        .requests
+        .iter()
+        .map(|r| r.prompt.len() + r.output_tokens)
+        .max()
+        .unwrap_or(1)
+        .min(config.seq_len);
+    let per_req = longest.div_ceil(args.block_size.max(1));
+    JobOpts {
+        mode: Mode::Continuous,
+        max_active: args.max_active,
+        kv_blocks: args.kv_blocks.unwrap_or(per_req * args.max_active.max(1)),
+        block_size: args.block_size,
+        token_budget: args.token_budget,
+        stop_token: args.model.as_ref().map(|_| tokenizer::EOS),
+    }
+}
+
+fn load_tokenizer(args: &DecodeArgs, config: &Config) -> Result<Option<Tokenizer>, String> {
+    args.tokenizer
+        .as_ref()
+        .map(|p| Tokenizer::load(p, config.vocab_size).map_err(|e| e.to_string()))
+        .transpose()
+}
+
+fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, device: &str) -> String {
+    let name = args
+        .trace
+        .as_ref()
+        .map_or(trace::EMBEDDED_NAME.to_string(), |p| {
+            p.display().to_string()
+        });
+    let span = wl.requests.last().map_or(Duration::ZERO, |r| r.arrival);
+    format!(
+        "xtc decode: {} of {} requests from {name} (arrivals over {:.2} s at {}x), {device}\n\
+         max-active {}, KV cache {} blocks x {} positions, token budget {}",
+        wl.requests.len(),
+        trace.requests.len(),
+        span.as_secs_f64(),
+        args.time_scale,
+        o.max_active,
+        o.kv_blocks,
+        o.block_size,
+        o.token_budget
+    )
+}
+
+fn run_once(
+    model: &mut dyn DecodeModel,
+    wl: &Workload,
+    opts: &JobOpts,
+    show: bool,
+) -> Result<RunOutput, String> {
+    let bar = progress_bar(wl.requests.len() as u64, opts.mode, show);
+    let mut update = |p: &Progress| {
+        let rate = p.generated as f64 / p.elapsed.as_secs_f64().max(1e-9);
+        bar.set_position(p.done as u64);
+        bar.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
+    };
+    let out = job::run(model, wl, opts, &mut update).map_err(|e| e.to_string());
+    bar.finish_and_clear();
+    out
+}
+
+fn progress_bar(total: u64, mode: Mode, show: bool) -> ProgressBar {
+    if !show || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style =
+        ProgressStyle::with_template("{prefix:>14} [{bar:30}] {pos}/{len} requests | {msg}")
+            .expect("valid template")
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(mode.name());
+    bar
+}
+
+fn compare(
+    args: &DecodeArgs,
+    model: &mut dyn DecodeModel,
+    wl: &Workload,
+    opts: &JobOpts,
+) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mut reports = Vec::new();
+    for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
+        let o = JobOpts { mode, ..*opts };
+        let out = run_once(model, wl, &o, !args.json)?;
+        if mode == Mode::Continuous {
+            write_trace(args, &out)?;
+        }
+        reports.push(Report::from_run(&out, wl.requests.len()));
+    }
+    let one = reports.pop().expect("three runs");
+    let stat = reports.pop().expect("three runs");
+    let cont = reports.pop().expect("three runs");
+    let cmp = Comparison::new(cont, stat, one);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&cmp).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", cmp.continuous.render());
+        print!("{}", cmp.render());
+        println!("(three runs in {:.1} s)", t0.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
+    let Some(path) = &args.trace_out else {
+        return Ok(());
+    };
+    let text = serde_json::to_string(&chrome_trace(out)).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn print_samples(t: &Tokenizer, out: &RunOutput) {
+    for f in out.finished.iter().take(3) {
+        let prev = f.seq.prompt.last().copied().unwrap_or(tokenizer::BOS);
+        println!(
+            "  request {}: {:?}",
+            f.seq.id,
+            t.decode(prev, &f.seq.generated)
+        );
+    }
+}
+
+/// Seeded weights until `Weights::synthetic` lands (replaced on merge).
+fn synthetic(config: Config, seed: u64) -> Weights {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let c = config;
+    let (l, d, h, kv, v) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim(), c.vocab_size);
+    let mut t = |n: usize| (0..n).map(|_| rng.f32() - 0.5).collect::<Vec<f32>>();
+    let token_embedding = t(v * d);
+    Weights {
+        config,
+        rms_att: vec![1.0; l * d],
+        wq: t(l * d * d),
+        wk: t(l * kv * d),
+        wv: t(l * kv * d),
+        wo: t(l * d * d),
+        rms_ffn: vec![1.0; l * d],
+        w1: t(l * h * d),
+        w2: t(l * d * h),
+        w3: t(l * h * d),
+        rms_final: vec![1.0; d],
+        wcls: token_embedding.clone(),
+        token_embedding,
+    }
+}
