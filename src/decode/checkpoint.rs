@@ -232,17 +232,17 @@ fn bad(field: &'static str, value: i32, why: &'static str) -> CheckpointError {
 /// [`CheckpointError::Inconsistent`] naming the field that breaks a relation.
 pub fn check_config(c: &Config) -> Result<(), CheckpointError> {
     let v = |x: usize| x as i32;
-    if c.dim % c.n_heads != 0 {
+    if !c.dim.is_multiple_of(c.n_heads) {
         return Err(bad("n_heads", v(c.n_heads), "does not divide dim"));
     }
-    if c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0 {
+    if c.n_kv_heads > c.n_heads || !c.n_heads.is_multiple_of(c.n_kv_heads) {
         return Err(bad(
             "n_kv_heads",
             v(c.n_kv_heads),
             "does not divide n_heads",
         ));
     }
-    if c.head_size() % 2 != 0 {
+    if !c.head_size().is_multiple_of(2) {
         return Err(bad(
             "n_heads",
             v(c.n_heads),

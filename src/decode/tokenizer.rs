@@ -107,13 +107,12 @@ impl Tokenizer {
         } else {
             &p[..]
         };
-        if let Some(hex) = p.strip_prefix(b"<0x").and_then(|r| r.strip_suffix(b">")) {
-            if let Some(b) = std::str::from_utf8(hex)
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                return vec![b];
-            }
+        let hex = p.strip_prefix(b"<0x").and_then(|r| r.strip_suffix(b">"));
+        let byte = hex
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        if let Some(b) = byte {
+            return vec![b];
         }
         p.to_vec()
     }
