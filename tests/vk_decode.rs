@@ -2,7 +2,7 @@
 //! (`decode::reference`): greedy tokens, teacher-forced logits at every step,
 //! and members joining/leaving the ready vector without disturbing others.
 //!
-//! Tolerance: logits (magnitude ~1-5 for the synthetic model) agree within
+//! Tolerance: logits (magnitude up to ~8 for the synthetic model) agree within
 //! `TOL` = 1e-4 absolute (observed: under 5e-6); the GPU's reduction order
 //! differs from the CPU's.
 

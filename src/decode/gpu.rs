@@ -19,7 +19,9 @@
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use super::model::{BatchPlan, Config, KvGeometry, Weights};
-use super::ops::{Argmax, Attention, Embed, KvAppend, Matmul, Ops, RmsNorm, Rope, SwiGlu};
+use super::ops::{
+    Argmax, Attention, Embed, KvAppend, Matmul, Ops, RmsNorm, Rope, SwiGlu, pack_metadata,
+};
 use super::reference::EPS;
 use crate::vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, Submission, VkResult,
@@ -330,40 +332,14 @@ impl GpuModel {
         })
     }
 
-    /// Writes the row records, block tables and sampled-row list; returns the
-    /// metadata offset of the sampled-row list.
+    /// Writes this iteration's metadata ([`pack_metadata`]); returns the
+    /// offset of the sampled-row list.
     fn write_meta(&mut self, plan: &BatchPlan) -> Result<u32> {
-        let n_rows = plan.n_tokens();
-        let m = &mut self.scratch;
-        m.clear();
-        m.resize(4 * n_rows, 0);
-        let mut row = 0;
-        for (si, s) in plan.seqs.iter().enumerate() {
-            let bt_off = m.len() as u32;
-            let blocks = (s.start_pos + s.tokens.len()).div_ceil(self.opts.kv.block_size);
-            m.extend_from_slice(&s.block_table[..blocks]);
-            for (i, &tok) in s.tokens.iter().enumerate() {
-                m[4 * row..4 * row + 4].copy_from_slice(&[
-                    tok,
-                    si as u32,
-                    (s.start_pos + i) as u32,
-                    bt_off,
-                ]);
-                row += 1;
-            }
-        }
-        let samples = m.len() as u32;
-        let mut row = 0u32;
-        for s in &plan.seqs {
-            row += s.tokens.len() as u32;
-            if s.sample {
-                m.push(row - 1);
-            }
-        }
-        if (m.len() * 4) as u64 > self.meta.size() {
+        let samples = pack_metadata(plan, self.opts.kv.block_size, &mut self.scratch);
+        if (self.scratch.len() * 4) as u64 > self.meta.size() {
             return Err(Error::Range);
         }
-        self.meta.write(0, m)?;
+        self.meta.write(0, &self.scratch)?;
         Ok(samples)
     }
 

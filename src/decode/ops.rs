@@ -11,7 +11,44 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::model::BatchPlan;
 use crate::vk::{Kernel, Kernels, Recorder, VkResult};
+
+/// Packs one iteration's metadata into `out` (cleared first): the row records
+/// `[n_tokens][4]` at offset 0 (token, sequence index, position, offset of the
+/// sequence's block table), then each sequence's block table (the blocks its
+/// positions `0..start_pos + len` use), then the list of sampled rows (the last
+/// row of each sequence with `sample`). Returns the offset of that list.
+/// `plan` must have passed [`BatchPlan::validate`].
+pub fn pack_metadata(plan: &BatchPlan, block_size: usize, out: &mut Vec<u32>) -> u32 {
+    let n_rows = plan.n_tokens();
+    out.clear();
+    out.resize(4 * n_rows, 0);
+    let mut row = 0;
+    for (si, s) in plan.seqs.iter().enumerate() {
+        let bt_off = out.len() as u32;
+        let blocks = (s.start_pos + s.tokens.len()).div_ceil(block_size);
+        out.extend_from_slice(&s.block_table[..blocks]);
+        for (i, &tok) in s.tokens.iter().enumerate() {
+            out[4 * row..4 * row + 4].copy_from_slice(&[
+                tok,
+                si as u32,
+                (s.start_pos + i) as u32,
+                bt_off,
+            ]);
+            row += 1;
+        }
+    }
+    let samples = out.len() as u32;
+    let mut row = 0u32;
+    for s in &plan.seqs {
+        row += s.tokens.len() as u32;
+        if s.sample {
+            out.push(row - 1);
+        }
+    }
+    samples
+}
 
 /// A kernel invocation: its entry point and grid.
 pub trait Op: Pod {
