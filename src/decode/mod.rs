@@ -3,6 +3,10 @@
 //! - [`model`]: the llama-style model's shape ([`model::Config`]), its weights
 //!   ([`model::Weights`], llama2.c tensor order) and one iteration's packed work
 //!   ([`model::BatchPlan`]).
+//! - [`reference`]: the CPU f32 forward pass the kernels are checked against.
+//! - [`ops`]: the kernels' push constants and how each is dispatched.
+//! - [`gpu`]: [`gpu::GpuModel`], the model on a Vulkan device: ONE command
+//!   buffer per iteration for the whole ready vector.
 //! - [`trace`]: request traces in the Azure LLM inference trace schema (an
 //!   embedded CC-BY-4.0 slice is the default workload).
 //! - [`checkpoint`], [`tokenizer`]: llama2.c checkpoints and tokenizers.
@@ -12,10 +16,13 @@
 //! - [`job`]: the `xtc decode` run; [`report`]: its figures.
 pub mod backend;
 pub mod checkpoint;
+pub mod gpu;
 pub mod job;
 pub mod kv_cache;
 pub mod local;
 pub mod model;
+pub mod ops;
+pub mod reference;
 pub mod report;
 pub mod seq;
 pub mod tokenizer;
