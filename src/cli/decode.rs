@@ -1,6 +1,6 @@
 //! `xtc decode`: KV-cache continuous batching of a trace-replayed workload.
 //!
-//! With no arguments: the seeded synthetic model ([`DEFAULT_CONFIG`]), the
+//! With no arguments: the seeded synthetic model ([`Config::tiny`]), the
 //! embedded slice of the Azure LLM inference conversation trace (arrivals
 //! sped up by [`DEFAULT_TIME_SCALE`], lengths scaled down on CPU devices),
 //! on the default device; prints the report. See `xtc decode --help`.
@@ -11,24 +11,14 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::decode::backend::{DecodeModel, ToyModel};
+use crate::decode::backend::{CpuModel, DecodeModel, ToyModel, VulkanModel};
 use crate::decode::checkpoint;
 use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, Workload};
-use crate::decode::model::{Config, Weights};
+use crate::decode::model::{Config, KvGeometry, Weights};
 use crate::decode::report::{Comparison, Report, chrome_trace};
 use crate::decode::tokenizer::{self, Tokenizer};
 use crate::decode::trace::{self, Scaling, Trace};
-
-/// Shape of the default synthetic model (llama-style, seeded weights).
-pub const DEFAULT_CONFIG: Config = Config {
-    dim: 128,
-    hidden_dim: 352,
-    n_layers: 4,
-    n_heads: 4,
-    n_kv_heads: 2,
-    vocab_size: 512,
-    seq_len: 512,
-};
+use crate::vk;
 
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
@@ -120,7 +110,7 @@ fn run_inner(args: &DecodeArgs) -> Result<(), String> {
     };
     let weights = load_weights(args)?;
     let config = weights.config;
-    let device = DeviceChoice::parse(&args.device)?;
+    let device = DeviceChoice::open(&args.device)?;
     let scaling = scaling(args, &config, device.is_cpu());
     let wl = job::workload(
         &trace,
@@ -132,7 +122,7 @@ fn run_inner(args: &DecodeArgs) -> Result<(), String> {
     );
     let opts = job_opts(args, &wl, &config);
     let tokenizer = load_tokenizer(args, &config)?;
-    let mut model = device.open(weights, &opts)?;
+    let mut model = device.model(weights, &opts)?;
     if !args.json {
         eprintln!("{}", banner(args, &trace, &wl, &opts, &model.describe()));
     }
@@ -157,10 +147,10 @@ fn run_inner(args: &DecodeArgs) -> Result<(), String> {
 }
 
 /// Where the model runs (`--device`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum DeviceChoice {
-    /// The default Vulkan device: a GPU if present, else lavapipe.
-    Auto,
+    /// A Vulkan device (`auto`: a GPU if present, else lavapipe).
+    Vulkan(vk::Device),
     /// The CPU reference forward pass (no Vulkan).
     Cpu,
     /// The device-free toy model (measures the batching alone; tokens are hashes).
@@ -168,44 +158,59 @@ pub enum DeviceChoice {
 }
 
 impl DeviceChoice {
-    /// Parses `--device`.
+    /// Opens `--device`: `cpu`, `toy`, or a Vulkan selector (`auto`, an
+    /// index, a render node path, or part of the device name).
     ///
     /// # Errors
-    /// A message listing the accepted values.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// The Vulkan backend's message (no loader, no device, no match).
+    pub fn open(s: &str) -> Result<Self, String> {
         match s {
-            "auto" | "vulkan" => Ok(DeviceChoice::Auto),
             "cpu" => Ok(DeviceChoice::Cpu),
             "toy" => Ok(DeviceChoice::Toy),
-            _ => Err(format!("--device {s}: expected auto, cpu or toy")),
+            sel => {
+                let sel: vk::Selector = sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
+                let dev = vk::Device::open(&sel).map_err(|e| format!("--device {s}: {e}"))?;
+                Ok(DeviceChoice::Vulkan(dev))
+            }
         }
     }
 
-    /// Whether lengths are scaled down (everything but a real GPU).
-    pub fn is_cpu(self) -> bool {
-        true
+    /// Whether lengths are scaled down by default (everything but a GPU).
+    pub fn is_cpu(&self) -> bool {
+        match self {
+            DeviceChoice::Vulkan(d) => d.info().kind == vk::DeviceKind::Cpu,
+            _ => true,
+        }
     }
 
-    /// Opens the model on this device with a KV cache of `opts`' shape.
+    /// Loads the model on this device with a KV cache of `opts`' shape.
     ///
     /// # Errors
     /// The backend's message.
-    pub fn open(self, weights: Weights, opts: &JobOpts) -> Result<Box<dyn DecodeModel>, String> {
-        match self {
-            DeviceChoice::Toy => Ok(Box::new(ToyModel::new(
+    pub fn model(&self, weights: Weights, opts: &JobOpts) -> Result<Box<dyn DecodeModel>, String> {
+        let kv = KvGeometry {
+            block_size: opts.block_size,
+            n_blocks: opts.kv_blocks,
+        };
+        Ok(match self {
+            DeviceChoice::Toy => Box::new(ToyModel::new(
                 weights.config.vocab_size,
-                opts.kv_blocks,
-                opts.block_size,
-            ))),
-            _ => Err("the Vulkan and CPU backends are not built yet".into()),
-        }
+                kv.n_blocks,
+                kv.block_size,
+            )),
+            DeviceChoice::Cpu => Box::new(CpuModel::new(weights, kv)),
+            DeviceChoice::Vulkan(dev) => Box::new(
+                VulkanModel::new(dev, &weights, kv, opts.token_budget, opts.max_active.max(1))
+                    .map_err(|e| e.to_string())?,
+            ),
+        })
     }
 }
 
 fn load_weights(args: &DecodeArgs) -> Result<Weights, String> {
     match &args.model {
         Some(p) => checkpoint::load(p).map_err(|e| e.to_string()),
-        None => Ok(synthetic(DEFAULT_CONFIG, args.seed)),
+        None => Ok(Weights::synthetic(Config::tiny(), args.seed)),
     }
 }
 
@@ -390,29 +395,5 @@ fn print_samples(t: &Tokenizer, out: &RunOutput) {
             f.seq.id,
             t.decode(prev, &f.seq.generated)
         );
-    }
-}
-
-/// Seeded weights until `Weights::synthetic` lands (replaced on merge).
-fn synthetic(config: Config, seed: u64) -> Weights {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let c = config;
-    let (l, d, h, kv, v) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim(), c.vocab_size);
-    let mut t = |n: usize| (0..n).map(|_| rng.f32() - 0.5).collect::<Vec<f32>>();
-    let token_embedding = t(v * d);
-    Weights {
-        config,
-        rms_att: vec![1.0; l * d],
-        wq: t(l * d * d),
-        wk: t(l * kv * d),
-        wv: t(l * kv * d),
-        wo: t(l * d * d),
-        rms_ffn: vec![1.0; l * d],
-        w1: t(l * h * d),
-        w2: t(l * d * h),
-        w3: t(l * h * d),
-        rms_final: vec![1.0; d],
-        wcls: token_embedding.clone(),
-        token_embedding,
     }
 }

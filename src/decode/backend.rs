@@ -15,7 +15,10 @@
 
 use std::os::fd::RawFd;
 
-use crate::decode::model::{BatchPlan, Config};
+use crate::decode::gpu::{GpuModel, GpuOptions, InFlight};
+use crate::decode::model::{BatchPlan, Config, KvGeometry, Weights};
+use crate::decode::reference::{self, CpuKvCache};
+use crate::vk;
 
 /// How the driver waits for a launched iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +149,160 @@ impl DecodeModel for ToyModel {
         self.pending
             .take()
             .ok_or_else(|| ModelError("finish without a launched plan".into()))
+    }
+}
+
+/// Greedy decode of one request alone with the CPU reference: the whole
+/// prompt in one plan, then one token per plan, `n` tokens in all (the
+/// oracle the batched job is checked against).
+///
+/// # Errors
+/// As [`reference::forward`] (a prompt token out of the vocabulary, or
+/// `prompt + n - 1` positions above `seq_len`).
+pub fn reference_greedy(w: &Weights, prompt: &[u32], n: usize) -> crate::Result<Vec<u32>> {
+    let positions = prompt.len() + n;
+    let kv = KvGeometry {
+        block_size: positions,
+        n_blocks: 1,
+    };
+    let mut cache = CpuKvCache::new(&w.config, kv);
+    let mut out: Vec<u32> = Vec::with_capacity(n);
+    let mut pos = 0;
+    let mut tokens = prompt.to_vec();
+    while out.len() < n {
+        let plan = BatchPlan {
+            seqs: vec![crate::decode::model::SeqWork {
+                tokens: std::mem::take(&mut tokens),
+                start_pos: pos,
+                block_table: vec![0],
+                sample: true,
+            }],
+        };
+        pos += plan.n_tokens();
+        let logits = reference::forward(w, &mut cache, &plan)?;
+        let t = reference::argmax(&logits[0]);
+        out.push(t);
+        tokens = vec![t];
+    }
+    Ok(out)
+}
+
+/// The CPU reference forward pass ([`reference::forward`]) over a host
+/// paged KV cache: computes inline in `launch` ([`Launch::Ready`]).
+#[derive(Debug)]
+pub struct CpuModel {
+    weights: Weights,
+    cache: CpuKvCache,
+    pending: Option<Vec<u32>>,
+}
+
+impl CpuModel {
+    /// The model with a zeroed KV cache of `kv`'s shape.
+    pub fn new(weights: Weights, kv: KvGeometry) -> Self {
+        let cache = CpuKvCache::new(&weights.config, kv);
+        CpuModel {
+            weights,
+            cache,
+            pending: None,
+        }
+    }
+}
+
+impl DecodeModel for CpuModel {
+    fn config(&self) -> Config {
+        self.weights.config
+    }
+
+    fn describe(&self) -> String {
+        "CPU reference (no Vulkan)".into()
+    }
+
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
+        let logits = reference::forward(&self.weights, &mut self.cache, plan)
+            .map_err(|e| ModelError(format!("CPU reference: {e}")))?;
+        self.pending = Some(logits.iter().map(|l| reference::argmax(l)).collect());
+        Ok(Launch::Ready)
+    }
+
+    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
+        self.pending
+            .take()
+            .ok_or_else(|| ModelError("finish without a launched plan".into()))
+    }
+}
+
+/// The model on a Vulkan device ([`GpuModel`]): `launch` records and submits
+/// ONE command buffer for the plan and returns its fence fd.
+pub struct VulkanModel {
+    gpu: GpuModel,
+    in_flight: Option<InFlight>,
+}
+
+impl std::fmt::Debug for VulkanModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanModel")
+            .field("device", &self.gpu.device().info().name)
+            .field("in_flight", &self.in_flight.is_some())
+            .finish()
+    }
+}
+
+impl VulkanModel {
+    /// Uploads `weights` to `dev` with a KV cache of `kv`'s shape and room for
+    /// `max_tokens` rows of `max_seqs` sequences per iteration.
+    ///
+    /// # Errors
+    /// As [`GpuModel::new`], with its message.
+    pub fn new(
+        dev: &vk::Device,
+        weights: &Weights,
+        kv: KvGeometry,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<Self, ModelError> {
+        let opts = GpuOptions {
+            kv,
+            max_tokens,
+            max_seqs,
+            keep_logits: false,
+        };
+        let gpu = GpuModel::new(dev, weights, opts)
+            .map_err(|e| ModelError(format!("cannot load the model on the device: {e}")))?;
+        Ok(VulkanModel {
+            gpu,
+            in_flight: None,
+        })
+    }
+}
+
+impl DecodeModel for VulkanModel {
+    fn config(&self) -> Config {
+        *self.gpu.config()
+    }
+
+    fn describe(&self) -> String {
+        let info = self.gpu.device().info();
+        format!("{} ({:?}, Vulkan)", info.name, info.kind)
+    }
+
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
+        let f = self
+            .gpu
+            .submit(plan)
+            .map_err(|e| ModelError(format!("submit: {e}")))?;
+        let fd = f.as_raw_fd();
+        self.in_flight = Some(f);
+        Ok(Launch::Fence(fd))
+    }
+
+    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
+        let f = self
+            .in_flight
+            .take()
+            .ok_or_else(|| ModelError("finish without a launched plan".into()))?;
+        self.gpu
+            .finish(f)
+            .map_err(|e| ModelError(format!("finish: {e}")))
     }
 }
 
