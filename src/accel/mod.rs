@@ -287,25 +287,39 @@ fn read_numa(fs: &Rooted, host: &HostNuma, sys: &str) -> Result<u32, String> {
     }
 }
 
+/// PCI facts: the nearest PCI device at or above the node's `device` (a
+/// virtio-gpu node's device is `virtio0`, whose parent is the PCI function),
+/// else `PCI_SLOT_NAME` from the uevent.
 fn read_pci(fs: &Rooted, sys: &str, uevent: &sysfs::Uevent) -> Option<PciInfo> {
-    let from_path = fs
-        .resolve(sys)
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .and_then(|n| sysfs::parse_pci_address(&n).ok());
-    let from_uevent = || {
-        let slot = uevent.pci_slot.as_deref()?;
-        sysfs::parse_pci_address(slot).ok()
-    };
-    let address = from_path.or_else(from_uevent)?;
-    let id = |attr: &str| {
-        let text = fs.read_attr(format!("{sys}/{attr}")).ok().flatten()?;
+    let id = |dir: &Path, attr: &str| {
+        let text = fs.read_attr(dir.join(attr)).ok().flatten()?;
         sysfs::parse_hex_id(&text).ok()
     };
+    if let Some((dir, address)) = pci_ancestor(fs, sys) {
+        return Some(PciInfo {
+            address: address.to_string(),
+            vendor_id: id(&dir, "vendor"),
+            device_id: id(&dir, "device"),
+        });
+    }
+    let address = sysfs::parse_pci_address(uevent.pci_slot.as_deref()?).ok()?;
     Some(PciInfo {
         address: address.to_string(),
-        vendor_id: id("vendor").or(uevent.pci_id.map(|p| p.0)),
-        device_id: id("device").or(uevent.pci_id.map(|p| p.1)),
+        vendor_id: uevent.pci_id.map(|p| p.0),
+        device_id: uevent.pci_id.map(|p| p.1),
+    })
+}
+
+/// The resolved device directory or its nearest ancestor named like a PCI
+/// address, as a root-relative path.
+fn pci_ancestor(fs: &Rooted, sys: &str) -> Option<(PathBuf, sysfs::PciAddress)> {
+    let resolved = fs.resolve(sys).ok()?;
+    let rel = resolved.strip_prefix(fs.root()).ok()?;
+    rel.ancestors().find_map(|dir| {
+        let name = dir.file_name()?.to_str()?;
+        sysfs::parse_pci_address(name)
+            .ok()
+            .map(|a| (dir.to_path_buf(), a))
     })
 }
 
