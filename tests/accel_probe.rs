@@ -193,7 +193,7 @@ fn bad_numa_node_content_has_defined_answers() {
 
 #[test]
 fn random_garbage_never_panics() {
-    let mut rng = fastrand::Rng::with_seed(0x5eed_7);
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
     for _ in 0..64 {
         let len = rng.usize(0..40);
         let bytes: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();

@@ -268,6 +268,11 @@ impl AsFd for NodeFile {
 
 impl drm::Device for NodeFile {}
 
+/// Render nodes accept the syncobj ioctls (`DRM_RENDER_ALLOW`), which live on
+/// `drm::control::Device` in the `drm` crate; this gives a sync_file source
+/// on device machines (`syncobj_to_fd(handle, true)`).
+impl drm::control::Device for NodeFile {}
+
 impl NodeFile {
     /// The driver name from `DRM_IOCTL_VERSION`.
     ///

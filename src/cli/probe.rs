@@ -8,7 +8,7 @@
 //! it could not (bad root).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use serde::Serialize;
@@ -206,10 +206,4 @@ fn loop_nodes_text(nodes: &[Option<u32>]) -> String {
         .map(|n| n.map_or("?".into(), |n| n.to_string()))
         .collect();
     format!("[{}]", parts.join(","))
-}
-
-/// `true` when `root` holds at least one render or accel node (for scripts
-/// that only want a yes/no).
-pub fn has_nodes(root: &Path) -> bool {
-    accel::probe_in(root).is_ok_and(|d| !d.is_empty())
 }
