@@ -5,7 +5,7 @@
 //! sped up by [`DEFAULT_TIME_SCALE`], lengths scaled down on CPU devices),
 //! on the default device; prints the report. See `xtc decode --help`.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -91,9 +91,10 @@ pub struct DecodeArgs {
     pub output_div: Option<usize>,
 }
 
-/// Runs `xtc decode`; returns the exit status (0 ok, 1 error).
-pub fn run(args: &DecodeArgs) -> i32 {
-    match run_inner(args) {
+/// Runs `xtc decode`, writing the report to `out` (progress and the banner go
+/// to stderr); returns the exit status (0 ok, 1 error).
+pub fn run(args: &DecodeArgs, out: &mut dyn Write) -> i32 {
+    match run_inner(args, out) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("xtc decode: error: {e}");
@@ -102,7 +103,7 @@ pub fn run(args: &DecodeArgs) -> i32 {
     }
 }
 
-fn run_inner(args: &DecodeArgs) -> Result<(), String> {
+fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     check_args(args)?;
     let trace = match &args.trace {
         Some(p) => trace::load(p).map_err(|e| e.to_string())?,
@@ -127,23 +128,17 @@ fn run_inner(args: &DecodeArgs) -> Result<(), String> {
         eprintln!("{}", banner(args, &trace, &wl, &opts, &model.describe()));
     }
     if args.compare {
-        return compare(args, model.as_mut(), &wl, &opts);
+        return compare(args, model.as_mut(), &wl, &opts, w);
     }
     let out = run_once(model.as_mut(), &wl, &opts, !args.json)?;
     write_trace(args, &out)?;
     let report = Report::from_run(&out, wl.requests.len());
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
-        );
+    let text = if args.json {
+        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
     } else {
-        print!("{}", report.render());
-        if let Some(t) = &tokenizer {
-            print_samples(t, &out);
-        }
-    }
-    Ok(())
+        report.render() + &tokenizer.map_or(String::new(), |t| samples(&t, &out))
+    };
+    w.write_all(text.as_bytes()).map_err(|e| e.to_string())
 }
 
 /// Where the model runs (`--device`).
@@ -351,6 +346,7 @@ fn compare(
     model: &mut dyn DecodeModel,
     wl: &Workload,
     opts: &JobOpts,
+    w: &mut dyn Write,
 ) -> Result<(), String> {
     let t0 = Instant::now();
     let mut reports = Vec::new();
@@ -366,17 +362,17 @@ fn compare(
     let stat = reports.pop().expect("three runs");
     let cont = reports.pop().expect("three runs");
     let cmp = Comparison::new(cont, stat, one);
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&cmp).map_err(|e| e.to_string())?
-        );
+    let text = if args.json {
+        serde_json::to_string_pretty(&cmp).map_err(|e| e.to_string())? + "\n"
     } else {
-        print!("{}", cmp.continuous.render());
-        print!("{}", cmp.render());
-        println!("(three runs in {:.1} s)", t0.elapsed().as_secs_f64());
-    }
-    Ok(())
+        format!(
+            "{}{}(three runs in {:.1} s)\n",
+            cmp.continuous.render(),
+            cmp.render(),
+            t0.elapsed().as_secs_f64()
+        )
+    };
+    w.write_all(text.as_bytes()).map_err(|e| e.to_string())
 }
 
 fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
@@ -387,13 +383,12 @@ fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-fn print_samples(t: &Tokenizer, out: &RunOutput) {
+fn samples(t: &Tokenizer, out: &RunOutput) -> String {
+    let mut s = String::new();
     for f in out.finished.iter().take(3) {
         let prev = f.seq.prompt.last().copied().unwrap_or(tokenizer::BOS);
-        println!(
-            "  request {}: {:?}",
-            f.seq.id,
-            t.decode(prev, &f.seq.generated)
-        );
+        let text = t.decode(prev, &f.seq.generated);
+        s += &format!("  request {}: {text:?}\n", f.seq.id);
     }
+    s
 }

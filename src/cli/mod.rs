@@ -1,8 +1,16 @@
-//! `cli` layer: the `xtc` command (`xtc probe`, `xtc decode`, ...).
+//! `cli` layer: the `xtc` command.
+//!
+//! One file per subcommand; this file only declares the subcommands and
+//! dispatches. To add one (e.g. `xtc decode`): a module with an `Args` struct
+//! and `run(&Args, &mut dyn Write) -> i32`, a variant below, and its match arm.
+
+use std::ffi::OsString;
+use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
 pub mod decode;
+pub mod probe;
 
 /// `xtc`: bounded continuous batching for accelerator work.
 #[derive(Debug, Parser)]
@@ -13,17 +21,39 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Subcommands of `xtc`.
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// KV-cache continuous batching of a replayed production trace (the main job).
+    /// List render and accel nodes: driver, PCI address, NUMA node, and the
+    /// executor loop each would be placed on.
+    Probe(probe::ProbeArgs),
+    /// KV-cache continuous batching of a replayed production trace (the main
+    /// job): a llama-style model on the default Vulkan device.
     Decode(decode::DecodeArgs),
 }
 
 /// Entry point of the `xtc` binary; returns the process exit status.
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    run(std::env::args_os(), &mut std::io::stdout().lock())
+}
+
+/// Parses `args` (program name first) and runs the subcommand, writing its
+/// report to `out`. Usage errors print clap's message and give status 2;
+/// `--help`/`--version` print and give 0.
+pub fn run<I, T>(args: I, out: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
     match &cli.command {
-        Command::Decode(args) => decode::run(args),
+        Command::Probe(args) => probe::run(args, out),
+        Command::Decode(args) => decode::run(args, out),
     }
 }
