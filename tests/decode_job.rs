@@ -138,9 +138,9 @@ fn request_that_can_never_fit_is_rejected_with_a_message() {
 #[test]
 fn cancelled_requests_free_their_blocks_and_others_are_unaffected() {
     let mut wl = mixed();
-    // a long request cancelled immediately, while the others run
+    // a long request whose client cancels after 2 tokens, while others run
     let mut long = spec(50, 0, 3, 60);
-    long.cancel_after = Some(Duration::ZERO);
+    long.cancel_after = Some(2);
     wl.requests.insert(0, long);
     let mut o = opts(Mode::Continuous);
     o.kv_blocks = 40;
@@ -151,7 +151,12 @@ fn cancelled_requests_free_their_blocks_and_others_are_unaffected() {
         .filter(|f| f.status == Status::Cancelled)
         .collect();
     assert_eq!(cancelled.len(), 1);
-    assert!(cancelled[0].seq.generated.len() < 60);
+    // cancelled after 2 tokens: at most one more iteration ran before its
+    // blocks were freed, and what it generated is the reference's prefix
+    let got = &cancelled[0].seq.generated;
+    assert!((2..=3).contains(&got.len()), "{got:?}");
+    let long = wl.requests.iter().find(|r| r.id == 50).unwrap();
+    assert_eq!(got[..], toy_reference(&long.prompt, 60, VOCAB)[..got.len()]);
     assert_eq!(out.kv_leaked, 0);
     for f in out.finished.iter().filter(|f| f.status == Status::Done) {
         let r = wl.requests.iter().find(|r| r.id == f.seq.id).unwrap();

@@ -80,14 +80,12 @@ pub struct Workload {
     pub requests: Vec<RequestSpec>,
 }
 
-/// Longest cancellation delay drawn for `--cancel-rate` (after arrival).
-pub const CANCEL_WINDOW: Duration = Duration::from_secs(2);
-
 /// Builds a workload from the first `n` rows of `trace` (fewer if the trace
 /// is shorter): arrivals and lengths through `scaling`, prompt tokens drawn
 /// from `seed` in `3..vocab_size` (ids 0-2 are llama2.c's special tokens when
 /// the vocabulary is large enough), and a fraction `cancel_rate` of requests
-/// cancelled at a seeded delay in `0..CANCEL_WINDOW` after arrival.
+/// cancelled by their client after a seeded number of generated tokens in
+/// `0..output_tokens` (0: before the first token).
 pub fn workload(
     trace: &Trace,
     n: usize,
@@ -108,7 +106,7 @@ pub fn workload(
             let prompt = (0..r.prompt_tokens)
                 .map(|_| rng.u32(lo..vocab_size as u32))
                 .collect();
-            let cancel_after = (rng.f64() < cancel_rate).then(|| CANCEL_WINDOW.mul_f64(rng.f64()));
+            let cancel_after = (rng.f64() < cancel_rate).then(|| rng.usize(0..r.output_tokens));
             RequestSpec {
                 id,
                 arrival: r.arrival,

@@ -115,7 +115,7 @@ impl State<'_> {
         let now = Instant::now();
         let mut i = 0;
         while i < self.active.len() {
-            if seq::cancel_due(&self.active[i], now) {
+            if seq::cancel_due(&self.active[i]) {
                 let s = self.active.swap_remove(i);
                 self.finish(s, Status::Cancelled, now)?;
             } else {
@@ -124,7 +124,7 @@ impl State<'_> {
         }
         let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
             .into_iter()
-            .partition(|s| seq::cancel_due(s, now));
+            .partition(|s| seq::cancel_due(s));
         self.queue = keep.into();
         for s in gone {
             self.out.finished.push(Finished {

@@ -30,8 +30,9 @@ pub struct RequestSpec {
     pub prompt: Vec<u32>,
     /// Tokens to generate (>= 1).
     pub output_tokens: usize,
-    /// Cancel the request this long after its arrival (`--cancel-rate`).
-    pub cancel_after: Option<Duration>,
+    /// The client cancels the request once it has received this many
+    /// generated tokens (`--cancel-rate`; 0 = before the first).
+    pub cancel_after: Option<usize>,
 }
 
 /// This iteration's share of a member, set by [`pack`], read by [`apply`].
@@ -79,8 +80,8 @@ pub struct Sequence {
     pub block_table: Vec<u32>,
     /// Charge in KV blocks reserved at admission.
     pub charge: u64,
-    /// Cancel this long after arrival (`--cancel-rate`), if set.
-    pub cancel_after: Option<Duration>,
+    /// Cancelled by its client after this many generated tokens, if set.
+    pub cancel_after: Option<usize>,
     /// This iteration's work (`None` when the member got no share).
     pub scheduled: Option<Work>,
     /// Timestamps.
@@ -206,9 +207,10 @@ pub fn scheduled_rows(members: &[&mut Sequence]) -> (usize, usize) {
     })
 }
 
-/// Whether a cancellation set for `s` is due at `now`.
-pub fn cancel_due(s: &Sequence, now: Instant) -> bool {
-    s.cancel_after.is_some_and(|d| s.timing.arrived + d <= now)
+/// Whether `s`'s client wants it cancelled now (it has received the tokens
+/// after which it cancels, and the sequence is not already done).
+pub fn cancel_due(s: &Sequence) -> bool {
+    !s.is_done() && s.cancel_after.is_some_and(|k| s.generated.len() >= k)
 }
 
 /// What [`apply`] decided for a member.
