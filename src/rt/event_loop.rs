@@ -7,7 +7,8 @@
 //! type; the backend decides where time comes from and how the loop waits.
 //!
 //! One turn of a real loop: move the inbox into the ready set, fire due timers,
-//! run the processes that were ready at the start of the turn, then (only if
+//! run as many processes as were ready at the start of the turn (each pick
+//! sees the processes woken so far), then (only if
 //! nothing is ready) park in `epoll_wait` until the nearest timer, an fd event
 //! or an eventfd wake.
 
@@ -220,6 +221,12 @@ impl Loop {
         }
     }
 
+    /// Fds registered for readiness on this loop (0 for a `Sim` loop);
+    /// diagnostics: a dropped or killed waiter leaves no registration behind.
+    pub fn n_fds(&self) -> usize {
+        self.inner.poller().map_or(0, Poller::n_fds)
+    }
+
     /// Processes in the table (killed ones count until their future is dropped).
     pub fn n_procs(&self) -> usize {
         self.inner.procs.borrow().len()
@@ -368,6 +375,9 @@ impl Loop {
                 continue;
             }
             for _ in 0..n {
+                // Processes woken by the previous one compete for this pick,
+                // so class weights hold even for processes that just yielded.
+                self.drain_inbox();
                 let Some(r) = self.inner.ready.borrow_mut().pop() else {
                     break;
                 };

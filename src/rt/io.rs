@@ -77,6 +77,10 @@ impl Poller {
         Ok((poller, wake))
     }
 
+    pub(crate) fn n_fds(&self) -> usize {
+        self.fds.borrow().len()
+    }
+
     /// Whether any fd is registered (the run loop then also polls epoll between turns).
     pub(crate) fn has_fds(&self) -> bool {
         !self.fds.borrow().is_empty()
