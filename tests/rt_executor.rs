@@ -132,6 +132,21 @@ fn loops_on_different_threads_exchange_messages() {
 }
 
 #[test]
+fn pinned_carriers_run_on_their_nodes_cpus() {
+    let host = Topology::host();
+    let ex = Executor::with_topology(2, host.clone().with_pinning()).unwrap();
+    for i in 0..2 {
+        if let Some(node) = ex.loop_node(i) {
+            assert!(host.cpus_of(node).is_some());
+        }
+    }
+    if host.n_nodes() == 1 {
+        assert_eq!(ex.loop_node(0), Some(0));
+    }
+    ex.run().unwrap();
+}
+
+#[test]
 fn zero_loops_is_inval() {
     assert_eq!(Executor::new(0).unwrap_err(), Error::Inval);
 }

@@ -57,7 +57,7 @@ mod timer;
 
 pub use blocking::{BlockingPool, blocking_run};
 pub use budget::{Budget, Charge};
-pub use class::SchedClass;
+pub use class::{DEFAULT_WEIGHT, SchedClass};
 pub use event_loop::Loop;
 pub use executor::{Executor, Topology};
 pub use future_pair::{Future, Promise, future_pair};
