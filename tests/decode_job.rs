@@ -35,8 +35,8 @@ fn opts(mode: Mode) -> JobOpts {
 }
 
 fn run(wl: &Workload, o: &JobOpts) -> RunOutput {
-    let mut m = ToyModel::new(VOCAB, o.kv_blocks, o.block_size);
-    job::run(&mut m, wl, o, &mut |_| {}).unwrap()
+    let m = job::shared(ToyModel::new(VOCAB, o.kv_blocks, o.block_size));
+    job::run(&m, wl, o, Box::new(|_| {})).unwrap()
 }
 
 /// Staggered arrivals and mixed lengths: members join while others decode.
@@ -172,7 +172,7 @@ fn bad_options_are_errors() {
     let wl = mixed();
     let mut o = opts(Mode::Continuous);
     o.token_budget = 0;
-    let mut m = ToyModel::new(VOCAB, 24, 4);
-    let e = job::run(&mut m, &wl, &o, &mut |_| {}).unwrap_err();
+    let m = job::shared(ToyModel::new(VOCAB, 24, 4));
+    let e = job::run(&m, &wl, &o, Box::new(|_| {})).unwrap_err();
     assert!(e.to_string().contains("--token-budget"), "{e}");
 }

@@ -95,8 +95,8 @@ fn check(w: &Weights, wl: &Workload, out: &RunOutput) {
     );
 }
 
-fn run(model: &mut dyn DecodeModel, o: &JobOpts) -> RunOutput {
-    job::run(model, &workload(), o, &mut |_| {}).unwrap()
+fn run(model: impl DecodeModel + 'static, o: &JobOpts) -> RunOutput {
+    job::run(&job::shared(model), &workload(), o, Box::new(|_| {})).unwrap()
 }
 
 #[test]
@@ -104,8 +104,8 @@ fn cpu_reference_model_batched_equals_each_request_alone() {
     let w = Weights::synthetic(SMALL, 11);
     for mode in [Mode::Continuous, Mode::Static] {
         let o = opts(mode);
-        let mut m = CpuModel::new(w.clone(), geometry(&o));
-        check(&w, &workload(), &run(&mut m, &o));
+        let m = CpuModel::new(w.clone(), geometry(&o));
+        check(&w, &workload(), &run(m, &o));
     }
 }
 
@@ -119,8 +119,8 @@ fn checkpoint_on_disk_decodes_like_its_weights() {
     std::fs::write(&path, bytes).unwrap();
     let loaded = checkpoint::load(&path).unwrap();
     let o = opts(Mode::Continuous);
-    let mut m = CpuModel::new(loaded, geometry(&o));
-    check(&w, &workload(), &run(&mut m, &o));
+    let m = CpuModel::new(loaded, geometry(&o));
+    check(&w, &workload(), &run(m, &o));
 }
 
 fn vulkan_device() -> Option<xtc::vk::Device> {
@@ -139,6 +139,6 @@ fn vulkan_model_batched_equals_cpu_reference_alone() {
     let Some(dev) = vulkan_device() else { return };
     let w = Weights::synthetic(SMALL, 11);
     let o = opts(Mode::Continuous);
-    let mut m = VulkanModel::new(&dev, &w, geometry(&o), o.token_budget, o.max_active).unwrap();
-    check(&w, &workload(), &run(&mut m, &o));
+    let m = VulkanModel::new(&dev, &w, geometry(&o), o.token_budget, o.max_active).unwrap();
+    check(&w, &workload(), &run(m, &o));
 }

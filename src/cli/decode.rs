@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::decode::backend::{CpuModel, DecodeModel, ToyModel, VulkanModel};
+use crate::decode::backend::{CpuModel, ToyModel, VulkanModel};
 use crate::decode::checkpoint;
-use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, Workload};
+use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use crate::decode::model::{Config, KvGeometry, Weights};
 use crate::decode::report::{Comparison, Report, chrome_trace};
 use crate::decode::tokenizer::{self, Tokenizer};
@@ -123,14 +123,17 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     );
     let opts = job_opts(args, &wl, &config);
     let tokenizer = load_tokenizer(args, &config)?;
-    let mut model = device.model(weights, &opts)?;
+    let model = device.model(weights, &opts)?;
     if !args.json {
-        eprintln!("{}", banner(args, &trace, &wl, &opts, &model.describe()));
+        eprintln!(
+            "{}",
+            banner(args, &trace, &wl, &opts, &model.borrow().describe())
+        );
     }
     if args.compare {
-        return compare(args, model.as_mut(), &wl, &opts, w);
+        return compare(args, &model, &wl, &opts, w);
     }
-    let out = run_once(model.as_mut(), &wl, &opts, !args.json)?;
+    let out = run_once(&model, &wl, &opts, !args.json)?;
     write_trace(args, &out)?;
     let report = Report::from_run(&out, wl.requests.len());
     let text = if args.json {
@@ -182,19 +185,19 @@ impl DeviceChoice {
     ///
     /// # Errors
     /// The backend's message.
-    pub fn model(&self, weights: Weights, opts: &JobOpts) -> Result<Box<dyn DecodeModel>, String> {
+    pub fn model(&self, weights: Weights, opts: &JobOpts) -> Result<SharedModel, String> {
         let kv = KvGeometry {
             block_size: opts.block_size,
             n_blocks: opts.kv_blocks,
         };
         Ok(match self {
-            DeviceChoice::Toy => Box::new(ToyModel::new(
+            DeviceChoice::Toy => job::shared(ToyModel::new(
                 weights.config.vocab_size,
                 kv.n_blocks,
                 kv.block_size,
             )),
-            DeviceChoice::Cpu => Box::new(CpuModel::new(weights, kv)),
-            DeviceChoice::Vulkan(dev) => Box::new(
+            DeviceChoice::Cpu => job::shared(CpuModel::new(weights, kv)),
+            DeviceChoice::Vulkan(dev) => job::shared(
                 VulkanModel::new(dev, &weights, kv, opts.token_budget, opts.max_active.max(1))
                     .map_err(|e| e.to_string())?,
             ),
@@ -311,18 +314,19 @@ fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, device: 
 }
 
 fn run_once(
-    model: &mut dyn DecodeModel,
+    model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
     show: bool,
 ) -> Result<RunOutput, String> {
     let bar = progress_bar(wl.requests.len() as u64, opts.mode, show);
-    let mut update = |p: &Progress| {
+    let b = bar.clone();
+    let update = move |p: &Progress| {
         let rate = p.generated as f64 / p.elapsed.as_secs_f64().max(1e-9);
-        bar.set_position(p.done as u64);
-        bar.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
+        b.set_position(p.done as u64);
+        b.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
     };
-    let out = job::run(model, wl, opts, &mut update).map_err(|e| e.to_string());
+    let out = job::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
     bar.finish_and_clear();
     out
 }
@@ -343,7 +347,7 @@ fn progress_bar(total: u64, mode: Mode, show: bool) -> ProgressBar {
 
 fn compare(
     args: &DecodeArgs,
-    model: &mut dyn DecodeModel,
+    model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
     w: &mut dyn Write,

@@ -267,16 +267,24 @@ pub fn check_opts(opts: &JobOpts) -> Result<(), JobError> {
     Ok(())
 }
 
+/// The device model shared by the job's step and the caller (one loop).
+pub type SharedModel = std::rc::Rc<std::cell::RefCell<dyn DecodeModel>>;
+
+/// Wraps a model for [`run`].
+pub fn shared(model: impl DecodeModel + 'static) -> SharedModel {
+    std::rc::Rc::new(std::cell::RefCell::new(model))
+}
+
 /// Runs `wl` on `model` under `opts`, calling `progress` after every
 /// iteration, and returns what the run observed.
 ///
 /// # Errors
 /// [`JobError`]: bad options, a model failure, or a bookkeeping bug.
 pub fn run(
-    model: &mut dyn DecodeModel,
+    model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
-    progress: &mut dyn FnMut(&Progress),
+    mut progress: Box<dyn FnMut(&Progress)>,
 ) -> Result<RunOutput, JobError> {
-    crate::decode::local::run(model, wl, opts, progress)
+    crate::decode::local::run(&mut *model.borrow_mut(), wl, opts, &mut *progress)
 }
