@@ -317,33 +317,31 @@ impl Complete<Req> for Sink {
 }
 
 /// The client: random mutator calls, then drain or cancel.
-fn client(seed: u64, lp: Loop, g: Group<Req>, m: M, units: u64) -> impl Future<Output = ()> {
-    async move {
-        let mut rng = Rng::with_seed(seed ^ 0x5eed);
-        let mut last: Option<Handle> = None;
-        let mut next_req = 0u64;
-        for _ in 0..rng.usize(10..120) {
-            op(&mut rng, &lp, &g, &m, units, &mut last, &mut next_req).await;
-            if rng.u32(0..10) < 7 {
-                rt::yield_now().await;
-            }
+async fn client(seed: u64, lp: Loop, g: Group<Req>, m: M, units: u64) {
+    let mut rng = Rng::with_seed(seed ^ 0x5eed);
+    let mut last: Option<Handle> = None;
+    let mut next_req = 0u64;
+    for _ in 0..rng.usize(10..120) {
+        op(&mut rng, &lp, &g, &m, units, &mut last, &mut next_req).await;
+        if rng.u32(0..10) < 7 {
+            rt::yield_now().await;
         }
-        // Drain (resuming every live member) or cancel; escalate in the end.
-        if rng.bool() {
-            retry(&g, &m, CloseMode::Drain).await;
-            for _ in 0..30 {
-                if !lp.is_alive(g.driver_pid()) {
-                    return;
-                }
-                let live: Vec<Handle> = m.borrow().accepted.iter().map(|a| a.0).collect();
-                for h in live {
-                    let _ = g.resume(h);
-                }
-                rt::sleep(Duration::from_micros(rng.u64(1..20))).await;
-            }
-        }
-        retry(&g, &m, CloseMode::Cancel).await;
     }
+    // Drain (resuming every live member) or cancel; escalate in the end.
+    if rng.bool() {
+        retry(&g, &m, CloseMode::Drain).await;
+        for _ in 0..30 {
+            if !lp.is_alive(g.driver_pid()) {
+                return;
+            }
+            let live: Vec<Handle> = m.borrow().accepted.iter().map(|a| a.0).collect();
+            for h in live {
+                let _ = g.resume(h);
+            }
+            rt::sleep(Duration::from_micros(rng.u64(1..20))).await;
+        }
+    }
+    retry(&g, &m, CloseMode::Cancel).await;
 }
 
 async fn retry(g: &Group<Req>, m: &M, mode: CloseMode) {
@@ -473,20 +471,18 @@ fn pick(rng: &mut Rng, m: &M) -> Option<Handle> {
 }
 
 /// A device resolving promises late, early, failed, dropped or never.
-fn device(seed: u64, lp: Loop, g: Group<Req>, m: M, timeout: bool) -> impl Future<Output = ()> {
-    async move {
-        let mut rng = Rng::with_seed(seed ^ 0xde71ce);
-        while lp.is_alive(g.driver_pid()) || lp.is_alive(g.finalizer_pid()) {
-            rt::sleep(Duration::from_micros(rng.u64(0..15))).await;
-            let p = m.borrow_mut().promises.pop();
-            let Some(p) = p else { continue };
-            match rng.u32(0..100) {
-                0..75 => p.set(Ok(())),
-                75..82 => p.set(Err(Error::Nomem)),
-                82..90 => drop(p),
-                _ if timeout => m.borrow_mut().consumed_check.push(p), // never
-                _ => p.set(Ok(())),
-            }
+async fn device(seed: u64, lp: Loop, g: Group<Req>, m: M, timeout: bool) {
+    let mut rng = Rng::with_seed(seed ^ 0xde71ce);
+    while lp.is_alive(g.driver_pid()) || lp.is_alive(g.finalizer_pid()) {
+        rt::sleep(Duration::from_micros(rng.u64(0..15))).await;
+        let p = m.borrow_mut().promises.pop();
+        let Some(p) = p else { continue };
+        match rng.u32(0..100) {
+            0..75 => p.set(Ok(())),
+            75..82 => p.set(Err(Error::Nomem)),
+            82..90 => drop(p),
+            _ if timeout => m.borrow_mut().consumed_check.push(p), // never
+            _ => p.set(Ok(())),
         }
     }
 }
