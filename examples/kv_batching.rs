@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use xtc::decode::backend::{DecodeModel, ToyModel, toy_reference};
+use xtc::decode::backend::{DecodeModel, Launch, ToyModel, toy_reference};
 use xtc::decode::kv_cache::BlockAllocator;
 use xtc::decode::seq::{self, Outcome, RequestSpec, Sequence};
 
@@ -103,7 +103,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             shares.join("; ")
         );
         // 4. the device runs it; sampled tokens come back in plan order
-        model.launch(&plan)?;
+        if let Launch::Blocking(work) = model.launch(&plan)? {
+            work(); // host models hand back their compute: run it here
+        }
         let tokens = model.finish()?;
         let outcomes = seq::apply(&mut members, &tokens, Instant::now())?;
         // 5. DONE members leave and free their blocks

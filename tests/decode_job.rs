@@ -176,3 +176,28 @@ fn bad_options_are_errors() {
     let e = job::run(&m, &wl, &o, Box::new(|_| {})).unwrap_err();
     assert!(e.to_string().contains("--token-budget"), "{e}");
 }
+
+#[test]
+fn local_driver_agrees_with_the_group_driver() {
+    let wl = mixed();
+    for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
+        let o = opts(mode);
+        let mut m = ToyModel::new(VOCAB, o.kv_blocks, o.block_size);
+        let out = xtc::decode::local::run(&mut m, &wl, &o, &mut |_| {}).unwrap();
+        assert_matches_reference(&wl, &out);
+        let mut a: Vec<_> = out
+            .finished
+            .iter()
+            .map(|f| (f.seq.id, f.seq.generated.clone()))
+            .collect();
+        let group = run(&wl, &o);
+        let mut b: Vec<_> = group
+            .finished
+            .iter()
+            .map(|f| (f.seq.id, f.seq.generated.clone()))
+            .collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{mode:?}");
+    }
+}

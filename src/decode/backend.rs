@@ -2,9 +2,12 @@
 //!
 //! [`DecodeModel::launch`] starts the forward pass of one [`BatchPlan`] (the
 //! whole ready vector in one command buffer on a GPU) and says how the driver
-//! waits for it: [`Launch::Ready`] (computed inline, e.g. the CPU reference) or
-//! [`Launch::Fence`] (a pollable fd — sync_file or eventfd — that becomes
-//! readable when the device finishes; the async group's `Exec::Fence`).
+//! waits for it: [`Launch::Fence`] (a pollable fd — sync_file or eventfd —
+//! that becomes readable when the device finishes; the async group's
+//! `Exec::Fence`), [`Launch::Blocking`] (host compute to run off the loop, on
+//! the blocking pool: the group's `Exec::Blocking`, so the loop's other
+//! processes — arrivals, cancels — keep running meanwhile) or
+//! [`Launch::Ready`] (nothing left to wait for).
 //! [`DecodeModel::finish`] then returns the greedy next token of every
 //! sequence whose `sample` flag is set, in plan order.
 //!
@@ -14,6 +17,7 @@
 //! with [`toy_reference`].
 
 use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::decode::gpu::{GpuModel, GpuOptions, InFlight};
 use crate::decode::model::{BatchPlan, Config, KvGeometry, Weights};
@@ -21,12 +25,23 @@ use crate::decode::reference::{self, CpuKvCache};
 use crate::vk;
 
 /// How the driver waits for a launched iteration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launch {
     /// The result is already there (computed inline).
     Ready,
     /// Wait until this fd is readable (owned by the model; valid until `finish`).
     Fence(RawFd),
+    /// Run this on a pool thread (or inline), then call `finish`.
+    Blocking(Box<dyn FnOnce() + Send>),
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Launch::Ready => f.write_str("Ready"),
+            Launch::Fence(fd) => write!(f, "Fence({fd})"),
+            Launch::Blocking(_) => f.write_str("Blocking(..)"),
+        }
+    }
 }
 
 /// A device model failure, with the backend's message.
@@ -53,14 +68,69 @@ pub trait DecodeModel {
     fn finish(&mut self) -> Result<Vec<u32>, ModelError>;
 }
 
+type Outcome = Option<Result<Vec<u32>, ModelError>>;
+
+/// A host model's state and the result slot of its launched plan, shared
+/// with the closure that computes it on a pool thread.
+struct HostCompute<S> {
+    state: Arc<Mutex<S>>,
+    result: Arc<Mutex<Outcome>>,
+}
+
+impl<S: Send + 'static> HostCompute<S> {
+    fn new(state: S) -> Self {
+        HostCompute {
+            state: Arc::new(Mutex::new(state)),
+            result: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The closure that runs `step` on `plan` and stores its result.
+    fn launch(
+        &self,
+        plan: &BatchPlan,
+        step: fn(&mut S, &BatchPlan) -> Result<Vec<u32>, ModelError>,
+    ) -> Launch {
+        let (state, result, plan) = (self.state.clone(), self.result.clone(), plan.clone());
+        *lock(&self.result) = None;
+        Launch::Blocking(Box::new(move || {
+            let r = step(&mut lock(&state), &plan);
+            *lock(&result) = Some(r);
+        }))
+    }
+
+    fn finish(&self) -> Result<Vec<u32>, ModelError> {
+        lock(&self.result)
+            .take()
+            .unwrap_or_else(|| Err(ModelError("finish before the launched plan ran".into())))
+    }
+}
+
+/// Locks a mutex, ignoring poisoning (a panicked step left no partial result).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The toy model's state: one token id per KV position.
+struct ToyState {
+    vocab_size: usize,
+    block_size: usize,
+    /// `n_blocks * block_size` slots.
+    slots: Vec<u32>,
+}
+
 /// Device-free test model over a paged token store (see the module doc).
-#[derive(Debug, Clone)]
 pub struct ToyModel {
     config: Config,
-    block_size: usize,
-    /// `n_blocks * block_size` slots, one token id per position.
-    slots: Vec<u32>,
-    pending: Option<Vec<u32>>,
+    host: HostCompute<ToyState>,
+}
+
+impl std::fmt::Debug for ToyModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToyModel")
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 impl ToyModel {
@@ -75,14 +145,19 @@ impl ToyModel {
             vocab_size,
             seq_len: n_blocks * block_size,
         };
-        ToyModel {
-            config,
+        let state = ToyState {
+            vocab_size,
             block_size,
             slots: vec![u32::MAX; n_blocks * block_size],
-            pending: None,
+        };
+        ToyModel {
+            config,
+            host: HostCompute::new(state),
         }
     }
+}
 
+impl ToyState {
     fn slot(&self, table: &[u32], pos: usize) -> Result<usize, ModelError> {
         let block = table
             .get(pos / self.block_size)
@@ -127,6 +202,16 @@ impl DecodeModel for ToyModel {
     }
 
     fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
+        Ok(self.host.launch(plan, ToyState::step))
+    }
+
+    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
+        self.host.finish()
+    }
+}
+
+impl ToyState {
+    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, ModelError> {
         let mut out = Vec::new();
         for s in &plan.seqs {
             for (i, &t) in s.tokens.iter().enumerate() {
@@ -138,17 +223,10 @@ impl DecodeModel for ToyModel {
                 let hist: Result<Vec<u32>, _> = (0..last)
                     .map(|p| self.slot(&s.block_table, p).map(|i| self.slots[i]))
                     .collect();
-                out.push(toy_next(hist?, self.config.vocab_size));
+                out.push(toy_next(hist?, self.vocab_size));
             }
         }
-        self.pending = Some(out);
-        Ok(Launch::Ready)
-    }
-
-    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
-        self.pending
-            .take()
-            .ok_or_else(|| ModelError("finish without a launched plan".into()))
+        Ok(out)
     }
 }
 
@@ -187,13 +265,33 @@ pub fn reference_greedy(w: &Weights, prompt: &[u32], n: usize) -> crate::Result<
     Ok(out)
 }
 
-/// The CPU reference forward pass ([`reference::forward`]) over a host
-/// paged KV cache: computes inline in `launch` ([`Launch::Ready`]).
-#[derive(Debug)]
-pub struct CpuModel {
+/// The CPU reference's weights and host paged KV cache.
+struct CpuState {
     weights: Weights,
     cache: CpuKvCache,
-    pending: Option<Vec<u32>>,
+}
+
+impl CpuState {
+    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, ModelError> {
+        let logits = reference::forward(&self.weights, &mut self.cache, plan)
+            .map_err(|e| ModelError(format!("CPU reference: {e}")))?;
+        Ok(logits.iter().map(|l| reference::argmax(l)).collect())
+    }
+}
+
+/// The CPU reference forward pass ([`reference::forward`]) over a host
+/// paged KV cache, computed off the loop ([`Launch::Blocking`]).
+pub struct CpuModel {
+    config: Config,
+    host: HostCompute<CpuState>,
+}
+
+impl std::fmt::Debug for CpuModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuModel")
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 impl CpuModel {
@@ -201,16 +299,15 @@ impl CpuModel {
     pub fn new(weights: Weights, kv: KvGeometry) -> Self {
         let cache = CpuKvCache::new(&weights.config, kv);
         CpuModel {
-            weights,
-            cache,
-            pending: None,
+            config: weights.config,
+            host: HostCompute::new(CpuState { weights, cache }),
         }
     }
 }
 
 impl DecodeModel for CpuModel {
     fn config(&self) -> Config {
-        self.weights.config
+        self.config
     }
 
     fn describe(&self) -> String {
@@ -218,16 +315,11 @@ impl DecodeModel for CpuModel {
     }
 
     fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
-        let logits = reference::forward(&self.weights, &mut self.cache, plan)
-            .map_err(|e| ModelError(format!("CPU reference: {e}")))?;
-        self.pending = Some(logits.iter().map(|l| reference::argmax(l)).collect());
-        Ok(Launch::Ready)
+        Ok(self.host.launch(plan, CpuState::step))
     }
 
     fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
-        self.pending
-            .take()
-            .ok_or_else(|| ModelError("finish without a launched plan".into()))
+        self.host.finish()
     }
 }
 
@@ -323,7 +415,11 @@ mod tests {
                 sample: true,
             }],
         };
-        assert_eq!(m.launch(&plan).unwrap(), Launch::Ready);
+        assert!(m.finish().is_err());
+        let Launch::Blocking(work) = m.launch(&plan).unwrap() else {
+            panic!("host models run on the pool")
+        };
+        work();
         let t = m.finish().unwrap();
         assert_eq!(t, toy_reference(&prompt, 1, 50));
         assert!(m.finish().is_err());
@@ -335,6 +431,11 @@ mod tests {
                 sample: false,
             }],
         };
-        assert!(m.launch(&short).is_err());
+        let Launch::Blocking(work) = m.launch(&short).unwrap() else {
+            panic!("host models run on the pool")
+        };
+        work();
+        let e = m.finish().unwrap_err();
+        assert!(e.0.contains("beyond the block table"), "{e}");
     }
 }

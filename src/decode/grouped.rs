@@ -23,19 +23,18 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::batch::{AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult};
-use crate::decode::backend::{DecodeModel, Launch};
+use crate::Error;
+use crate::batch::{
+    AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult,
+};
+use crate::decode::backend::Launch;
 use crate::decode::job::{
-    Finished, IterRecord, JobError, JobOpts, Mode, Progress, Rejected, RunOutput, Status, Workload,
-    rejection,
+    Finished, IterRecord, JobError, JobOpts, Mode, Progress, Rejected, RunOutput, SharedModel,
+    Status, Workload, rejection,
 };
 use crate::decode::kv_cache::BlockAllocator;
 use crate::decode::seq::{self, Outcome, RequestSpec, Sequence};
 use crate::rt;
-use crate::Error;
-
-/// The device model shared by the step (inside the group) and the caller.
-pub type SharedModel = Rc<RefCell<dyn DecodeModel>>;
 
 /// The iteration in flight (between submit and collect).
 struct InFlight {
@@ -118,13 +117,24 @@ impl AsyncStep<Sequence> for DecodeStep {
         let (prefill, decode) = seq::scheduled_rows(&ms);
         let launched = !plan.seqs.is_empty();
         sh.active = ms.len();
-        sh.in_flight = Some(InFlight { t0, ready: ms.len(), scheduled: plan.seqs.len(), prefill, decode, launched });
+        sh.in_flight = Some(InFlight {
+            t0,
+            ready: ms.len(),
+            scheduled: plan.seqs.len(),
+            prefill,
+            decode,
+            launched,
+        });
         if !launched {
             return Ok(Exec::Inline);
         }
         match self.model.borrow_mut().launch(&plan) {
             Ok(Launch::Ready) => Ok(Exec::Inline),
             Ok(Launch::Fence(fd)) => Ok(Exec::Fence(fd)),
+            Ok(Launch::Blocking(work)) => Ok(Exec::Blocking(Box::new(move || {
+                work();
+                Ok(()) // the model's own error, if any, comes out of finish()
+            }))),
             Err(e) => {
                 sh.in_flight = None;
                 Err(sh.fail(e.into()))
@@ -142,7 +152,11 @@ impl AsyncStep<Sequence> for DecodeStep {
         let launched = fl.as_ref().is_some_and(|f| f.launched);
         // finish() also waits when the fence did not fire (timeout, abort):
         // the device may still be running and owns the plan's buffers.
-        let tokens = if launched { self.model.borrow_mut().finish() } else { Ok(Vec::new()) };
+        let tokens = if launched {
+            self.model.borrow_mut().finish()
+        } else {
+            Ok(Vec::new())
+        };
         let t1 = Instant::now();
         let mut sh = self.sh.borrow_mut();
         let handles: Vec<Handle> = items.iter().map(|i| i.handle).collect();
@@ -164,17 +178,18 @@ impl AsyncStep<Sequence> for DecodeStep {
         if let Some(e) = failed {
             results.iter_mut().for_each(|r| *r = StepResult::Error(e));
         }
-        for (s, h) in ms.iter().zip(handles) {
+        for (s, h) in ms.iter_mut().zip(handles) {
             if failed.is_none() && seq::cancel_due(s) {
+                s.cancel_after = None; // asked once
                 if let Some(tx) = &sh.cancel_tx {
                     let _ = tx.send(h);
                 }
             }
         }
         if let Some(f) = fl {
-            let kv_used = sh.kv.used();
+            let (kv_used, start) = (sh.kv.used(), f.t0 - sh.start);
             sh.out.iterations.push(IterRecord {
-                start: f.t0 - sh.start,
+                start,
                 dur: t1 - f.t0,
                 ready: f.ready,
                 scheduled: f.scheduled,
@@ -260,7 +275,11 @@ pub fn run(
         outstanding: 0,
         batch_done: None,
     }));
-    let step = DecodeStep { model: model.clone(), sh: sh.clone(), budget: opts.token_budget };
+    let step = DecodeStep {
+        model: model.clone(),
+        sh: sh.clone(),
+        budget: opts.token_budget,
+    };
     let sh_c = sh.clone();
     let max_active = opts.effective_max_active();
     let gopts = AsyncOpts {
@@ -271,9 +290,12 @@ pub fn run(
         sched_class: None,
         mt_queue_cap: 0,
     };
-    let group = Group::create_async(&lp, gopts, step, move |_h: Handle, s: Sequence, o: crate::Result<()>| {
-        complete(&sh_c, s, o)
-    })?;
+    let group = Group::create_async(
+        &lp,
+        gopts,
+        step,
+        move |_h: Handle, s: Sequence, o: crate::Result<()>| complete(&sh_c, s, o),
+    )?;
     let arrivals = Arrivals {
         group: group.clone(),
         sh: sh.clone(),
@@ -326,13 +348,17 @@ impl Arrivals {
             if self.opts.mode == Mode::Static {
                 next = self.pull_due(&mut queue, next);
                 if queue.is_empty() {
-                    let Some(spec) = self.specs.get(next) else { break };
+                    let Some(spec) = self.specs.get(next) else {
+                        break;
+                    };
                     rt::sleep_until(self.rt_start + spec.arrival).await;
                     continue;
                 }
                 self.static_batch(&mut queue).await;
             } else {
-                let Some(spec) = self.specs.get(next) else { break };
+                let Some(spec) = self.specs.get(next) else {
+                    break;
+                };
                 next += 1;
                 rt::sleep_until(self.rt_start + spec.arrival).await;
                 if let Some(s) = self.admit(spec) {
@@ -361,12 +387,20 @@ impl Arrivals {
     fn admit(&self, spec: &RequestSpec) -> Option<Sequence> {
         let mut sh = self.sh.borrow_mut();
         if let Some(reason) = rejection(spec, &sh.kv, self.seq_len) {
-            sh.out.rejected.push(Rejected { id: spec.id, reason });
+            sh.out.rejected.push(Rejected {
+                id: spec.id,
+                reason,
+            });
             sh.account(1);
             return None;
         }
         let charge = sh.kv.charge_for(spec.prompt.len(), spec.output_tokens);
-        Some(Sequence::new(spec, charge, self.opts.stop_token, self.start + spec.arrival))
+        Some(Sequence::new(
+            spec,
+            charge,
+            self.opts.stop_token,
+            self.start + spec.arrival,
+        ))
     }
 
     fn submit(&self, s: Sequence) {
@@ -392,14 +426,15 @@ impl Arrivals {
     /// the cache together, then wait until every one of them completed.
     async fn static_batch(&self, queue: &mut VecDeque<Sequence>) {
         let cap = self.opts.kv_blocks as u64;
-        let (mut n, mut blocks) = (0, 0);
-        while n < self.opts.effective_max_active() {
-            match queue.front() {
-                Some(s) if blocks + s.charge <= cap => blocks += s.charge,
-                _ => break,
-            }
-            n += 1;
-        }
+        let mut blocks = 0;
+        let n = queue
+            .iter()
+            .take(self.opts.effective_max_active())
+            .take_while(|s| {
+                blocks += s.charge;
+                blocks <= cap
+            })
+            .count();
         let (done, promise) = rt::future_pair::<()>();
         self.sh.borrow_mut().batch_done = Some(promise);
         queue.drain(..n).for_each(|s| self.submit(s));

@@ -284,7 +284,7 @@ pub fn run(
     model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
-    mut progress: Box<dyn FnMut(&Progress)>,
+    progress: Box<dyn FnMut(&Progress)>,
 ) -> Result<RunOutput, JobError> {
-    crate::decode::local::run(&mut *model.borrow_mut(), wl, opts, &mut *progress)
+    crate::decode::grouped::run(model, wl, opts, progress)
 }

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::decode::backend::DecodeModel;
+use crate::decode::backend::{DecodeModel, Launch};
 use crate::decode::job::{
     Finished, IterRecord, JobError, JobOpts, Mode, Progress, Rejected, RunOutput, Status, Workload,
     rejection,
@@ -161,7 +161,9 @@ impl State<'_> {
         let plan = seq::pack(&mut members, self.opts.token_budget, &mut self.kv, t0)?;
         let (prefill_tokens, decode_tokens) = seq::scheduled_rows(&members);
         // `finish` blocks until the device is done: no need to poll the fence here.
-        model.launch(&plan)?;
+        if let Launch::Blocking(work) = model.launch(&plan)? {
+            work();
+        }
         let tokens = model.finish()?;
         let t1 = Instant::now();
         let outcomes = seq::apply(&mut members, &tokens, t1)?;

@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod gpu;
+pub mod grouped;
 pub mod job;
 pub mod kv_cache;
 pub mod local;
