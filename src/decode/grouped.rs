@@ -226,10 +226,10 @@ fn complete(sh: &Rc<RefCell<Shared>>, mut s: Sequence, outcome: crate::Result<()
     };
     sh.out.finished.push(Finished { seq: s, status });
     sh.outstanding = sh.outstanding.saturating_sub(1);
-    if sh.outstanding == 0 {
-        if let Some(p) = sh.batch_done.take() {
-            p.set(Ok(()));
-        }
+    if sh.outstanding == 0
+        && let Some(p) = sh.batch_done.take()
+    {
+        p.set(Ok(()));
     }
     sh.account(1);
 }

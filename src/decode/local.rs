@@ -124,7 +124,7 @@ impl State<'_> {
         }
         let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
             .into_iter()
-            .partition(|s| seq::cancel_due(s));
+            .partition(seq::cancel_due);
         self.queue = keep.into();
         for s in gone {
             self.out.finished.push(Finished {
