@@ -10,12 +10,24 @@
 //   kv[kc_off ..], kv[vc_off ..]   this layer's K and V caches [n_blocks, block_size, kv_dim]
 //   act[out_off ..] (written)  out [n_rows, dim]
 // Bindings (group 0): 1 act f32 (read_write), 2 kv f32 (read_write), 3 md u32 (read).
-// Workgroup: 64; grid (n_heads, n_rows). head_size <= 256.
+// head_size <= 256. llvmpipe (lavapipe) ends a shader invocation's loops after
+// 65535 iterations in total (gallivm LP_MAX_TGSI_LOOP_ITERATIONS, shared by all
+// loops of the invocation), so the host only picks `attention_lane` when
+// (max_pos + 1) * (3 * head_size + 4) + head_size stays under 60000.
+// Two entry points, same parameters and results:
+// - `attention` (GPUs): one workgroup of 64 per (head, row): scores of 64
+//   positions at a time in workgroup memory, each invocation owning output dims
+//   li, li+64, ...; grid (n_heads, n_rows).
+// - `attention_lane` (CPU devices such as lavapipe, where workgroup barriers are
+//   costly): one invocation per (row, head), no workgroup memory: pass 1 keeps
+//   the online-softmax max and sum, pass 2 adds softmax(s_t) * v_t into the
+//   output row; workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
 
 struct Params {
     n_rows: u32, n_heads: u32, n_kv_heads: u32, head_size: u32,
     block_size: u32, rows_off: u32, q_off: u32, out_off: u32,
     kc_off: u32, vc_off: u32, kv_dim: u32, dim: u32,
+    max_pos: u32, // largest position among the rows (the host picks the form by it)
 }
 var<immediate> p: Params;
 
@@ -94,6 +106,52 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let d = li + c * WG;
         if (d < hs) {
             act[p.out_off + r * p.dim + h * hs + d] = acc[c] / l;
+        }
+    }
+}
+
+fn score(q_base: u32, k_base: u32, hs: u32, scale: f32) -> f32 {
+    var dot = 0.0;
+    for (var d = 0u; d < hs; d++) {
+        dot += act[q_base + d] * kv[k_base + d];
+    }
+    return dot * scale;
+}
+
+@compute @workgroup_size(64)
+fn attention_lane(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let idx = gid.x;
+    if (idx >= p.n_rows * p.n_heads) {
+        return;
+    }
+    let r = idx / p.n_heads;
+    let h = idx % p.n_heads;
+    let pos = md[p.rows_off + r * 4u + 2u];
+    let bt = md[p.rows_off + r * 4u + 3u];
+    let hs = p.head_size;
+    let head = (h / (p.n_heads / p.n_kv_heads)) * hs;
+    let q_base = p.q_off + r * p.dim + h * hs;
+    let out_base = p.out_off + r * p.dim + h * hs;
+    let scale = 1.0 / sqrt(f32(hs));
+    // Pass 1: running max and sum of exp over positions 0..=pos (online softmax).
+    var m = NEG;
+    var l = 0.0;
+    for (var t = 0u; t <= pos; t++) {
+        let s = score(q_base, p.kc_off + slot_of(bt, t) * p.kv_dim + head, hs, scale);
+        let m_new = max(m, s);
+        l = l * exp(m - m_new) + exp(s - m_new);
+        m = m_new;
+    }
+    // Pass 2: accumulate the normalised weights times V straight into the output
+    // row (no private array of head_size floats).
+    for (var d = 0u; d < hs; d++) {
+        act[out_base + d] = 0.0;
+    }
+    for (var t = 0u; t <= pos; t++) {
+        let slot = slot_of(bt, t) * p.kv_dim + head;
+        let w = exp(score(q_base, p.kc_off + slot, hs, scale) - m) / l;
+        for (var d = 0u; d < hs; d++) {
+            act[out_base + d] += w * kv[p.vc_off + slot + d];
         }
     }
 }

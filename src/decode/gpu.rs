@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use super::model::{BatchPlan, Config, KvGeometry, Weights};
 use super::ops::{
-    Argmax, Attention, Embed, KvAppend, Matmul, Ops, RmsNorm, Rope, SwiGlu, pack_metadata,
+    Argmax, Attention, Embed, KvAppend, Matmul, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
 use super::reference::EPS;
 use crate::vk::{
@@ -216,7 +216,7 @@ impl GpuModel {
             return Err(Error::Inval);
         }
         let kernels = Kernels::new(dev)?;
-        let ops = Ops::new(&kernels)?;
+        let ops = Ops::new(&kernels, Variant::for_device(dev))?;
         let (weights_buf, w) = upload_weights(dev, weights)?;
         let a = ActOffsets::new(&c, opts.max_tokens, opts.max_seqs)?;
         let kv_layer = opts.kv.n_blocks as u64 * opts.kv.block_size as u64 * c.kv_dim() as u64;
@@ -301,12 +301,18 @@ impl GpuModel {
         let sample_list = self.write_meta(plan)?;
         let n_samples = plan.n_samples();
         let mut rec = self.pool.record(&self.kernels, &self.set)?;
+        let max_pos = plan
+            .seqs
+            .iter()
+            .map(|s| s.start_pos + s.tokens.len() - 1)
+            .max();
         let geo = Geometry {
             c: self.config,
             opts: self.opts,
             w: self.w,
             a: self.a,
             kv_layer: self.kv_layer,
+            max_pos: max_pos.unwrap_or(0) as u32,
         };
         geo.record(
             &self.ops,
@@ -445,6 +451,7 @@ struct Geometry {
     w: WeightOffsets,
     a: ActOffsets,
     kv_layer: u32,
+    max_pos: u32,
 }
 
 impl Geometry {
@@ -580,6 +587,7 @@ impl Geometry {
             vc_off,
             kv_dim: kvd,
             dim: d,
+            max_pos: self.max_pos,
         };
         ops.run(rec, &att)?;
         rec.barrier();

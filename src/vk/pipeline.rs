@@ -395,7 +395,7 @@ impl Recorder<'_> {
     ) -> VkResult<()> {
         let bytes = bytemuck::bytes_of(push);
         if bytes.len() > PUSH_BYTES as usize
-            || bytes.len() % 4 != 0
+            || !bytes.len().is_multiple_of(4)
             || self.layout == vk::PipelineLayout::null()
         {
             return Err(VkError::Inval(format!(

@@ -61,11 +61,20 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// Buffers of `elems[i]` 4-byte elements each.
+    /// Buffers of `elems[i]` 4-byte elements each; the device's kernel variant.
     pub fn new(dev: &Device, elems: [usize; 5]) -> Rig {
+        Rig::with_variant(dev, elems, xtc::decode::ops::Variant::for_device(dev))
+    }
+
+    /// As [`Rig::new`] with the given kernel variant.
+    pub fn with_variant(
+        dev: &Device,
+        elems: [usize; 5],
+        variant: xtc::decode::ops::Variant,
+    ) -> Rig {
         use xtc::vk::{Buffer, Location};
         let kernels = xtc::vk::Kernels::new(dev).unwrap();
-        let ops = xtc::decode::ops::Ops::new(&kernels).unwrap();
+        let ops = xtc::decode::ops::Ops::new(&kernels, variant).unwrap();
         let bufs: Vec<Buffer> = elems
             .iter()
             .map(|&n| Buffer::new(dev, (n.max(1) * 4) as u64, Location::Readback, "rig").unwrap())
