@@ -56,6 +56,7 @@ fn model(dev: &Device) -> (GpuModel, Vec<SeqWork>) {
         max_tokens: 64,
         max_seqs: 32,
         keep_logits: false,
+        variant: None,
     };
     let mut gpu = GpuModel::new(dev, &w, opts).unwrap();
     let members: Vec<SeqWork> = (0..32u32)

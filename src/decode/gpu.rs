@@ -40,6 +40,8 @@ pub struct GpuOptions {
     /// Copy the sampled rows' logits back each iteration
     /// ([`GpuModel::finish_with_logits`]); off by default (costs a copy).
     pub keep_logits: bool,
+    /// Kernel forms to use; `None`: [`Variant::for_device`].
+    pub variant: Option<Variant>,
 }
 
 impl Default for GpuOptions {
@@ -52,6 +54,7 @@ impl Default for GpuOptions {
             max_tokens: 256,
             max_seqs: 64,
             keep_logits: false,
+            variant: None,
         }
     }
 }
@@ -216,7 +219,10 @@ impl GpuModel {
             return Err(Error::Inval);
         }
         let kernels = Kernels::new(dev)?;
-        let ops = Ops::new(&kernels, Variant::for_device(dev))?;
+        let ops = Ops::new(
+            &kernels,
+            opts.variant.unwrap_or_else(|| Variant::for_device(dev)),
+        )?;
         let (weights_buf, w) = upload_weights(dev, weights)?;
         let a = ActOffsets::new(&c, opts.max_tokens, opts.max_seqs)?;
         let kv_layer = opts.kv.n_blocks as u64 * opts.kv.block_size as u64 * c.kv_dim() as u64;
