@@ -164,3 +164,17 @@ fn hundred_thousand_fence_iterations_keep_fd_count_flat() {
     assert_eq!(last - first, 99_999, "every iteration was a submission");
     assert_eq!(vk_support::fd_count(), before, "fd count is flat");
 }
+
+#[test]
+fn thread_safety_of_public_types() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<vk::Device>();
+    send_sync::<vk::Submission>();
+    send_sync::<vk::EventFence>();
+    send_sync::<vk::Kernels>();
+    send_sync::<vk::Buffer>();
+    send::<vk::CommandPool>();
+    send::<xtc::decode::gpu::GpuModel>();
+    send::<xtc::decode::gpu::InFlight>();
+}

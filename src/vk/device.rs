@@ -5,7 +5,7 @@
 //! block relies on: the `ash::Entry` outlives the instance, the instance
 //! outlives every physical-device query and the device, create-info structs
 //! (and the arrays they point to) live across the call that reads them, and
-//! [`Inner`]'s `Drop` destroys children before parents after the queue is idle.
+//! `Inner`'s `Drop` destroys children before parents after the queue is idle.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_void};
