@@ -434,7 +434,16 @@ impl Device {
         let fence_fd = info
             .sync_fd_export
             .then(|| khr::external_fence_fd::Device::new(&instance.instance, &device));
-        let queue = QueueState::new(&device, family)?;
+        let queue = match QueueState::new(&device, family) {
+            Ok(q) => q,
+            Err(e) => {
+                drop(allocator);
+                // SAFETY: the allocator (the only child) is gone; the queue state
+                // created nothing that outlives its error.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
         Ok(Device(Arc::new(Inner {
             validation: instance.debug.is_some(),
             device,

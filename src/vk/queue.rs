@@ -54,10 +54,14 @@ struct Slot {
 pub(crate) struct QueueState {
     slot: Mutex<Slot>,
     timeline: vk::Semaphore,
+    /// An eventfd signalled at creation: the fd of a sync_file export of -1.
+    signalled: Arc<EventFence>,
 }
 
 impl QueueState {
     pub(crate) fn new(device: &ash::Device, family: u32) -> VkResult<QueueState> {
+        let signalled = Arc::new(EventFence::new()?);
+        signalled.signal();
         let mut ty = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
@@ -72,6 +76,7 @@ impl QueueState {
             (q, s)
         };
         Ok(QueueState {
+            signalled,
             slot: Mutex::new(Slot {
                 queue,
                 last: 0,
@@ -209,10 +214,12 @@ impl Device {
             // SAFETY: the submit failed, so nothing refers to the fence.
             unsafe { dev.destroy_fence(fence, None) };
         })?;
+        // Until the export succeeds the device's always-signalled eventfd stands
+        // in (it is also the answer to an export of -1, "already signalled").
         let mut sub = Submission {
             dev: self.clone(),
             value,
-            done: Done::Event(Arc::new(EventFence::new()?)),
+            done: Done::Event(self.0.queue.signalled.clone()),
             fence,
         };
         let get = vk::FenceGetFdInfoKHR::default()
@@ -227,7 +234,7 @@ impl Device {
         // (VUID-VkFenceGetFdInfoKHR-handleType-01454).
         let fd = unsafe { ext.get_fence_fd(&get) }.map_err(call("vkGetFenceFdKHR"))?;
         match fd {
-            -1 => sub.signal_stand_in(),
+            -1 => {}
             // SAFETY: a fd >= 0 returned by vkGetFenceFdKHR is a new sync_file
             // fd owned by the caller.
             fd => sub.done = Done::SyncFile(unsafe { OwnedFd::from_raw_fd(fd) }),
@@ -397,12 +404,6 @@ impl Submission {
             self.value,
             ns,
         )
-    }
-
-    fn signal_stand_in(&mut self) {
-        if let Done::Event(e) = &self.done {
-            e.signal();
-        }
     }
 }
 
