@@ -13,15 +13,16 @@
 // head_size <= 256. llvmpipe (lavapipe) ends a shader invocation's loops after
 // 65535 iterations in total (gallivm LP_MAX_TGSI_LOOP_ITERATIONS, shared by all
 // loops of the invocation), so the host only picks `attention_lane` when
-// (max_pos + 1) * (3 * head_size + 4) + head_size stays under 60000.
+// head_size <= 64 and (max_pos + 1) * (2 * head_size + 2) + 2 * head_size stays
+// under 60000.
 // Two entry points, same parameters and results:
 // - `attention` (GPUs): one workgroup of 64 per (head, row): scores of 64
 //   positions at a time in workgroup memory, each invocation owning output dims
 //   li, li+64, ...; grid (n_heads, n_rows).
 // - `attention_lane` (CPU devices such as lavapipe, where workgroup barriers are
-//   costly): one invocation per (row, head), no workgroup memory: pass 1 keeps
-//   the online-softmax max and sum, pass 2 adds softmax(s_t) * v_t into the
-//   output row; workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
+//   costly): one invocation per (row, head), no workgroup memory; q and the
+//   output accumulator in private arrays (head_size <= 64), online softmax one
+//   position at a time; workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
 
 struct Params {
     n_rows: u32, n_heads: u32, n_kv_heads: u32, head_size: u32,
@@ -110,14 +111,6 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
 }
 
-fn score(q_base: u32, k_base: u32, hs: u32, scale: f32) -> f32 {
-    var dot = 0.0;
-    for (var d = 0u; d < hs; d++) {
-        dot += act[q_base + d] * kv[k_base + d];
-    }
-    return dot * scale;
-}
-
 @compute @workgroup_size(64)
 fn attention_lane(@builtin(global_invocation_id) gid: vec3<u32>) {
     let idx = gid.x;
@@ -130,28 +123,34 @@ fn attention_lane(@builtin(global_invocation_id) gid: vec3<u32>) {
     let bt = md[p.rows_off + r * 4u + 3u];
     let hs = p.head_size;
     let head = (h / (p.n_heads / p.n_kv_heads)) * hs;
-    let q_base = p.q_off + r * p.dim + h * hs;
-    let out_base = p.out_off + r * p.dim + h * hs;
     let scale = 1.0 / sqrt(f32(hs));
-    // Pass 1: running max and sum of exp over positions 0..=pos (online softmax).
+    // Query and accumulator in private memory (head_size <= 64 in this form).
+    var q: array<f32, 64>;
+    var acc: array<f32, 64>;
+    let q_base = p.q_off + r * p.dim + h * hs;
+    for (var d = 0u; d < hs; d++) {
+        q[d] = act[q_base + d] * scale;
+        acc[d] = 0.0;
+    }
     var m = NEG;
     var l = 0.0;
     for (var t = 0u; t <= pos; t++) {
-        let s = score(q_base, p.kc_off + slot_of(bt, t) * p.kv_dim + head, hs, scale);
+        let slot = slot_of(bt, t) * p.kv_dim + head;
+        var s = 0.0;
+        for (var d = 0u; d < hs; d++) {
+            s += q[d] * kv[p.kc_off + slot + d];
+        }
         let m_new = max(m, s);
-        l = l * exp(m - m_new) + exp(s - m_new);
+        let corr = exp(m - m_new);
+        let e = exp(s - m_new);
+        l = l * corr + e;
+        for (var d = 0u; d < hs; d++) {
+            acc[d] = acc[d] * corr + e * kv[p.vc_off + slot + d];
+        }
         m = m_new;
     }
-    // Pass 2: accumulate the normalised weights times V straight into the output
-    // row (no private array of head_size floats).
+    let out_base = p.out_off + r * p.dim + h * hs;
     for (var d = 0u; d < hs; d++) {
-        act[out_base + d] = 0.0;
-    }
-    for (var t = 0u; t <= pos; t++) {
-        let slot = slot_of(bt, t) * p.kv_dim + head;
-        let w = exp(score(q_base, p.kc_off + slot, hs, scale) - m) / l;
-        for (var d = 0u; d < hs; d++) {
-            act[out_base + d] += w * kv[p.vc_off + slot + d];
-        }
+        act[out_base + d] = acc[d] / l;
     }
 }

@@ -273,7 +273,13 @@ fn kv_append_and_attention_over_a_mixed_vector() {
     let Some(dev) = vk_support::device() else {
         return;
     };
-    for (n_heads, n_kv, hs, bs) in [(4, 2, 32, 16), (3, 1, 6, 4), (2, 2, 130, 5), (1, 1, 256, 8)] {
+    for (n_heads, n_kv, hs, bs) in [
+        (4, 2, 32, 16),
+        (3, 1, 6, 4),
+        (2, 1, 64, 8),
+        (2, 2, 130, 5),
+        (1, 1, 256, 8),
+    ] {
         for variant in [Variant::Gpu, Variant::Cpu] {
             check_attention(&dev, variant, (n_heads, n_kv, hs), bs);
         }

@@ -278,9 +278,9 @@ impl Op for Attention {
     }
     fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
         let hs = u64::from(self.head_size);
-        let lane_loops = (u64::from(self.max_pos) + 1) * (3 * hs + 4) + hs;
+        let lane_loops = (u64::from(self.max_pos) + 1) * (2 * hs + 2) + 2 * hs;
         match variant {
-            Variant::Cpu if lane_loops < u64::from(LANE_LOOP_BUDGET) => (
+            Variant::Cpu if hs <= 64 && lane_loops < u64::from(LANE_LOOP_BUDGET) => (
                 "attention_lane",
                 [groups(self.n_rows * self.n_heads, 64), 1, 1],
             ),
