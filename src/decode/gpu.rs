@@ -330,7 +330,7 @@ impl GpuModel {
         if let Some(l) = &self.logits {
             let bytes = (n_samples * self.config.vocab_size * 4) as u64;
             if bytes > 0 {
-                rec.copy(&self.act, u64::from(self.a.logits) * 4, l, 0, bytes);
+                rec.copy(&self.act, u64::from(self.a.logits) * 4, l, 0, bytes)?;
             }
         }
         rec.host_barrier();

@@ -462,6 +462,16 @@ impl Device {
         &self.0.info
     }
 
+    /// A process-unique identity of this logical device (while it lives).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    /// Whether `self` and `other` are the same logical device.
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Whether the validation layer is active on this device.
     pub fn validation(&self) -> bool {
         self.0.validation
