@@ -152,15 +152,8 @@ fn matmul(c: &mut Criterion, dev: &Device) {
                 b.iter(|| {
                     pool.reset().unwrap();
                     let mut rec = pool.record(&kernels, &set).unwrap();
-                    let op = Matmul {
-                        m: m as u32,
-                        n: N as u32,
-                        k: K as u32,
-                        x_off: 0,
-                        w_off: 0,
-                        y_off: (256 * K) as u32,
-                        accumulate: 0,
-                    };
+                    let op =
+                        Matmul::plain(m as u32, N as u32, K as u32, 0, 0, (256 * K) as u32, false);
                     for _ in 0..REPS {
                         ops.run(&mut rec, &op).unwrap();
                     }

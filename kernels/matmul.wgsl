@@ -5,7 +5,11 @@
 // Shapes / layouts (f32 elements; offsets in elements):
 //   act[x_off ..]              x [M, K], row-major
 //   weights[w_off ..]          W [N, K], row-major
-//   act[y_off ..]  (written)   y [M, N], row-major (must not overlap x)
+//   act[y_off ..]  (written)   y [M, N], row-major (must not overlap x), or split by
+//                              columns: n < n1 -> y1 [M, n1] at y_off, n1 <= n < n1 + n2 ->
+//                              y2 [M, n2] at y2_off, the rest -> y3 [M, N - n1 - n2] at y3_off
+//                              (one dispatch for q|k|v or w1|w3 with the weights stacked;
+//                              a plain matmul has n1 = N, n2 = 0)
 // Bindings (group 0): 0 weights f32 (read), 1 act f32 (read_write).
 //
 // Two entry points, same parameters and results:
@@ -21,7 +25,10 @@
 //   llvmpipe ends an invocation's loops after 65535 iterations in total, so the
 //   host picks this form only for K < 60000.
 
-struct Params { m: u32, n: u32, k: u32, x_off: u32, w_off: u32, y_off: u32, accumulate: u32 }
+struct Params {
+    m: u32, n: u32, k: u32, x_off: u32, w_off: u32, y_off: u32, accumulate: u32,
+    n1: u32, n2: u32, y2_off: u32, y3_off: u32,
+}
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read> weights: array<f32>;
@@ -56,16 +63,20 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
     }
     if (row < p.m && col < p.n) {
-        let o = p.y_off + row * p.n + col;
-        if (p.accumulate != 0u) {
-            act[o] += acc;
-        } else {
-            act[o] = acc;
-        }
+        store(row, col, acc);
     }
 }
 
-fn store(o: u32, v: f32) {
+/// Writes (or adds) output (m, n) to its split destination.
+fn store(m: u32, n: u32, v: f32) {
+    var o: u32;
+    if (n < p.n1) {
+        o = p.y_off + m * p.n1 + n;
+    } else if (n < p.n1 + p.n2) {
+        o = p.y2_off + m * p.n2 + (n - p.n1);
+    } else {
+        o = p.y3_off + m * (p.n - p.n1 - p.n2) + (n - p.n1 - p.n2);
+    }
     if (p.accumulate != 0u) {
         act[o] += v;
     } else {
@@ -95,9 +106,8 @@ fn matmul_vec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         let xv = act[x + k];
         a += xv * vec4<f32>(weights[w0 + k], weights[w1 + k], weights[w2 + k], weights[w3 + k]);
     }
-    let o = p.y_off + m * p.n + n0;
     for (var c = 0u; c <= last; c++) {
-        store(o + c, a[c]);
+        store(m, n0 + c, a[c]);
     }
 }
 
@@ -132,10 +142,9 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     let rows = array<vec4<f32>, 4>(a0, a1, a2, a3);
     for (var r = 0u; r <= last_r; r++) {
-        let o = p.y_off + (m0 + r) * p.n + n0;
         let v = rows[r];
         for (var c = 0u; c <= last_c; c++) {
-            store(o + c, v[c]);
+            store(m0 + r, n0 + c, v[c]);
         }
     }
 }

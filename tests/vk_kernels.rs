@@ -130,20 +130,8 @@ fn matmul_matches_reference_over_odd_shapes_and_accumulates() {
         rig.write(1, 0, &x);
         rig.write(1, m * k + m * n, &y0);
         let (mu, nu, ku) = (m as u32, n as u32, k as u32);
-        let set = Matmul {
-            m: mu,
-            n: nu,
-            k: ku,
-            x_off: 0,
-            w_off: 0,
-            y_off: mu * ku,
-            accumulate: 0,
-        };
-        let add = Matmul {
-            y_off: mu * ku + mu * nu,
-            accumulate: 1,
-            ..set
-        };
+        let set = Matmul::plain(mu, nu, ku, 0, 0, mu * ku, false);
+        let add = Matmul::plain(mu, nu, ku, 0, 0, mu * ku + mu * nu, true);
         rig.run(|ops, rec| {
             ops.run(rec, &set).unwrap();
             ops.run(rec, &add).unwrap();
@@ -163,6 +151,52 @@ fn matmul_matches_reference_over_odd_shapes_and_accumulates() {
                 max_abs_diff(&got_add[r * n..][..n], &with_y) <= tol,
                 "{variant:?} ({m},{n},{k}) accumulate row {r}"
             );
+        }
+    }
+}
+
+/// One dispatch over stacked weights (q|k|v, w1|w3) writes each column range
+/// to its own region, in both forms.
+#[test]
+fn split_matmul_writes_each_column_range_to_its_region() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(6);
+    let shapes = [
+        (1, 5, [3, 2, 2]),
+        (6, 33, [16, 8, 8]),
+        (37, 64, [64, 32, 32]),
+        (9, 20, [7, 7, 0]),
+    ];
+    for ((m, k, ns), variant) in shapes
+        .into_iter()
+        .flat_map(|s| [(s, Variant::Gpu), (s, Variant::Cpu)])
+    {
+        let n: usize = ns.iter().map(|&v| v as usize).sum();
+        let x = rand_vec(&mut rng, m * k);
+        let w = rand_vec(&mut rng, n * k);
+        // Regions in reverse order, apart from each other.
+        let ys = [m * k + 2 * m * n, m * k + m * n, m * k];
+        let mut rig = Rig::with_variant(&dev, [n * k, m * k + 3 * m * n, 1, 1, 1], variant);
+        rig.write(0, 0, &w);
+        rig.write(1, 0, &x);
+        let op = Matmul::split(m as u32, k as u32, ns, 0, 0, ys.map(|y| y as u32));
+        rig.run(|ops, rec| ops.run(rec, &op).unwrap());
+        let mut want = vec![0f32; n];
+        for r in 0..m {
+            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            let mut col = 0;
+            for (part, &np) in ns.iter().enumerate() {
+                let np = np as usize;
+                let got: Vec<f32> = rig.read(1, ys[part] + r * np, np);
+                let d = max_abs_diff(&got, &want[col..col + np]);
+                assert!(
+                    d <= TOL * (k as f32).sqrt(),
+                    "{variant:?} m {m} k {k} part {part} row {r}: {d}"
+                );
+                col += np;
+            }
         }
     }
 }

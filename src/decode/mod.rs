@@ -10,4 +10,5 @@
 pub mod gpu;
 pub mod model;
 pub mod ops;
+mod record;
 pub mod reference;

@@ -145,7 +145,8 @@ impl Op for RmsNorm {
     }
 }
 
-/// `matmul.wgsl`: `y[m, n] (+)= sum_k x[m, k] W[n, k]`.
+/// `matmul.wgsl`: `y[m, n] (+)= sum_k x[m, k] W[n, k]`, the output columns
+/// optionally split over up to three regions (see [`Matmul::split`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct Matmul {
@@ -159,10 +160,67 @@ pub struct Matmul {
     pub x_off: u32,
     /// W `[n, k]` in weights.
     pub w_off: u32,
-    /// y `[m, n]` in activations.
+    /// y1 `[m, n1]` in activations (all of y for a plain matmul).
     pub y_off: u32,
     /// 1: add to y (residual add), 0: overwrite.
     pub accumulate: u32,
+    /// Columns `0..n1` go to y1 (`n` for a plain matmul).
+    pub n1: u32,
+    /// Columns `n1..n1 + n2` go to y2 `[m, n2]`.
+    pub n2: u32,
+    /// y2 in activations.
+    pub y2_off: u32,
+    /// Columns `n1 + n2..n` go to y3 `[m, n - n1 - n2]` at this offset.
+    pub y3_off: u32,
+}
+
+impl Matmul {
+    /// `y [m, n] (+)= x [m, k] . W [n, k]^T`.
+    pub fn plain(
+        m: u32,
+        n: u32,
+        k: u32,
+        x_off: u32,
+        w_off: u32,
+        y_off: u32,
+        accumulate: bool,
+    ) -> Matmul {
+        let accumulate = u32::from(accumulate);
+        Matmul {
+            m,
+            n,
+            k,
+            x_off,
+            w_off,
+            y_off,
+            accumulate,
+            n1: n,
+            n2: 0,
+            y2_off: 0,
+            y3_off: 0,
+        }
+    }
+
+    /// One dispatch for stacked weights `[ns[0] + ns[1] + ns[2], k]` (e.g.
+    /// q|k|v): columns go to `ys[0] [m, ns[0]]`, `ys[1] [m, ns[1]]`,
+    /// `ys[2] [m, ns[2]]`. Overwrites.
+    pub fn split(m: u32, k: u32, ns: [u32; 3], w_off: u32, x_off: u32, ys: [u32; 3]) -> Matmul {
+        let n = ns[0] + ns[1] + ns[2];
+        let [y_off, y2_off, y3_off] = ys;
+        Matmul {
+            m,
+            n,
+            k,
+            x_off,
+            w_off,
+            y_off,
+            accumulate: 0,
+            n1: ns[0],
+            n2: ns[1],
+            y2_off,
+            y3_off,
+        }
+    }
 }
 
 impl Op for Matmul {
