@@ -5,7 +5,8 @@
 //! returns an [`InFlight`] whose fence fd the batch driver polls (B-066).
 //!
 //! Device buffers (offsets in elements, fixed at creation):
-//! - weights `[f32]`: the llama2.c tensors back to back ([`Weights::tensors`]).
+//! - weights `[f32]`: the llama2.c tensors back to back, each layer's
+//!   `wq|wk|wv` and `w1|w3` stacked for one split-output matmul each.
 //! - activations `[f32]`: `x, xb, q, att [T, dim]`, `k, v [T, kv_dim]`,
 //!   `h1, h3 [T, hidden_dim]`, `sel [S, dim]`, `logits [S, vocab]` for
 //!   `T = max_tokens`, `S = max_seqs`.
