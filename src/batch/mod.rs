@@ -3,5 +3,5 @@
 pub mod placement;
 pub mod router;
 
-pub use placement::{LoopNodes, loop_for, place};
+pub use placement::{LoopNodes, loop_for, loop_for_device, place};
 pub use router::Router;

@@ -2,7 +2,10 @@
 //! node, local CPUs, and the executor loop each would be placed on
 //! (`batch::place`, B-160..B-165).
 //!
-//! `--sysfs-root DIR` probes a fixture tree (`devices/<name>`) instead of `/`;
+//! On the live system the loops' nodes are those a real `rt::Executor`'s
+//! carriers record; with `--sysfs-root DIR` (a fixture tree such as
+//! `devices/<name>`, probed instead of `/`) they are modelled round-robin over
+//! the tree's online nodes.
 //! `--json` prints one JSON object ([`ProbeReport`]) for machines. Exit
 //! status 0 when the probe ran (finding no node is a normal answer), 1 when
 //! it could not (bad root).
@@ -15,6 +18,7 @@ use serde::Serialize;
 
 use crate::accel::{self, Device, HostNuma, ProbeError, sysfs::format_cpulist};
 use crate::batch::place;
+use crate::rt::Executor;
 
 /// Arguments of `xtc probe`.
 #[derive(Debug, Clone, Args)]
@@ -35,6 +39,10 @@ pub struct ProbeArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LoopNodesSource {
+    /// Recorded by the carriers of a real `rt::Executor` with `--loops`
+    /// loops, created for the probe (live system only; carriers are not
+    /// pinned, so each records the node it started on).
+    Executor,
     /// Carriers spread round-robin over the online nodes (loop `i` on the
     /// `i mod n`-th online node); all unknown on a host without NUMA information.
     RoundRobinModel,
@@ -81,7 +89,11 @@ pub fn report(args: &ProbeArgs) -> Result<ProbeReport, ProbeError> {
     let devices = accel::probe_in(&root)?;
     let host = HostNuma::read(&root);
     let loops = args.loops as usize;
-    let loop_nodes = round_robin(&host, loops);
+    let live = args.sysfs_root.is_none();
+    let (loop_nodes, source) = match live.then(|| executor_nodes(loops)).flatten() {
+        Some(nodes) => (nodes, LoopNodesSource::Executor),
+        None => (round_robin(&host, loops), LoopNodesSource::RoundRobinModel),
+    };
     let devices = devices
         .into_iter()
         .map(|device| {
@@ -95,9 +107,17 @@ pub fn report(args: &ProbeArgs) -> Result<ProbeReport, ProbeError> {
         online_nodes: host.online.clone(),
         loops,
         loop_nodes,
-        loop_nodes_source: LoopNodesSource::RoundRobinModel,
+        loop_nodes_source: source,
         devices,
     })
+}
+
+/// The nodes a real executor's carriers record (`None` if it cannot start).
+fn executor_nodes(loops: usize) -> Option<Vec<Option<u32>>> {
+    let exec = Executor::new(loops).ok()?;
+    let nodes = (0..loops).map(|i| exec.loop_node(i)).collect();
+    exec.run().ok()?;
+    Some(nodes)
 }
 
 fn round_robin(host: &HostNuma, loops: usize) -> Vec<Option<u32>> {
