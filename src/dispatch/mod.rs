@@ -47,6 +47,7 @@ pub mod metrics;
 pub mod profile;
 pub mod publish;
 pub mod reclaim;
+pub mod scenarios;
 pub mod scheduler;
 mod state;
 pub mod step;

@@ -321,7 +321,8 @@ mod tests {
         let flag = Cell::new(false);
         let mut s = Stepper::new(1, 10);
         let y = s.yielder();
-        s.spawn(y.clone(), async {
+        let flag = &flag;
+        s.spawn(y.clone(), async move {
             while !flag.get() {
                 y.pause(Point::AckBarrier).await;
             }
