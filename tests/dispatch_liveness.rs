@@ -9,8 +9,8 @@ use std::rc::Rc;
 use xtc::Error;
 use xtc::dispatch::scenarios::{retry_aba, sync_start_stress};
 use xtc::dispatch::{
-    DeviceProfile, Escapes, Graph, Point, RunError, RunOpts, RunReport, Scheduler, Shape,
-    StepOpts, TaskSpec,
+    DeviceProfile, Escapes, Graph, Point, RunError, RunOpts, RunReport, Scheduler, Shape, StepOpts,
+    TaskSpec,
 };
 
 const THREADS: usize = 3;
@@ -34,17 +34,20 @@ fn exit_while_peer_in_barrier(escapes: Escapes) -> Result<RunReport, RunError> {
     let g = fault_during_drain(s.profile().clusters as u32);
     let mut owner: Option<usize> = None;
     let mut released = false;
-    let policy = Box::new(move |v: &xtc::dispatch::step::View<'_>, p: &xtc::dispatch::Probe, pid: usize| {
-        if owner.is_none() {
-            owner = p.task_thread(0);
-        }
-        if Some(pid) != owner || released || v.points[pid] != Point::Loop {
-            return true;
-        }
-        let peer_in_barrier = (0..THREADS).any(|q| q != pid && v.points[q] == Point::AckBarrier);
-        released = p.task_finished_on_core(0) && peer_in_barrier;
-        released
-    });
+    let policy = Box::new(
+        move |v: &xtc::dispatch::step::View<'_>, p: &xtc::dispatch::Probe, pid: usize| {
+            if owner.is_none() {
+                owner = p.task_thread(0);
+            }
+            if Some(pid) != owner || released || v.points[pid] != Point::Loop {
+                return true;
+            }
+            let peer_in_barrier =
+                (0..THREADS).any(|q| q != pid && v.points[q] == Point::AckBarrier);
+            released = p.task_finished_on_core(0) && peer_in_barrier;
+            released
+        },
+    );
     let opts = RunOpts {
         escapes,
         ..RunOpts::default()
@@ -63,7 +66,12 @@ fn without_completed_escapes_the_barrier_hangs_and_is_detected() {
         Err(RunError::Hang(h)) => {
             // Only scheduler threads remain, all spinning in the ack barrier.
             assert!(!h.stuck.is_empty());
-            assert!(h.stuck.iter().all(|&(pid, pt)| pid < THREADS && pt == Point::AckBarrier), "{h:?}");
+            assert!(
+                h.stuck
+                    .iter()
+                    .all(|&(pid, pt)| pid < THREADS && pt == Point::AckBarrier),
+                "{h:?}"
+            );
         }
         other => panic!("expected a detected hang, got {other:?}"),
     }
@@ -89,7 +97,10 @@ fn each_escape_alone_is_what_saves_the_barrier() {
         ack_barrier: false,
         ..Escapes::ALL
     };
-    assert!(matches!(exit_while_peer_in_barrier(all_but_barrier), Err(RunError::Hang(_))));
+    assert!(matches!(
+        exit_while_peer_in_barrier(all_but_barrier),
+        Err(RunError::Hang(_))
+    ));
 }
 
 #[test]
@@ -103,7 +114,11 @@ fn abandoned_drain_state_is_reset_before_the_next_run() {
         .unwrap();
     assert_eq!(r.fault, Some(Error::Internal));
     let r = s
-        .run_stepped(&sync_start_stress(6, 1), RunOpts::default(), StepOpts::seeded(1))
+        .run_stepped(
+            &sync_start_stress(6, 1),
+            RunOpts::default(),
+            StepOpts::seeded(1),
+        )
         .unwrap();
     assert!(r.fault.is_none() && r.outputs_exact());
 }
@@ -119,26 +134,28 @@ fn retry_aba_schedule(tags: bool) -> (Result<RunReport, RunError>, bool) {
     let exercised = Rc::new(Cell::new(false));
     let ex = exercised.clone();
     let mut holder: Option<usize> = None;
-    let policy = Box::new(move |v: &xtc::dispatch::step::View<'_>, p: &xtc::dispatch::Probe, pid: usize| {
-        if holder.is_none() {
-            holder = p.task_thread(0);
-        }
-        let Some(h) = holder else { return true };
-        let parked = (h + 1) % THREADS;
-        let retried = p.drain_retries() >= 1;
-        if pid == parked && !ex.get() && v.points[pid] == Point::BeforeElect {
-            let peers_waiting = (0..THREADS)
-                .filter(|&q| q != parked)
-                .all(|q| v.points[q] == Point::AckBarrier);
-            let go = retried && p.task_completed(0) && peers_waiting;
-            ex.set(go);
-            return go;
-        }
-        if pid == h && retried && v.points[pid] == Point::Loop && !p.task_completed(0) {
-            return p.task_finished_on_core(0);
-        }
-        true
-    });
+    let policy = Box::new(
+        move |v: &xtc::dispatch::step::View<'_>, p: &xtc::dispatch::Probe, pid: usize| {
+            if holder.is_none() {
+                holder = p.task_thread(0);
+            }
+            let Some(h) = holder else { return true };
+            let parked = (h + 1) % THREADS;
+            let retried = p.drain_retries() >= 1;
+            if pid == parked && !ex.get() && v.points[pid] == Point::BeforeElect {
+                let peers_waiting = (0..THREADS)
+                    .filter(|&q| q != parked)
+                    .all(|q| v.points[q] == Point::AckBarrier);
+                let go = retried && p.task_completed(0) && peers_waiting;
+                ex.set(go);
+                return go;
+            }
+            if pid == h && retried && v.points[pid] == Point::Loop && !p.task_completed(0) {
+                return p.task_finished_on_core(0);
+            }
+            true
+        },
+    );
     let opts = RunOpts {
         generation_tags: tags,
         ..RunOpts::default()
@@ -157,11 +174,20 @@ fn retry_aba_without_generation_tags_splits_the_barrier() {
     assert!(exercised, "not exercised: the retry never happened");
     match r {
         Err(RunError::Hang(h)) => {
-            let pts: Vec<Point> = h.stuck.iter().filter(|s| s.0 < THREADS).map(|s| s.1).collect();
+            let pts: Vec<Point> = h
+                .stuck
+                .iter()
+                .filter(|s| s.0 < THREADS)
+                .map(|s| s.1)
+                .collect();
             // The stale thread won attempt A's election after the reset and
             // waits for staging; its peers wait for its ack of attempt A+1.
             assert!(pts.contains(&Point::StageDone), "{h:?}");
-            assert_eq!(pts.iter().filter(|&&p| p == Point::AckBarrier).count(), 2, "{h:?}");
+            assert_eq!(
+                pts.iter().filter(|&&p| p == Point::AckBarrier).count(),
+                2,
+                "{h:?}"
+            );
         }
         other => panic!("expected a detected split barrier, got {other:?}"),
     }

@@ -41,7 +41,10 @@ fn cross_task_pops_fence_once_and_per_task_pops_fence_per_task() {
     assert!(cross.pops.iter().any(|p| p.tasks > 1));
     // The swimlane export holds one event per subtask.
     let v: serde_json::Value = serde_json::from_str(&chrome_trace(&cross.events)).unwrap();
-    assert_eq!(v["traceEvents"].as_array().unwrap().len(), cross.events.len());
+    assert_eq!(
+        v["traceEvents"].as_array().unwrap().len(),
+        cross.events.len()
+    );
 }
 
 #[test]

@@ -50,7 +50,11 @@ fn open_scope_graph() -> Graph {
 fn without_handshake_the_orchestrator_stalls_until_the_backstop() {
     let r = run(&open_scope_graph(), false, 1);
     assert!(r.fault.is_none() && r.outputs_exact());
-    let st = r.stalls.iter().find(|s| s.task == WINDOW).expect("task 8 stalled");
+    let st = r
+        .stalls
+        .iter()
+        .find(|s| s.task == WINDOW)
+        .expect("task 8 stalled");
     assert_eq!(st.how, StallEnd::Backstop);
     assert!(st.end_ns - st.start_ns >= 100 * MS, "{st:?}");
 }
@@ -60,7 +64,11 @@ fn with_handshake_an_acked_publication_arrives_about_10ms_into_the_stall() {
     for seed in 0..3 {
         let r = run(&open_scope_graph(), true, seed);
         assert!(r.fault.is_none() && r.outputs_exact());
-        let st = r.stalls.iter().find(|s| s.task == WINDOW).expect("task 8 stalled");
+        let st = r
+            .stalls
+            .iter()
+            .find(|s| s.task == WINDOW)
+            .expect("task 8 stalled");
         assert_eq!(st.how, StallEnd::Acked, "{st:?}");
         let waited = st.end_ns - st.start_ns;
         assert!((10 * MS..11 * MS).contains(&waited), "{st:?}");

@@ -47,7 +47,10 @@ fn sync_start_stress_100_rounds_no_hang_exact_outputs() {
     // sync pops on the per-task path.
     eprintln!("stress: drains {drains} retries {retries} sync pops {sync_pops}");
     assert!(drains >= 100 * 12, "drains {drains}");
-    assert!(retries > 0 && sync_pops > 0, "retries {retries} sync pops {sync_pops}");
+    assert!(
+        retries > 0 && sync_pops > 0,
+        "retries {retries} sync pops {sync_pops}"
+    );
 }
 
 #[test]
@@ -93,7 +96,10 @@ fn sync_cohorts_are_not_starved_by_normal_waves() {
             // Every block of the cohort ran at the same time (one drain) ...
             assert!(last_start < first_end, "seed {seed} task {t}: {b:?}");
             // ... and it started before the normal waves ran out.
-            assert!(last_start < last_normal_start, "seed {seed}: task {t} starved");
+            assert!(
+                last_start < last_normal_start,
+                "seed {seed}: task {t} starved"
+            );
         }
     }
 }

@@ -152,8 +152,7 @@ pub(crate) async fn handle_drain(sh: &Shared, t: usize, y: &Yielder) {
     // Stall injection point: the retry-ABA window.
     y.pause(Point::BeforeElect).await;
     let mine = free(sh, a) | (t as u64 + 1);
-    if d
-        .elected
+    if d.elected
         .compare_exchange(free(sh, a), mine, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
     {

@@ -99,8 +99,10 @@ impl Regs {
     pub fn reset(&self) {
         for c in 0..self.cores {
             self.dmb(c).store(TOKEN_IDLE, Ordering::Relaxed);
-            self.u32_at(c * STRIDE + OFF_COND).store(0, Ordering::Relaxed);
-            self.u32_at(c * STRIDE + OFF_FAULT).store(0, Ordering::Relaxed);
+            self.u32_at(c * STRIDE + OFF_COND)
+                .store(0, Ordering::Relaxed);
+            self.u32_at(c * STRIDE + OFF_FAULT)
+                .store(0, Ordering::Relaxed);
         }
         std::sync::atomic::fence(Ordering::Release);
     }
@@ -177,7 +179,8 @@ impl Regs {
 
     /// The scheduler side: acquire-loads `cond`.
     pub fn cond(&self, core: usize) -> u32 {
-        self.u32_at(core * STRIDE + OFF_COND).load(Ordering::Acquire)
+        self.u32_at(core * STRIDE + OFF_COND)
+            .load(Ordering::Acquire)
     }
 
     /// The core side: records that `token` faulted (before its FIN).
@@ -188,7 +191,8 @@ impl Regs {
 
     /// The scheduler side: the last faulted token of `core` (0 = none).
     pub fn fault(&self, core: usize) -> u32 {
-        self.u32_at(core * STRIDE + OFF_FAULT).load(Ordering::Relaxed)
+        self.u32_at(core * STRIDE + OFF_FAULT)
+            .load(Ordering::Relaxed)
     }
 }
 
@@ -253,12 +257,14 @@ impl EmuCore {
         self.running.is_some()
     }
 
-    /// Advances the core at time `now_ns`: finishes its task when due
+    /// Advances the core at time `now()` (read when needed, so start stamps
+    /// are per core): finishes its task when due
     /// (writing `out[desc.out_index] = desc.value`, or a fault), or picks up a
     /// new doorbell token (ACK, start timestamp). The core reads only its own
     /// registers.
-    pub fn poll(&mut self, regs: &Regs, out: &[AtomicU64], now_ns: u64) -> CoreStep {
+    pub fn poll(&mut self, regs: &Regs, out: &[AtomicU64], now: impl Fn() -> u64) -> CoreStep {
         if let Some((tok, d, start)) = self.running {
+            let now_ns = now();
             if now_ns < start + d.duration_ns {
                 return CoreStep::Busy;
             }
@@ -283,7 +289,7 @@ impl EmuCore {
         let d = regs.read_desc(self.id, tok);
         regs.set_cond(self.id, tok);
         self.last = tok;
-        self.running = Some((tok, d, now_ns));
+        self.running = Some((tok, d, now()));
         CoreStep::Started
     }
 }
@@ -317,7 +323,7 @@ mod tests {
         let r = Regs::new(1).unwrap();
         let out: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
         let mut c = EmuCore::new(0);
-        assert_eq!(c.poll(&r, &out, 0), CoreStep::Idle);
+        assert_eq!(c.poll(&r, &out, || 0), CoreStep::Idle);
         let d = Desc {
             out_index: 1,
             value: 42,
@@ -326,14 +332,14 @@ mod tests {
         };
         r.write_desc(0, 1, &d);
         r.ring(0, 1);
-        assert_eq!(c.poll(&r, &out, 5), CoreStep::Started);
+        assert_eq!(c.poll(&r, &out, || 5), CoreStep::Started);
         assert_eq!(r.cond(0), 1);
-        assert_eq!(c.poll(&r, &out, 14), CoreStep::Busy);
-        assert!(matches!(c.poll(&r, &out, 15), CoreStep::Finished(e) if e.start_ns == 5));
+        assert_eq!(c.poll(&r, &out, || 14), CoreStep::Busy);
+        assert!(matches!(c.poll(&r, &out, || 15), CoreStep::Finished(e) if e.start_ns == 5));
         assert_eq!(r.cond(0), 1 | COND_FIN);
         assert_eq!(out[1].load(Ordering::Relaxed), 42);
         // The same token is not run twice.
-        assert_eq!(c.poll(&r, &out, 20), CoreStep::Idle);
+        assert_eq!(c.poll(&r, &out, || 20), CoreStep::Idle);
     }
 
     #[test]

@@ -42,7 +42,12 @@ impl Shared {
     /// Orchestrator: waits until task `id` has a window slot. `scope_start`
     /// is the oldest task of the open scope, if any. Returns false when the
     /// run completed (or failed) meanwhile.
-    pub(crate) async fn wait_credit(&self, id: usize, scope_start: Option<usize>, y: &Yielder) -> bool {
+    pub(crate) async fn wait_credit(
+        &self,
+        id: usize,
+        scope_start: Option<usize>,
+        y: &Yielder,
+    ) -> bool {
         let Some(window) = self.opts.window else {
             return !self.is_completed();
         };
@@ -64,7 +69,11 @@ impl Shared {
             }
             let head = self.wm.published();
             if credit(head) {
-                let how = if acked { StallEnd::Acked } else { StallEnd::Published };
+                let how = if acked {
+                    StallEnd::Acked
+                } else {
+                    StallEnd::Published
+                };
                 self.record_stall(id, start, how);
                 return true;
             }

@@ -49,11 +49,13 @@ pub fn starvation(clusters: usize) -> (Graph, Vec<usize>) {
             g.add(TaskSpec::new(Shape::Mix, (c / 6).max(1)).lasting(20_000));
         }
         if wave < 2 {
-            sync.push(g.add(
-                TaskSpec::new(Shape::Mix, (c / 4 + 1).min(c))
-                    .sync()
-                    .lasting(5_000),
-            ));
+            sync.push(
+                g.add(
+                    TaskSpec::new(Shape::Mix, (c / 4 + 1).min(c))
+                        .sync()
+                        .lasting(5_000),
+                ),
+            );
         }
     }
     (g, sync)

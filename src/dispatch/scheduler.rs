@@ -417,7 +417,11 @@ impl Scheduler {
                 }
             }
         }
-        if depth == 0 { Ok(()) } else { Err(Error::Inval) }
+        if depth == 0 {
+            Ok(())
+        } else {
+            Err(Error::Inval)
+        }
     }
 
     fn shared(&self, g: &Graph, opts: RunOpts, clock: Clock) -> Result<Arc<Shared>> {
@@ -547,9 +551,8 @@ async fn core_host(sh: Arc<Shared>, y: Yielder) {
     let mut cores: Vec<EmuCore> = (0..sh.prof.cores()).map(EmuCore::new).collect();
     let mut done = Vec::new();
     while !sh.is_completed() {
-        let now = sh.now();
         for c in &mut cores {
-            if let CoreStep::Finished(ev) = c.poll(&sh.regs, &sh.out, now) {
+            if let CoreStep::Finished(ev) = c.poll(&sh.regs, &sh.out, || sh.now()) {
                 done.push(ev);
             }
         }
@@ -585,7 +588,11 @@ async fn orchestrator(sh: Arc<Shared>, y: Yielder) {
                 }
                 sh.submit(id, !scopes.is_empty());
                 id += 1;
-                y.pause(Point::Orch).await;
+                if sh.clock.is_virtual() {
+                    // Stepped runs interleave every submission; a real
+                    // orchestrator submits while it has credit.
+                    y.pause(Point::Orch).await;
+                }
             }
         }
     }

@@ -397,14 +397,9 @@ impl Shared {
     /// True when some core running `task` has written FIN (not yet retired).
     pub fn task_finished_on_core(&self, task: usize) -> bool {
         self.trackers.iter().any(|tr| {
-            tr.lock()
-                .unwrap()
-                .running
-                .iter()
-                .enumerate()
-                .any(|(c, r)| {
-                    r.is_some_and(|r| r.task == task && self.regs.cond(c) == r.token | COND_FIN)
-                })
+            tr.lock().unwrap().running.iter().enumerate().any(|(c, r)| {
+                r.is_some_and(|r| r.task == task && self.regs.cond(c) == r.token | COND_FIN)
+            })
         })
     }
 }
