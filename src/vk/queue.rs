@@ -31,8 +31,8 @@ use ash::vk;
 use crossbeam_channel::{Sender, unbounded};
 
 use super::device::Device;
-use super::fence::EventFence;
 use super::{VkError, VkResult, call};
+use crate::accel::EventFence;
 
 enum WaitReq {
     Signal(u64, Arc<EventFence>),
@@ -61,7 +61,7 @@ pub(crate) struct QueueState {
 impl QueueState {
     pub(crate) fn new(device: &ash::Device, family: u32) -> VkResult<QueueState> {
         let signalled = Arc::new(EventFence::new()?);
-        signalled.signal();
+        signalled.signal()?;
         let mut ty = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
@@ -276,7 +276,9 @@ impl Device {
                         match req {
                             WaitReq::Signal(v, ev) => {
                                 wait_value(&dev, sem, v, u64::MAX).ok();
-                                ev.signal();
+                                // A failed write (a corrupted fd) leaves the fence flagged;
+                                // Submission::wait still reads the timeline.
+                                let _ = ev.signal();
                             }
                             WaitReq::Flush(ack) => drop(ack.send(())),
                         }
