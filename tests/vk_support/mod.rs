@@ -108,7 +108,8 @@ impl Rig {
         v
     }
 
-    /// Records `f` into one command buffer, submits it and waits for its fence fd.
+    /// Records `f` into one command buffer, submits it and waits for its fence
+    /// fd; asserts the validation layer (on in debug builds) reported nothing.
     pub fn run(&mut self, f: impl FnOnce(&xtc::decode::ops::Ops, &mut xtc::vk::Recorder<'_>)) {
         self.pool.reset().unwrap();
         let mut rec = self.pool.record(&self.kernels, &self.set).unwrap();
@@ -117,6 +118,7 @@ impl Rig {
         let cmd = rec.finish().unwrap();
         let sub = self.pool.submit(vec![cmd]).unwrap();
         wait_readable(sub.fence_fd());
+        assert_eq!(xtc::vk::validation_errors(), 0, "Vulkan validation errors");
     }
 }
 
