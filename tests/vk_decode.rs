@@ -241,3 +241,25 @@ fn bad_plans_and_stale_iterations_are_errors() {
         "keep_logits is off"
     );
 }
+
+#[test]
+fn mismatched_weights_are_refused() {
+    let mut w = Weights::synthetic(Config::tiny(), 3);
+    w.wk.pop();
+    assert_eq!(w.validate(), Err(xtc::Error::Inval));
+    let mut cache = CpuKvCache::new(&w.config, GEO);
+    let plan = BatchPlan {
+        seqs: vec![seq(vec![1], 0, 0, true)],
+    };
+    assert_eq!(
+        reference::forward(&w, &mut cache, &plan),
+        Err(xtc::Error::Inval)
+    );
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    assert_eq!(
+        GpuModel::new(&dev, &w, opts(false)).unwrap_err(),
+        xtc::Error::Inval
+    );
+}

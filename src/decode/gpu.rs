@@ -121,12 +121,13 @@ impl GpuModel {
     /// for `opts`.
     ///
     /// # Errors
-    /// `Inval` for a bad config or zero sizes, `Range` when an offset would not
+    /// `Inval` for a bad config, tensors of the wrong length or zero sizes,
+    /// `Range` when an offset would not
     /// fit `u32`, `Nomem` when device memory runs out, `Internal` for other
     /// Vulkan failures.
     pub fn new(dev: &Device, weights: &Weights, opts: GpuOptions) -> Result<GpuModel> {
         let c = weights.config;
-        c.validate()?;
+        weights.validate()?;
         if opts.max_tokens == 0
             || opts.max_seqs == 0
             || opts.kv.block_size == 0

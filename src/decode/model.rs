@@ -176,6 +176,38 @@ impl Weights {
         }
     }
 
+    /// Checks the config and that every tensor has the length the config
+    /// implies (a truncated or mismatched checkpoint is refused before any
+    /// kernel could read past a tensor).
+    ///
+    /// # Errors
+    /// [`crate::Error::Inval`] for a bad config or a tensor of the wrong length.
+    pub fn validate(&self) -> crate::Result<()> {
+        let c = &self.config;
+        c.validate()?;
+        let (l, d, kv, h, v) = (c.n_layers, c.dim, c.kv_dim(), c.hidden_dim, c.vocab_size);
+        let want = [
+            v * d,
+            l * d,
+            l * d * d,
+            l * kv * d,
+            l * kv * d,
+            l * d * d,
+            l * d,
+            l * h * d,
+            l * d * h,
+            l * h * d,
+            d,
+            v * d,
+        ];
+        let ok = self
+            .tensors()
+            .iter()
+            .zip(want)
+            .all(|((_, t), n)| t.len() == n);
+        if ok { Ok(()) } else { Err(crate::Error::Inval) }
+    }
+
     /// The tensors in llama2.c order with their names (for upload and checks).
     pub fn tensors(&self) -> [(&'static str, &[f32]); 12] {
         [
