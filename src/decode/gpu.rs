@@ -122,9 +122,9 @@ impl GpuModel {
     ///
     /// # Errors
     /// `Inval` for a bad config, tensors of the wrong length or zero sizes,
-    /// `Range` when an offset would not
-    /// fit `u32`, `Nomem` when device memory runs out, `Internal` for other
-    /// Vulkan failures.
+    /// `Range` when an offset would not fit `u32` or a buffer exceeds the
+    /// device's `maxStorageBufferRange`, `Nomem` when device memory runs out,
+    /// `Internal` for other Vulkan failures.
     pub fn new(dev: &Device, weights: &Weights, opts: GpuOptions) -> Result<GpuModel> {
         let c = weights.config;
         weights.validate()?;
@@ -160,7 +160,14 @@ impl GpuModel {
             )?),
             false => None,
         };
-        let set = BindingSet::new(&kernels, &[&weights_buf, &act, &kv, &meta, &tokens])?;
+        let bound = [&weights_buf, &act, &kv, &meta, &tokens];
+        if bound
+            .iter()
+            .any(|b| b.size() > dev.max_storage_buffer_range())
+        {
+            return Err(Error::Range); // a binding must fit maxStorageBufferRange
+        }
+        let set = BindingSet::new(&kernels, &bound)?;
         Ok(GpuModel {
             pool: CommandPool::new(dev)?,
             set,
