@@ -10,12 +10,25 @@
 //   kv[kc_off ..], kv[vc_off ..]   this layer's K and V caches [n_blocks, block_size, kv_dim]
 //   act[out_off ..] (written)  out [n_rows, dim]
 // Bindings (group 0): 1 act f32 (read_write), 2 kv f32 (read_write), 3 md u32 (read).
-// Workgroup: 64; grid (n_heads, n_rows). head_size <= 256.
+// head_size <= 256. llvmpipe (lavapipe) ends a shader invocation's loops after
+// 65535 iterations in total (gallivm LP_MAX_TGSI_LOOP_ITERATIONS, shared by all
+// loops of the invocation), so the host only picks `attention_lane` when
+// head_size <= 64 and (max_pos + 1) * (2 * head_size + 2) + 2 * head_size stays
+// under 60000.
+// Two entry points, same parameters and results:
+// - `attention` (GPUs): one workgroup of 64 per (head, row): scores of 64
+//   positions at a time in workgroup memory, each invocation owning output dims
+//   li, li+64, ...; grid (n_heads, n_rows).
+// - `attention_lane` (CPU devices such as lavapipe, where workgroup barriers are
+//   costly): one invocation per (row, head), no workgroup memory; q and the
+//   output accumulator in private arrays (head_size <= 64), online softmax one
+//   position at a time; workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
 
 struct Params {
     n_rows: u32, n_heads: u32, n_kv_heads: u32, head_size: u32,
     block_size: u32, rows_off: u32, q_off: u32, out_off: u32,
     kc_off: u32, vc_off: u32, kv_dim: u32, dim: u32,
+    max_pos: u32, // largest position among the rows (the host picks the form by it)
 }
 var<immediate> p: Params;
 
@@ -95,5 +108,49 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         if (d < hs) {
             act[p.out_off + r * p.dim + h * hs + d] = acc[c] / l;
         }
+    }
+}
+
+@compute @workgroup_size(64)
+fn attention_lane(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let idx = gid.x;
+    if (idx >= p.n_rows * p.n_heads) {
+        return;
+    }
+    let r = idx / p.n_heads;
+    let h = idx % p.n_heads;
+    let pos = md[p.rows_off + r * 4u + 2u];
+    let bt = md[p.rows_off + r * 4u + 3u];
+    let hs = p.head_size;
+    let head = (h / (p.n_heads / p.n_kv_heads)) * hs;
+    let scale = 1.0 / sqrt(f32(hs));
+    // Query and accumulator in private memory (head_size <= 64 in this form).
+    var q: array<f32, 64>;
+    var acc: array<f32, 64>;
+    let q_base = p.q_off + r * p.dim + h * hs;
+    for (var d = 0u; d < hs; d++) {
+        q[d] = act[q_base + d] * scale;
+        acc[d] = 0.0;
+    }
+    var m = NEG;
+    var l = 0.0;
+    for (var t = 0u; t <= pos; t++) {
+        let slot = slot_of(bt, t) * p.kv_dim + head;
+        var s = 0.0;
+        for (var d = 0u; d < hs; d++) {
+            s += q[d] * kv[p.kc_off + slot + d];
+        }
+        let m_new = max(m, s);
+        let corr = exp(m - m_new);
+        let e = exp(s - m_new);
+        l = l * corr + e;
+        for (var d = 0u; d < hs; d++) {
+            acc[d] = acc[d] * corr + e * kv[p.vc_off + slot + d];
+        }
+        m = m_new;
+    }
+    let out_base = p.out_off + r * p.dim + h * hs;
+    for (var d = 0u; d < hs; d++) {
+        act[out_base + d] = acc[d] / l;
     }
 }

@@ -5,12 +5,30 @@
 // Shapes / layouts (f32 elements; offsets in elements):
 //   act[x_off ..]              x [M, K], row-major
 //   weights[w_off ..]          W [N, K], row-major
-//   act[y_off ..]  (written)   y [M, N], row-major (must not overlap x)
+//   act[y_off ..]  (written)   y [M, N], row-major (must not overlap x), or split by
+//                              columns: n < n1 -> y1 [M, n1] at y_off, n1 <= n < n1 + n2 ->
+//                              y2 [M, n2] at y2_off, the rest -> y3 [M, N - n1 - n2] at y3_off
+//                              (one dispatch for q|k|v or w1|w3 with the weights stacked;
+//                              a plain matmul has n1 = N, n2 = 0)
 // Bindings (group 0): 0 weights f32 (read), 1 act f32 (read_write).
-// Workgroup: 16 x 16, one output per invocation, K walked in tiles of 16 through
-// workgroup memory; grid (ceil(N / 16), ceil(M / 16)).
+//
+// Two entry points, same parameters and results:
+// - `matmul_tiled` (GPUs): workgroup 16 x 16, one output per invocation, K
+//   walked in tiles of 16 through workgroup memory; grid (ceil(N / 16), ceil(M / 16)).
+// - CPU devices such as lavapipe (workgroup barriers switch between all of a
+//   workgroup's fibers, and every storage load is issued lane by lane): no
+//   workgroup memory; each invocation keeps a register tile so each load feeds
+//   several FMAs. K is summed in order (like the CPU reference).
+//   `matmul`: 4 rows x 4 columns per invocation; workgroup 64;
+//   grid (ceil(N / 256), ceil(M / 4)).
+//   `matmul_vec` (M < 4): 1 row x 4 columns; workgroup 64; grid (ceil(N / 256), M).
+//   llvmpipe ends an invocation's loops after 65535 iterations in total, so the
+//   host picks this form only for K < 60000.
 
-struct Params { m: u32, n: u32, k: u32, x_off: u32, w_off: u32, y_off: u32, accumulate: u32 }
+struct Params {
+    m: u32, n: u32, k: u32, x_off: u32, w_off: u32, y_off: u32, accumulate: u32,
+    n1: u32, n2: u32, y2_off: u32, y3_off: u32,
+}
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read> weights: array<f32>;
@@ -21,7 +39,7 @@ var<workgroup> xs: array<f32, 256>; // [T rows of x][T k]
 var<workgroup> ws: array<f32, 256>; // [T rows of W][T k]
 
 @compute @workgroup_size(16, 16)
-fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = wg.y * T + lid.y; // m
     let col = wg.x * T + lid.x; // n
     let wrow = wg.x * T + lid.y; // row of W this invocation loads
@@ -45,11 +63,88 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         workgroupBarrier();
     }
     if (row < p.m && col < p.n) {
-        let o = p.y_off + row * p.n + col;
-        if (p.accumulate != 0u) {
-            act[o] += acc;
-        } else {
-            act[o] = acc;
+        store(row, col, acc);
+    }
+}
+
+/// Writes (or adds) output (m, n) to its split destination.
+fn store(m: u32, n: u32, v: f32) {
+    var o: u32;
+    if (n < p.n1) {
+        o = p.y_off + m * p.n1 + n;
+    } else if (n < p.n1 + p.n2) {
+        o = p.y2_off + m * p.n2 + (n - p.n1);
+    } else {
+        o = p.y3_off + m * (p.n - p.n1 - p.n2) + (n - p.n1 - p.n2);
+    }
+    if (p.accumulate != 0u) {
+        act[o] += v;
+    } else {
+        act[o] = v;
+    }
+}
+
+// Register tile of the CPU forms: 4 output columns per invocation.
+const NR: u32 = 4u;
+
+@compute @workgroup_size(64)
+fn matmul_vec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n0 = (wg.x * 64u + li) * NR;
+    let m = wg.y;
+    if (n0 >= p.n) {
+        return;
+    }
+    let last = min(NR, p.n - n0) - 1u; // columns past the end repeat the last one
+    let kk = p.k;
+    let w0 = p.w_off + n0 * kk;
+    let w1 = p.w_off + (n0 + min(1u, last)) * kk;
+    let w2 = p.w_off + (n0 + min(2u, last)) * kk;
+    let w3 = p.w_off + (n0 + min(3u, last)) * kk;
+    let x = p.x_off + m * kk;
+    var a = vec4<f32>(0.0);
+    for (var k = 0u; k < kk; k++) {
+        let xv = act[x + k];
+        a += xv * vec4<f32>(weights[w0 + k], weights[w1 + k], weights[w2 + k], weights[w3 + k]);
+    }
+    for (var c = 0u; c <= last; c++) {
+        store(m, n0 + c, a[c]);
+    }
+}
+
+@compute @workgroup_size(64)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n0 = (wg.x * 64u + li) * NR;
+    let m0 = wg.y * 4u;
+    if (n0 >= p.n) {
+        return;
+    }
+    let last_c = min(NR, p.n - n0) - 1u;
+    let last_r = min(4u, p.m - m0) - 1u; // rows past the end repeat the last one (never stored)
+    let kk = p.k;
+    let w0 = p.w_off + n0 * kk;
+    let w1 = p.w_off + (n0 + min(1u, last_c)) * kk;
+    let w2 = p.w_off + (n0 + min(2u, last_c)) * kk;
+    let w3 = p.w_off + (n0 + min(3u, last_c)) * kk;
+    let x0 = p.x_off + m0 * kk;
+    let x1 = x0 + min(1u, last_r) * kk;
+    let x2 = x0 + min(2u, last_r) * kk;
+    let x3 = x0 + min(3u, last_r) * kk;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    for (var k = 0u; k < kk; k++) {
+        let w = vec4<f32>(weights[w0 + k], weights[w1 + k], weights[w2 + k], weights[w3 + k]);
+        a0 += act[x0 + k] * w;
+        a1 += act[x1 + k] * w;
+        a2 += act[x2 + k] * w;
+        a3 += act[x3 + k] * w;
+    }
+    let rows = array<vec4<f32>, 4>(a0, a1, a2, a3);
+    for (var r = 0u; r <= last_r; r++) {
+        let v = rows[r];
+        for (var c = 0u; c <= last_c; c++) {
+            store(m0 + r, n0 + c, v[c]);
         }
     }
 }

@@ -123,3 +123,45 @@ fn binary_on_this_machine() {
     );
     print!("{text}");
 }
+
+#[test]
+fn live_json_lists_vulkan_devices() {
+    let (code, out) = run(&["probe", "--json"]);
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["loop_nodes_source"], "executor");
+    match v["vulkan"].as_array() {
+        Some(list) => {
+            assert!(v["vulkan_note"].is_null());
+            for d in list {
+                assert!(d["name"].is_string() && d["index"].is_u64(), "{d}");
+            }
+            println!("Vulkan devices listed: {}", list.len());
+        }
+        None => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must have Vulkan (lavapipe): {}",
+                v["vulkan_note"]
+            );
+            assert!(
+                v["vulkan_note"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("unavailable: "),
+                "{v}"
+            );
+        }
+    }
+    let (_, out) = run(&["probe", "--json", "--no-vulkan"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["vulkan"].is_null(), v["vulkan_note"].as_str()),
+        (true, Some("skipped (--no-vulkan)"))
+    );
+    let root = fixture("npu-accel");
+    let (_, out) = run(&["probe", "--json", "--sysfs-root", root.to_str().unwrap()]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["vulkan_note"], "not listed with --sysfs-root");
+    assert_eq!(v["loop_nodes_source"], "round_robin_model");
+}

@@ -189,3 +189,45 @@ fn event_fence_fd_is_pollable_and_cloneable() {
     fn send<T: Send>() {}
     send::<SyncFile>();
 }
+
+#[test]
+fn fences_are_ready_in_a_loop_when_signalled_from_a_thread() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let lp = xtc::rt::Loop::new().unwrap();
+    let fence = Arc::new(EventFence::new().unwrap());
+    let sync = SyncFile::from_fd(fence.try_clone_fd().unwrap());
+    let done = Rc::new(Cell::new(0));
+    let (f, d) = (fence.clone(), done.clone());
+    lp.spawn(async move {
+        let signaller = thread::spawn(move || f.signal().unwrap());
+        assert_eq!(sync.ready().await, Ok(()));
+        assert!(signaller.join().unwrap());
+        d.set(d.get() + 1);
+    })
+    .unwrap();
+    let (f, d) = (fence.clone(), done.clone());
+    lp.spawn(async move {
+        assert_eq!(f.ready().await, Ok(()));
+        assert_eq!(SyncFile::signalled().ready().await, Ok(()));
+        d.set(d.get() + 1);
+    })
+    .unwrap();
+    lp.run().unwrap();
+    assert_eq!(done.get(), 2, "both waiters woke");
+}
+
+#[test]
+fn fence_readiness_is_nosys_under_sim() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let sim = xtc::rt::Sim::new(7);
+    let lp = sim.new_loop();
+    let fence = EventFence::new().unwrap();
+    let got = Rc::new(Cell::new(None));
+    let g = got.clone();
+    lp.spawn(async move { g.set(Some(fence.ready().await)) })
+        .unwrap();
+    sim.run_until_idle().unwrap();
+    assert_eq!(got.get(), Some(Err(xtc::Error::Nosys)));
+}

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use xtc::Error;
 use xtc::accel::{self, HostNuma};
-use xtc::batch::{LoopNodes, Router, loop_for, place};
+use xtc::batch::{LoopNodes, Router, loop_for, loop_for_device, place};
+use xtc::rt::{Executor, Topology};
 
 fn devices_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("devices")
@@ -250,4 +251,98 @@ fn router_borrows_and_frees_only_itself() {
     );
     drop(back);
     assert_eq!(drops.get(), 4);
+}
+
+fn fixture_topology(name: &str) -> Topology {
+    Topology::from_sysfs(&devices_dir().join(name).join("sys/devices/system/node")).unwrap()
+}
+
+/// B-160, B-164 (and beyond it): carriers record their node when the
+/// executor is created, so `loop_for_device` answers before `run`.
+#[cfg(feature = "sched-policy")]
+#[test]
+fn executor_on_a_fixture_topology_places_at_create_time() {
+    let gpu = accel::probe_in(&devices_dir().join("nvidia-2node"))
+        .unwrap()
+        .remove(0);
+    let topo = fixture_topology("nvidia-2node");
+    // Carriers report CPU 20, which the fixture puts on node 1 (the GPU's node).
+    let on_gpu_node = Executor::with_topology(3, topo.clone().with_fixed_cpu(20)).unwrap();
+    assert_eq!(on_gpu_node.host_nodes(), 2);
+    assert_eq!(
+        on_gpu_node.loop_node(0),
+        Some(1),
+        "recorded at create time, before run"
+    );
+    assert_eq!(loop_for_device(&on_gpu_node, &gpu), Ok(0));
+    // Carriers on node 0 only: no loop on the GPU's node, loop 0.
+    let elsewhere = Executor::with_topology(2, topo.with_fixed_cpu(0)).unwrap();
+    assert_eq!(elsewhere.loop_node(1), Some(0));
+    assert_eq!(loop_for_device(&elsewhere, &gpu), Ok(0));
+    on_gpu_node.run().unwrap();
+    elsewhere.run().unwrap();
+}
+
+/// B-163: an executor whose topology is empty (a VM without NUMA
+/// information) records no node; placement answers 0.
+#[cfg(feature = "sched-policy")]
+#[test]
+fn executor_without_numa_information_gives_loop_zero() {
+    let vm = devices_dir().join("vm-nonuma");
+    let gpu = accel::probe_in(&vm).unwrap().remove(0);
+    let mut on_node = gpu.clone();
+    on_node.numa_node = Some(0);
+    let exec = Executor::with_topology(2, Topology::default().with_fixed_cpu(0)).unwrap();
+    assert_eq!((exec.host_nodes(), exec.loop_node(0)), (0, None));
+    assert_eq!(loop_for_device(&exec, &gpu), Ok(0));
+    assert_eq!(loop_for_device(&exec, &on_node), Ok(0));
+    exec.run().unwrap();
+}
+
+/// B-162, B-165 on this host's real topology (whatever CPU the carriers land on).
+#[cfg(feature = "sched-policy")]
+#[test]
+fn executor_on_this_host_stays_in_range() {
+    let exec = Executor::new(2).unwrap();
+    let mut dev = accel::probe_in(&devices_dir().join("nvidia-2node"))
+        .unwrap()
+        .remove(0);
+    for node in [None, Some(0), Some(1), Some(7)] {
+        dev.numa_node = node;
+        assert!(loop_for_device(&exec, &dev).unwrap() < exec.n_loops());
+    }
+    exec.run().unwrap();
+}
+
+/// B-167: safe under the deterministic simulator: called from a `Sim`
+/// process, it gives the same answer as outside and leaves the run
+/// deterministic (same seed, same trace).
+#[cfg(feature = "sched-policy")]
+#[test]
+fn placement_runs_under_sim() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let gpu = accel::probe_in(&devices_dir().join("nvidia-2node"))
+        .unwrap()
+        .remove(0);
+    let run = |seed| {
+        let sim = xtc::rt::Sim::new(seed);
+        let lp = sim.new_loop();
+        let got = Rc::new(Cell::new(None));
+        let (g, dev) = (got.clone(), gpu.clone());
+        lp.spawn(async move {
+            let loops = FixtureLoops {
+                nodes: vec![Some(0), Some(1)],
+                host_nodes: 2,
+            };
+            g.set(Some(loop_for(&loops, &dev)));
+        })
+        .unwrap();
+        sim.run_until_idle().unwrap();
+        (got.get(), format!("{:?}", sim.trace()))
+    };
+    let (a, trace_a) = run(42);
+    let (b, trace_b) = run(42);
+    assert_eq!(a, Some(Ok(1)));
+    assert_eq!((b, trace_b), (a, trace_a));
 }

@@ -10,6 +10,7 @@ mod vk_support;
 
 use xtc::decode::gpu::{GpuModel, GpuOptions};
 use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
+use xtc::decode::ops::Variant;
 use xtc::decode::reference::{self, CpuKvCache};
 use xtc::vk::Device;
 
@@ -25,6 +26,7 @@ fn opts(keep_logits: bool) -> GpuOptions {
         max_tokens: 64,
         max_seqs: 8,
         keep_logits,
+        variant: None,
     }
 }
 
@@ -108,32 +110,33 @@ fn mixed_ready_vector_matches_reference_greedy_tokens() {
     assert_eq!(xtc::vk::validation_errors(), 0);
 }
 
+/// One sequence, teacher-forced: a 9-token prefill, then one token per
+/// iteration (31 decode steps over two block boundaries, block_size 16); the
+/// logits match the reference at every step. Both kernel forms.
 #[test]
 fn teacher_forced_logits_match_at_every_step() {
     let Some(dev) = vk_support::device() else {
         return;
     };
-    let (w, mut gpu, mut cache) = setup(&dev, 7);
-    let text: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 512).collect();
-    // A 9-token prefill, then one token per iteration: 31 decode steps over
-    // two block boundaries (block_size 16).
-    both(
-        &mut gpu,
-        &w,
-        &mut cache,
-        &BatchPlan {
+    for variant in [Variant::Cpu, Variant::Gpu] {
+        let w = Weights::synthetic(Config::tiny(), 7);
+        let o = GpuOptions {
+            variant: Some(variant),
+            ..opts(true)
+        };
+        let mut gpu = GpuModel::new(&dev, &w, o).unwrap();
+        let mut cache = CpuKvCache::new(&w.config, GEO);
+        let text: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 512).collect();
+        let prefill = BatchPlan {
             seqs: vec![seq(text[..9].to_vec(), 0, 5, true)],
-        },
-    );
-    for (p, &t) in text.iter().enumerate().skip(9) {
-        both(
-            &mut gpu,
-            &w,
-            &mut cache,
-            &BatchPlan {
+        };
+        both(&mut gpu, &w, &mut cache, &prefill);
+        for (p, &t) in text.iter().enumerate().skip(9) {
+            let plan = BatchPlan {
                 seqs: vec![seq(vec![t], p, 5, true)],
-            },
-        );
+            };
+            both(&mut gpu, &w, &mut cache, &plan);
+        }
     }
 }
 
@@ -236,5 +239,27 @@ fn bad_plans_and_stale_iterations_are_errors() {
         gpu.finish_with_logits(f).unwrap_err(),
         xtc::Error::Inval,
         "keep_logits is off"
+    );
+}
+
+#[test]
+fn mismatched_weights_are_refused() {
+    let mut w = Weights::synthetic(Config::tiny(), 3);
+    w.wk.pop();
+    assert_eq!(w.validate(), Err(xtc::Error::Inval));
+    let mut cache = CpuKvCache::new(&w.config, GEO);
+    let plan = BatchPlan {
+        seqs: vec![seq(vec![1], 0, 0, true)],
+    };
+    assert_eq!(
+        reference::forward(&w, &mut cache, &plan),
+        Err(xtc::Error::Inval)
+    );
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    assert_eq!(
+        GpuModel::new(&dev, &w, opts(false)).unwrap_err(),
+        xtc::Error::Inval
     );
 }

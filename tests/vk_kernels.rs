@@ -3,6 +3,9 @@
 //! ready vector that mixes prefill chunks with single decode tokens of
 //! different sequence lengths (KV append + attention over the paged cache).
 //!
+//! Matmul and attention have a GPU form (workgroup memory, barriers) and a CPU
+//! form (barrier-free); both are checked here.
+//!
 //! Tolerance: `TOL` = 1e-4 absolute on values of magnitude ~1 (f32, different
 //! summation order); gathers, copies and argmax are exact.
 
@@ -11,7 +14,7 @@ mod vk_support;
 use vk_support::{Rig, max_abs_diff, rand_vec};
 use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
 use xtc::decode::ops::{
-    Argmax, Attention, Embed, KvAppend, Matmul, RmsNorm, Rope, SwiGlu, pack_metadata,
+    Argmax, Attention, Embed, KvAppend, Matmul, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
 use xtc::decode::reference::{self, CpuKvCache, EPS};
 
@@ -107,36 +110,28 @@ fn matmul_matches_reference_over_odd_shapes_and_accumulates() {
         return;
     };
     let mut rng = fastrand::Rng::with_seed(3);
-    for (m, n, k) in [
+    let shapes = [
         (1, 1, 1),
         (1, 17, 33),
         (5, 64, 64),
         (33, 47, 129),
         (70, 16, 15),
         (3, 300, 200),
-    ] {
+    ];
+    for ((m, n, k), variant) in shapes
+        .into_iter()
+        .flat_map(|s| [(s, Variant::Gpu), (s, Variant::Cpu)])
+    {
         let x = rand_vec(&mut rng, m * k);
         let w = rand_vec(&mut rng, n * k);
         let y0 = rand_vec(&mut rng, m * n);
-        let mut rig = Rig::new(&dev, [n * k, m * k + 2 * m * n, 1, 1, 1]);
+        let mut rig = Rig::with_variant(&dev, [n * k, m * k + 2 * m * n, 1, 1, 1], variant);
         rig.write(0, 0, &w);
         rig.write(1, 0, &x);
         rig.write(1, m * k + m * n, &y0);
         let (mu, nu, ku) = (m as u32, n as u32, k as u32);
-        let set = Matmul {
-            m: mu,
-            n: nu,
-            k: ku,
-            x_off: 0,
-            w_off: 0,
-            y_off: mu * ku,
-            accumulate: 0,
-        };
-        let add = Matmul {
-            y_off: mu * ku + mu * nu,
-            accumulate: 1,
-            ..set
-        };
+        let set = Matmul::plain(mu, nu, ku, 0, 0, mu * ku, false);
+        let add = Matmul::plain(mu, nu, ku, 0, 0, mu * ku + mu * nu, true);
         rig.run(|ops, rec| {
             ops.run(rec, &set).unwrap();
             ops.run(rec, &add).unwrap();
@@ -154,8 +149,54 @@ fn matmul_matches_reference_over_odd_shapes_and_accumulates() {
             let with_y: Vec<f32> = want.iter().zip(&y0[r * n..]).map(|(a, b)| a + b).collect();
             assert!(
                 max_abs_diff(&got_add[r * n..][..n], &with_y) <= tol,
-                "({m},{n},{k}) accumulate row {r}"
+                "{variant:?} ({m},{n},{k}) accumulate row {r}"
             );
+        }
+    }
+}
+
+/// One dispatch over stacked weights (q|k|v, w1|w3) writes each column range
+/// to its own region, in both forms.
+#[test]
+fn split_matmul_writes_each_column_range_to_its_region() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(6);
+    let shapes = [
+        (1, 5, [3, 2, 2]),
+        (6, 33, [16, 8, 8]),
+        (37, 64, [64, 32, 32]),
+        (9, 20, [7, 7, 0]),
+    ];
+    for ((m, k, ns), variant) in shapes
+        .into_iter()
+        .flat_map(|s| [(s, Variant::Gpu), (s, Variant::Cpu)])
+    {
+        let n: usize = ns.iter().map(|&v| v as usize).sum();
+        let x = rand_vec(&mut rng, m * k);
+        let w = rand_vec(&mut rng, n * k);
+        // Regions in reverse order, apart from each other.
+        let ys = [m * k + 2 * m * n, m * k + m * n, m * k];
+        let mut rig = Rig::with_variant(&dev, [n * k, m * k + 3 * m * n, 1, 1, 1], variant);
+        rig.write(0, 0, &w);
+        rig.write(1, 0, &x);
+        let op = Matmul::split(m as u32, k as u32, ns, 0, 0, ys.map(|y| y as u32));
+        rig.run(|ops, rec| ops.run(rec, &op).unwrap());
+        let mut want = vec![0f32; n];
+        for r in 0..m {
+            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            let mut col = 0;
+            for (part, &np) in ns.iter().enumerate() {
+                let np = np as usize;
+                let got: Vec<f32> = rig.read(1, ys[part] + r * np, np);
+                let d = max_abs_diff(&got, &want[col..col + np]);
+                assert!(
+                    d <= TOL * (k as f32).sqrt(),
+                    "{variant:?} m {m} k {k} part {part} row {r}: {d}"
+                );
+                col += np;
+            }
         }
     }
 }
@@ -266,12 +307,26 @@ fn kv_append_and_attention_over_a_mixed_vector() {
     let Some(dev) = vk_support::device() else {
         return;
     };
-    for (n_heads, n_kv, hs, bs) in [(4, 2, 32, 16), (3, 1, 6, 4), (2, 2, 130, 5), (1, 1, 256, 8)] {
-        check_attention(&dev, n_heads, n_kv, hs, bs);
+    for (n_heads, n_kv, hs, bs) in [
+        (4, 2, 32, 16),
+        (3, 1, 6, 4),
+        (2, 1, 64, 8),
+        (2, 2, 130, 5),
+        (1, 1, 256, 8),
+    ] {
+        for variant in [Variant::Gpu, Variant::Cpu] {
+            check_attention(&dev, variant, (n_heads, n_kv, hs), bs);
+        }
     }
 }
 
-fn check_attention(dev: &xtc::vk::Device, n_heads: usize, n_kv: usize, hs: usize, bs: usize) {
+fn check_attention(
+    dev: &xtc::vk::Device,
+    variant: Variant,
+    heads: (usize, usize, usize),
+    bs: usize,
+) {
+    let (n_heads, n_kv, hs) = heads;
     let mut rng = fastrand::Rng::with_seed((n_heads * 1000 + hs) as u64);
     let c = Config {
         dim: n_heads * hs,
@@ -335,10 +390,8 @@ fn check_attention(dev: &xtc::vk::Device, n_heads: usize, n_kv: usize, hs: usize
     let mut md = vec![];
     pack_metadata(&plan, bs, &mut md);
     let (kc, vc) = cache.raw();
-    let mut rig = Rig::new(
-        dev,
-        [1, rows * (2 * dim + 2 * kvd), kc.len() * 2, md.len(), 1],
-    );
+    let elems = [1, rows * (2 * dim + 2 * kvd), kc.len() * 2, md.len(), 1];
+    let mut rig = Rig::with_variant(dev, elems, variant);
     rig.write(1, 0, &q);
     rig.write(1, rows * dim, &k);
     rig.write(1, rows * (dim + kvd), &v);
@@ -371,6 +424,12 @@ fn check_attention(dev: &xtc::vk::Device, n_heads: usize, n_kv: usize, hs: usize
         vc_off,
         kv_dim: kvd as u32,
         dim: dim as u32,
+        max_pos: plan
+            .seqs
+            .iter()
+            .map(|s| s.start_pos + s.tokens.len() - 1)
+            .max()
+            .unwrap() as u32,
     };
     rig.run(|ops, rec| {
         ops.run(rec, &app).unwrap();
@@ -404,7 +463,7 @@ fn check_attention(dev: &xtc::vk::Device, n_heads: usize, n_kv: usize, hs: usize
             let d = max_abs_diff(&got[(row + i) * dim..][..dim], &want);
             assert!(
                 d <= TOL,
-                "heads {n_heads}/{n_kv} hs {hs} row {} pos {}: {d}",
+                "{variant:?} heads {n_heads}/{n_kv} hs {hs} row {} pos {}: {d}",
                 row + i,
                 s.start_pos + i
             );

@@ -85,6 +85,22 @@ impl EventFence {
         Ok(ready || self.is_signalled())
     }
 
+    /// Waits in the current loop until signalled, without blocking the
+    /// thread (`rt::wait_readable` on the eventfd); ready at once when the
+    /// flag is already set.
+    ///
+    /// # Errors
+    /// As [`SyncFile::ready`](super::SyncFile::ready).
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the registration; the fence is unaffected.
+    pub async fn ready(&self) -> crate::Result<()> {
+        if self.is_signalled() {
+            return Ok(());
+        }
+        crate::rt::wait_readable(self.fd.as_fd()).await
+    }
+
     /// A duplicate of the eventfd for a poller that needs to own one (e.g.
     /// `batch::Exec::Fence`); it turns readable with the fence.
     ///

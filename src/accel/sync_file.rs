@@ -177,6 +177,23 @@ impl SyncFile {
         }
     }
 
+    /// Waits in the current loop until the fence signals, without blocking
+    /// the thread (`rt::wait_readable` on the fd); the already-signalled
+    /// fence is ready at once.
+    ///
+    /// # Errors
+    /// As `rt::wait_readable`: `Inval` for a bad fd, an `EPOLLERR` event, or
+    /// no current loop; `Nosys` under `rt::Sim`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the registration; the fence is unaffected.
+    pub async fn ready(&self) -> crate::Result<()> {
+        match self.as_fd() {
+            None => Ok(()),
+            Some(fd) => crate::rt::wait_readable(fd).await,
+        }
+    }
+
     /// `wait(Some(Duration::ZERO))`: is it signalled now?
     ///
     /// # Errors

@@ -81,7 +81,7 @@ pub mod placement;
 pub mod router;
 
 pub use api::Group;
-pub use placement::{LoopNodes, loop_for, place};
+pub use placement::{LoopNodes, loop_for, loop_for_device, place};
 pub use router::Router;
 pub use step::{AsyncStep, Complete, Exec, ExecStatus, Item, Step, StepFn, StepResult, step_fn};
 

@@ -29,6 +29,7 @@
 //! helper, not for a per-iteration hot path.
 
 use crate::accel::{self, Device};
+use crate::rt::Executor;
 use crate::{Error, Result};
 
 /// What placement needs to know about an executor's loops. Implemented by
@@ -40,6 +41,18 @@ pub trait LoopNodes {
     fn loop_node(&self, idx: usize) -> Option<u32>;
     /// NUMA nodes online on the host; 1 (or 0) when it has no NUMA information.
     fn host_nodes(&self) -> usize;
+}
+
+impl LoopNodes for Executor {
+    fn n_loops(&self) -> usize {
+        Executor::n_loops(self)
+    }
+    fn loop_node(&self, idx: usize) -> Option<u32> {
+        Executor::loop_node(self, idx)
+    }
+    fn host_nodes(&self) -> usize {
+        Executor::host_nodes(self)
+    }
 }
 
 /// The loop for a device on `device_node`, given each loop's recorded node
@@ -57,6 +70,21 @@ pub fn place(device_node: Option<u32>, loop_nodes: &[Option<u32>], host_nodes: u
         .iter()
         .position(|&n| n == Some(node))
         .unwrap_or(0)
+}
+
+/// The executor loop whose carrier runs on `dev`'s NUMA node (B-160), or
+/// loop 0 when that cannot be decided (B-163). Uses `dev.numa_node` as
+/// `accel::probe` read it from static sysfs (B-161); re-read it with
+/// [`accel::device_numa_node`] to pick up a changed tree.
+///
+/// # Errors
+/// - [`Error::Nosys`] in a build without the `sched-policy` feature (B-159);
+///   [`place`] still answers 0 there.
+/// - [`Error::Inval`] for a device whose name is no render/accel node label
+///   of its kind (`renderD128`, `accel0`), and for an executor with no loop:
+///   the Rust forms of B-166's NULL arguments.
+pub fn loop_for_device(exec: &Executor, dev: &Device) -> Result<usize> {
+    loop_for(exec, dev)
 }
 
 /// [`loop_for_device`] over any [`LoopNodes`] (fixture topologies in tests).

@@ -1,8 +1,11 @@
 //! `xtc probe`: list render and accel nodes with driver, PCI address, NUMA
 //! node, local CPUs, and the executor loop each would be placed on
-//! (`batch::place`, B-160..B-165).
+//! (`batch::place`, B-160..B-165), then the Vulkan-visible devices.
 //!
-//! `--sysfs-root DIR` probes a fixture tree (`devices/<name>`) instead of `/`;
+//! On the live system the loops' nodes are those a real `rt::Executor`'s
+//! carriers record; with `--sysfs-root DIR` (a fixture tree such as
+//! `devices/<name>`, probed instead of `/`) they are modelled round-robin over
+//! the tree's online nodes.
 //! `--json` prints one JSON object ([`ProbeReport`]) for machines. Exit
 //! status 0 when the probe ran (finding no node is a normal answer), 1 when
 //! it could not (bad root).
@@ -15,6 +18,8 @@ use serde::Serialize;
 
 use crate::accel::{self, Device, HostNuma, ProbeError, sysfs::format_cpulist};
 use crate::batch::place;
+use crate::rt::Executor;
+use crate::vk;
 
 /// Arguments of `xtc probe`.
 #[derive(Debug, Clone, Args)]
@@ -29,12 +34,19 @@ pub struct ProbeArgs {
     /// Probe the tree under DIR (e.g. `devices/nvidia-2node`) instead of `/`.
     #[arg(long, value_name = "DIR")]
     pub sysfs_root: Option<PathBuf>,
+    /// Skip listing Vulkan-visible devices (always skipped with --sysfs-root).
+    #[arg(long)]
+    pub no_vulkan: bool,
 }
 
 /// Where the loops' NUMA nodes in a report come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LoopNodesSource {
+    /// Recorded by the carriers of a real `rt::Executor` with `--loops`
+    /// loops, created for the probe (live system only; carriers are not
+    /// pinned, so each records the node it started on).
+    Executor,
     /// Carriers spread round-robin over the online nodes (loop `i` on the
     /// `i mod n`-th online node); all unknown on a host without NUMA information.
     RoundRobinModel,
@@ -67,6 +79,21 @@ pub struct ProbeReport {
     pub loop_nodes_source: LoopNodesSource,
     /// Render nodes then accel nodes, by number.
     pub devices: Vec<DeviceReport>,
+    /// Vulkan-visible physical devices (live probe only): `null` when not
+    /// listed, with the reason in `vulkan_note`.
+    pub vulkan: Option<Vec<VulkanReport>>,
+    /// Why `vulkan` is `null` (skipped, or the loader/instance error).
+    pub vulkan_note: Option<String>,
+}
+
+/// One Vulkan physical device and the probed node it drives, if any.
+#[derive(Debug, Clone, Serialize)]
+pub struct VulkanReport {
+    /// What `vk::enumerate` reports.
+    #[serde(flatten)]
+    pub info: vk::PhysicalDeviceInfo,
+    /// The probed render node with the same path (`VK_EXT_physical_device_drm`).
+    pub node: Option<String>,
 }
 
 /// Builds the report for `args`.
@@ -81,23 +108,64 @@ pub fn report(args: &ProbeArgs) -> Result<ProbeReport, ProbeError> {
     let devices = accel::probe_in(&root)?;
     let host = HostNuma::read(&root);
     let loops = args.loops as usize;
-    let loop_nodes = round_robin(&host, loops);
-    let devices = devices
+    let live = args.sysfs_root.is_none();
+    let (loop_nodes, source) = match live.then(|| executor_nodes(loops)).flatten() {
+        Some(nodes) => (nodes, LoopNodesSource::Executor),
+        None => (round_robin(&host, loops), LoopNodesSource::RoundRobinModel),
+    };
+    let devices: Vec<DeviceReport> = devices
         .into_iter()
         .map(|device| {
             let loop_idx = place(device.numa_node, &loop_nodes, host.n_nodes());
             DeviceReport { device, loop_idx }
         })
         .collect();
+    let (vulkan, vulkan_note) = if !live {
+        (None, Some("not listed with --sysfs-root".to_string()))
+    } else if args.no_vulkan {
+        (None, Some("skipped (--no-vulkan)".to_string()))
+    } else {
+        match vk::enumerate() {
+            Ok(infos) => (Some(vulkan_reports(infos, &devices)), None),
+            Err(e) => (None, Some(format!("unavailable: {e}"))),
+        }
+    };
     Ok(ProbeReport {
+        vulkan,
+        vulkan_note,
         root,
         host_nodes: host.n_nodes(),
         online_nodes: host.online.clone(),
         loops,
         loop_nodes,
-        loop_nodes_source: LoopNodesSource::RoundRobinModel,
+        loop_nodes_source: source,
         devices,
     })
+}
+
+fn vulkan_reports(
+    infos: Vec<vk::PhysicalDeviceInfo>,
+    devices: &[DeviceReport],
+) -> Vec<VulkanReport> {
+    infos
+        .into_iter()
+        .map(|info| {
+            let path = info.render_node.as_ref().map(|r| r.path.clone());
+            let node = devices
+                .iter()
+                .find(|d| Some(&d.device.dev_path) == path.as_ref())
+                .map(|d| d.device.name.clone());
+            VulkanReport { info, node }
+        })
+        .collect()
+}
+
+/// The nodes a real executor's carriers record (`None` if it cannot start).
+fn executor_nodes(loops: usize) -> Option<Vec<Option<u32>>> {
+    let exec = Executor::new(loops).ok()?;
+    let nodes = (0..loops).map(|i| exec.loop_node(i)).collect();
+    exec.run().ok()?;
+    Some(nodes)
 }
 
 fn round_robin(host: &HostNuma, loops: usize) -> Vec<Option<u32>> {
@@ -157,7 +225,7 @@ fn write_table(rep: &ProbeReport, out: &mut dyn Write) -> std::io::Result<()> {
             "no render or accel node exists (looked in {})",
             shown.join(", ")
         )?;
-        return Ok(());
+        return write_vulkan(rep, out);
     }
     writeln!(
         out,
@@ -166,6 +234,36 @@ fn write_table(rep: &ProbeReport, out: &mut dyn Write) -> std::io::Result<()> {
     )?;
     for d in &rep.devices {
         write_device(d, out)?;
+    }
+    write_vulkan(rep, out)
+}
+
+fn write_vulkan(rep: &ProbeReport, out: &mut dyn Write) -> std::io::Result<()> {
+    let Some(list) = &rep.vulkan else {
+        return writeln!(
+            out,
+            "Vulkan devices: {}",
+            rep.vulkan_note.as_deref().unwrap_or("-")
+        );
+    };
+    if list.is_empty() {
+        return writeln!(out, "Vulkan devices: none");
+    }
+    writeln!(out, "Vulkan devices:")?;
+    for v in list {
+        let i = &v.info;
+        let (a, b, c) = i.api_version;
+        writeln!(
+            out,
+            "  {} {:?} {:?} {:04x}:{:04x} Vulkan {a}.{b}.{c} node {} sync_fd export {}",
+            i.index,
+            i.name,
+            i.kind,
+            i.vendor_id,
+            i.device_id,
+            v.node.as_deref().unwrap_or("-"),
+            if i.sync_fd_export { "yes" } else { "no" },
+        )?;
     }
     Ok(())
 }

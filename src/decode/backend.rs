@@ -356,7 +356,7 @@ impl VulkanModel {
             kv,
             max_tokens,
             max_seqs,
-            keep_logits: false,
+            ..GpuOptions::default()
         };
         let gpu = GpuModel::new(dev, weights, opts)
             .map_err(|e| ModelError(format!("cannot load the model on the device: {e}")))?;

@@ -5,7 +5,8 @@
 //! returns an [`InFlight`] whose fence fd the batch driver polls (B-066).
 //!
 //! Device buffers (offsets in elements, fixed at creation):
-//! - weights `[f32]`: the llama2.c tensors back to back ([`Weights::tensors`]).
+//! - weights `[f32]`: the llama2.c tensors back to back, each layer's
+//!   `wq|wk|wv` and `w1|w3` stacked for one split-output matmul each.
 //! - activations `[f32]`: `x, xb, q, att [T, dim]`, `k, v [T, kv_dim]`,
 //!   `h1, h3 [T, hidden_dim]`, `sel [S, dim]`, `logits [S, vocab]` for
 //!   `T = max_tokens`, `S = max_seqs`.
@@ -19,13 +20,9 @@
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use super::model::{BatchPlan, Config, KvGeometry, Weights};
-use super::ops::{
-    Argmax, Attention, Embed, KvAppend, Matmul, Ops, RmsNorm, Rope, SwiGlu, pack_metadata,
-};
-use super::reference::EPS;
-use crate::vk::{
-    BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, Submission, VkResult,
-};
+use super::ops::{Ops, Variant, pack_metadata};
+use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights};
+use crate::vk::{BindingSet, Buffer, CommandPool, Device, Kernels, Location, Submission, VkResult};
 use crate::{Error, Result};
 
 /// Sizes of a [`GpuModel`]'s KV cache and per-iteration capacity.
@@ -40,6 +37,8 @@ pub struct GpuOptions {
     /// Copy the sampled rows' logits back each iteration
     /// ([`GpuModel::finish_with_logits`]); off by default (costs a copy).
     pub keep_logits: bool,
+    /// Kernel forms to use; `None`: [`Variant::for_device`].
+    pub variant: Option<Variant>,
 }
 
 impl Default for GpuOptions {
@@ -52,88 +51,8 @@ impl Default for GpuOptions {
             max_tokens: 256,
             max_seqs: 64,
             keep_logits: false,
+            variant: None,
         }
-    }
-}
-
-/// Element offsets of the weight tensors (llama2.c order).
-#[derive(Debug, Clone, Copy, Default)]
-struct WeightOffsets {
-    emb: u32,
-    rms_att: u32,
-    wq: u32,
-    wk: u32,
-    wv: u32,
-    wo: u32,
-    rms_ffn: u32,
-    w1: u32,
-    w2: u32,
-    w3: u32,
-    rms_final: u32,
-    wcls: u32,
-}
-
-/// Element offsets of the activation regions.
-#[derive(Debug, Clone, Copy, Default)]
-struct ActOffsets {
-    x: u32,
-    xb: u32,
-    q: u32,
-    k: u32,
-    v: u32,
-    att: u32,
-    h1: u32,
-    h3: u32,
-    sel: u32,
-    logits: u32,
-    len: u64,
-}
-
-fn u32_of(n: u64) -> Result<u32> {
-    u32::try_from(n).map_err(|_| Error::Range)
-}
-
-impl ActOffsets {
-    fn new(c: &Config, t: usize, s: usize) -> Result<ActOffsets> {
-        let (t, s) = (t as u64, s as u64);
-        let (d, kv, h, v) = (
-            c.dim as u64,
-            c.kv_dim() as u64,
-            c.hidden_dim as u64,
-            c.vocab_size as u64,
-        );
-        let sizes = [
-            t * d,
-            t * d,
-            t * d,
-            t * kv,
-            t * kv,
-            t * d,
-            t * h,
-            t * h,
-            s * d,
-            s * v,
-        ];
-        let mut offs = [0u32; 10];
-        let mut at = 0u64;
-        for (o, n) in offs.iter_mut().zip(sizes) {
-            *o = u32_of(at)?;
-            at += n;
-        }
-        let [x, xb, q, k, v, att, h1, h3, sel, logits] = offs;
-        Ok(ActOffsets {
-            x,
-            xb,
-            q,
-            k,
-            v,
-            att,
-            h1,
-            h3,
-            sel,
-            logits,
-            len: at,
-        })
     }
 }
 
@@ -202,12 +121,13 @@ impl GpuModel {
     /// for `opts`.
     ///
     /// # Errors
-    /// `Inval` for a bad config or zero sizes, `Range` when an offset would not
-    /// fit `u32`, `Nomem` when device memory runs out, `Internal` for other
-    /// Vulkan failures.
+    /// `Inval` for a bad config, tensors of the wrong length or zero sizes,
+    /// `Range` when an offset would not fit `u32` or a buffer exceeds the
+    /// device's `maxStorageBufferRange`, `Nomem` when device memory runs out,
+    /// `Internal` for other Vulkan failures.
     pub fn new(dev: &Device, weights: &Weights, opts: GpuOptions) -> Result<GpuModel> {
         let c = weights.config;
-        c.validate()?;
+        weights.validate()?;
         if opts.max_tokens == 0
             || opts.max_seqs == 0
             || opts.kv.block_size == 0
@@ -216,7 +136,10 @@ impl GpuModel {
             return Err(Error::Inval);
         }
         let kernels = Kernels::new(dev)?;
-        let ops = Ops::new(&kernels)?;
+        let ops = Ops::new(
+            &kernels,
+            opts.variant.unwrap_or_else(|| Variant::for_device(dev)),
+        )?;
         let (weights_buf, w) = upload_weights(dev, weights)?;
         let a = ActOffsets::new(&c, opts.max_tokens, opts.max_seqs)?;
         let kv_layer = opts.kv.n_blocks as u64 * opts.kv.block_size as u64 * c.kv_dim() as u64;
@@ -237,7 +160,14 @@ impl GpuModel {
             )?),
             false => None,
         };
-        let set = BindingSet::new(&kernels, &[&weights_buf, &act, &kv, &meta, &tokens])?;
+        let bound = [&weights_buf, &act, &kv, &meta, &tokens];
+        if bound
+            .iter()
+            .any(|b| b.size() > dev.max_storage_buffer_range())
+        {
+            return Err(Error::Range); // a binding must fit maxStorageBufferRange
+        }
+        let set = BindingSet::new(&kernels, &bound)?;
         Ok(GpuModel {
             pool: CommandPool::new(dev)?,
             set,
@@ -301,12 +231,18 @@ impl GpuModel {
         let sample_list = self.write_meta(plan)?;
         let n_samples = plan.n_samples();
         let mut rec = self.pool.record(&self.kernels, &self.set)?;
+        let max_pos = plan
+            .seqs
+            .iter()
+            .map(|s| s.start_pos + s.tokens.len() - 1)
+            .max();
         let geo = Geometry {
             c: self.config,
-            opts: self.opts,
+            block_size: self.opts.kv.block_size as u32,
             w: self.w,
             a: self.a,
             kv_layer: self.kv_layer,
+            max_pos: max_pos.unwrap_or(0) as u32,
         };
         geo.record(
             &self.ops,
@@ -318,7 +254,7 @@ impl GpuModel {
         if let Some(l) = &self.logits {
             let bytes = (n_samples * self.config.vocab_size * 4) as u64;
             if bytes > 0 {
-                rec.copy(&self.act, u64::from(self.a.logits) * 4, l, 0, bytes);
+                rec.copy(&self.act, u64::from(self.a.logits) * 4, l, 0, bytes)?;
             }
         }
         rec.host_barrier();
@@ -390,277 +326,4 @@ fn zeroed(dev: &Device, bytes: u64, name: &str) -> VkResult<Buffer> {
     let mut b = Buffer::new(dev, bytes, Location::Device, name)?;
     b.upload(0, &vec![0u8; bytes as usize])?;
     Ok(b)
-}
-
-fn upload_weights(dev: &Device, weights: &Weights) -> Result<(Buffer, WeightOffsets)> {
-    let tensors = weights.tensors();
-    let total: u64 = tensors.iter().map(|(_, t)| t.len() as u64).sum();
-    u32_of(total)?;
-    let mut buf = Buffer::new(dev, total * 4, Location::Device, "weights")?;
-    let mut offs = [0u32; 12];
-    let mut at = 0u64;
-    for (o, (_, t)) in offs.iter_mut().zip(tensors) {
-        *o = at as u32;
-        if !t.is_empty() {
-            buf.upload(at * 4, t)?;
-        }
-        at += t.len() as u64;
-    }
-    let [
-        emb,
-        rms_att,
-        wq,
-        wk,
-        wv,
-        wo,
-        rms_ffn,
-        w1,
-        w2,
-        w3,
-        rms_final,
-        wcls,
-    ] = offs;
-    let w = WeightOffsets {
-        emb,
-        rms_att,
-        wq,
-        wk,
-        wv,
-        wo,
-        rms_ffn,
-        w1,
-        w2,
-        w3,
-        rms_final,
-        wcls,
-    };
-    Ok((buf, w))
-}
-
-/// Everything the recording needs, copied out of the model (so the recorder
-/// can borrow the pool mutably).
-struct Geometry {
-    c: Config,
-    opts: GpuOptions,
-    w: WeightOffsets,
-    a: ActOffsets,
-    kv_layer: u32,
-}
-
-impl Geometry {
-    fn record(
-        &self,
-        ops: &Ops,
-        rec: &mut Recorder<'_>,
-        t: u32,
-        s: u32,
-        sample_list: u32,
-    ) -> VkResult<()> {
-        let (c, a, w) = (&self.c, &self.a, &self.w);
-        let d = c.dim as u32;
-        ops.run(
-            rec,
-            &Embed {
-                n_rows: t,
-                dim: d,
-                rows_off: 0,
-                emb_off: w.emb,
-                x_off: a.x,
-            },
-        )?;
-        rec.barrier();
-        for l in 0..c.n_layers as u32 {
-            self.attention_block(ops, rec, t, l)?;
-            self.ffn_block(ops, rec, t, l)?;
-        }
-        if s == 0 {
-            return Ok(());
-        }
-        let norm = RmsNorm {
-            n_rows: s,
-            dim: d,
-            in_off: a.x,
-            out_off: a.sel,
-            w_off: w.rms_final,
-            row_list: sample_list,
-            eps: EPS,
-        };
-        ops.run(rec, &norm)?;
-        rec.barrier();
-        let v = c.vocab_size as u32;
-        ops.run(
-            rec,
-            &Matmul {
-                m: s,
-                n: v,
-                k: d,
-                x_off: a.sel,
-                w_off: w.wcls,
-                y_off: a.logits,
-                accumulate: 0,
-            },
-        )?;
-        rec.barrier();
-        ops.run(
-            rec,
-            &Argmax {
-                n_rows: s,
-                vocab: v,
-                logits_off: a.logits,
-                out_off: 0,
-            },
-        )
-    }
-
-    fn attention_block(&self, ops: &Ops, rec: &mut Recorder<'_>, t: u32, l: u32) -> VkResult<()> {
-        let (c, a, w) = (&self.c, &self.a, &self.w);
-        let (d, kvd, hs) = (c.dim as u32, c.kv_dim() as u32, c.head_size() as u32);
-        let norm = RmsNorm {
-            n_rows: t,
-            dim: d,
-            in_off: a.x,
-            out_off: a.xb,
-            w_off: w.rms_att + l * d,
-            row_list: u32::MAX,
-            eps: EPS,
-        };
-        ops.run(rec, &norm)?;
-        rec.barrier();
-        let mm = |n: u32, w_off: u32, y_off: u32| Matmul {
-            m: t,
-            n,
-            k: d,
-            x_off: a.xb,
-            w_off,
-            y_off,
-            accumulate: 0,
-        };
-        ops.run(rec, &mm(d, w.wq + l * d * d, a.q))?;
-        ops.run(rec, &mm(kvd, w.wk + l * kvd * d, a.k))?;
-        ops.run(rec, &mm(kvd, w.wv + l * kvd * d, a.v))?;
-        rec.barrier();
-        ops.run(
-            rec,
-            &Rope {
-                n_rows: t,
-                dim: d,
-                kv_dim: kvd,
-                head_size: hs,
-                rows_off: 0,
-                q_off: a.q,
-                k_off: a.k,
-            },
-        )?;
-        rec.barrier();
-        let kc_off = l * self.kv_layer;
-        let vc_off = (c.n_layers as u32 + l) * self.kv_layer;
-        let bs = self.opts.kv.block_size as u32;
-        let app = KvAppend {
-            n_rows: t,
-            kv_dim: kvd,
-            block_size: bs,
-            rows_off: 0,
-            k_off: a.k,
-            v_off: a.v,
-            kc_off,
-            vc_off,
-        };
-        ops.run(rec, &app)?;
-        rec.barrier();
-        let att = Attention {
-            n_rows: t,
-            n_heads: c.n_heads as u32,
-            n_kv_heads: c.n_kv_heads as u32,
-            head_size: hs,
-            block_size: bs,
-            rows_off: 0,
-            q_off: a.q,
-            out_off: a.att,
-            kc_off,
-            vc_off,
-            kv_dim: kvd,
-            dim: d,
-        };
-        ops.run(rec, &att)?;
-        rec.barrier();
-        ops.run(
-            rec,
-            &Matmul {
-                m: t,
-                n: d,
-                k: d,
-                x_off: a.att,
-                w_off: w.wo + l * d * d,
-                y_off: a.x,
-                accumulate: 1,
-            },
-        )?;
-        rec.barrier();
-        Ok(())
-    }
-
-    fn ffn_block(&self, ops: &Ops, rec: &mut Recorder<'_>, t: u32, l: u32) -> VkResult<()> {
-        let (c, a, w) = (&self.c, &self.a, &self.w);
-        let (d, h) = (c.dim as u32, c.hidden_dim as u32);
-        let norm = RmsNorm {
-            n_rows: t,
-            dim: d,
-            in_off: a.x,
-            out_off: a.xb,
-            w_off: w.rms_ffn + l * d,
-            row_list: u32::MAX,
-            eps: EPS,
-        };
-        ops.run(rec, &norm)?;
-        rec.barrier();
-        ops.run(
-            rec,
-            &Matmul {
-                m: t,
-                n: h,
-                k: d,
-                x_off: a.xb,
-                w_off: w.w1 + l * h * d,
-                y_off: a.h1,
-                accumulate: 0,
-            },
-        )?;
-        ops.run(
-            rec,
-            &Matmul {
-                m: t,
-                n: h,
-                k: d,
-                x_off: a.xb,
-                w_off: w.w3 + l * h * d,
-                y_off: a.h3,
-                accumulate: 0,
-            },
-        )?;
-        rec.barrier();
-        ops.run(
-            rec,
-            &SwiGlu {
-                n_rows: t,
-                hidden_dim: h,
-                h1_off: a.h1,
-                h3_off: a.h3,
-            },
-        )?;
-        rec.barrier();
-        ops.run(
-            rec,
-            &Matmul {
-                m: t,
-                n: d,
-                k: h,
-                x_off: a.h1,
-                w_off: w.w2 + l * d * h,
-                y_off: a.x,
-                accumulate: 1,
-            },
-        )?;
-        rec.barrier();
-        Ok(())
-    }
 }

@@ -3,7 +3,7 @@
 //! - [`model`]: the llama-style model's shape ([`model::Config`]), its weights
 //!   ([`model::Weights`], llama2.c tensor order) and one iteration's packed work
 //!   ([`model::BatchPlan`]).
-//! - [`reference`]: the CPU f32 forward pass the kernels are checked against.
+//! - [`mod@reference`]: the CPU f32 forward pass the kernels are checked against.
 //! - [`ops`]: the kernels' push constants and how each is dispatched.
 //! - [`gpu`]: [`gpu::GpuModel`], the model on a Vulkan device: ONE command
 //!   buffer per iteration for the whole ready vector.
@@ -23,6 +23,7 @@ pub mod kv_cache;
 pub mod local;
 pub mod model;
 pub mod ops;
+mod record;
 pub mod reference;
 pub mod report;
 pub mod seq;

@@ -12,7 +12,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::model::BatchPlan;
-use crate::vk::{Kernel, Kernels, Recorder, VkResult};
+use crate::vk::{DeviceKind, Kernel, Kernels, Recorder, VkError, VkResult};
 
 /// Packs one iteration's metadata into `out` (cleared first): the row records
 /// `[n_tokens][4]` at offset 0 (token, sequence index, position, offset of the
@@ -50,12 +50,45 @@ pub fn pack_metadata(plan: &BatchPlan, block_size: usize, out: &mut Vec<u32>) ->
     samples
 }
 
+/// Which form of the kernels that have two (matmul, attention) to run. The
+/// `Cpu` form is used only where it fits [`LANE_LOOP_BUDGET`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// Cooperative workgroups with workgroup memory and barriers (GPUs).
+    Gpu,
+    /// Barrier-free forms (CPU devices such as lavapipe, where a workgroup
+    /// barrier switches between all of the workgroup's fibers).
+    Cpu,
+}
+
+impl Variant {
+    /// The variant for a device: `Cpu` for [`DeviceKind::Cpu`], else `Gpu`.
+    pub fn for_device(dev: &crate::vk::Device) -> Variant {
+        if dev.info().kind == DeviceKind::Cpu {
+            Variant::Cpu
+        } else {
+            Variant::Gpu
+        }
+    }
+}
+
+/// Loop iterations a barrier-free ([`Variant::Cpu`]) invocation may run:
+/// llvmpipe ends an invocation's loops after 65535 iterations in total (gallivm
+/// `LP_MAX_TGSI_LOOP_ITERATIONS`, shared by every loop of the invocation), so
+/// larger work takes the [`Variant::Gpu`] form.
+pub const LANE_LOOP_BUDGET: u32 = 60_000;
+
 /// A kernel invocation: its entry point and grid.
 pub trait Op: Pod {
-    /// Entry point name in `kernels/`.
+    /// Entry point name in `kernels/` (the [`Variant::Gpu`] form).
     const KERNEL: &'static str;
     /// Workgroups in x, y, z.
     fn grid(&self) -> [u32; 3];
+    /// Entry point and grid of `variant` (the same kernel for most ops).
+    fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
+        let _ = variant;
+        (Self::KERNEL, self.grid())
+    }
 }
 
 fn groups(n: u32, per: u32) -> u32 {
@@ -112,7 +145,8 @@ impl Op for RmsNorm {
     }
 }
 
-/// `matmul.wgsl`: `y[m, n] (+)= sum_k x[m, k] W[n, k]`.
+/// `matmul.wgsl`: `y[m, n] (+)= sum_k x[m, k] W[n, k]`, the output columns
+/// optionally split over up to three regions (see [`Matmul::split`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct Matmul {
@@ -126,16 +160,84 @@ pub struct Matmul {
     pub x_off: u32,
     /// W `[n, k]` in weights.
     pub w_off: u32,
-    /// y `[m, n]` in activations.
+    /// y1 `[m, n1]` in activations (all of y for a plain matmul).
     pub y_off: u32,
     /// 1: add to y (residual add), 0: overwrite.
     pub accumulate: u32,
+    /// Columns `0..n1` go to y1 (`n` for a plain matmul).
+    pub n1: u32,
+    /// Columns `n1..n1 + n2` go to y2 `[m, n2]`.
+    pub n2: u32,
+    /// y2 in activations.
+    pub y2_off: u32,
+    /// Columns `n1 + n2..n` go to y3 `[m, n - n1 - n2]` at this offset.
+    pub y3_off: u32,
+}
+
+impl Matmul {
+    /// `y [m, n] (+)= x [m, k] . W [n, k]^T`.
+    pub fn plain(
+        m: u32,
+        n: u32,
+        k: u32,
+        x_off: u32,
+        w_off: u32,
+        y_off: u32,
+        accumulate: bool,
+    ) -> Matmul {
+        let accumulate = u32::from(accumulate);
+        Matmul {
+            m,
+            n,
+            k,
+            x_off,
+            w_off,
+            y_off,
+            accumulate,
+            n1: n,
+            n2: 0,
+            y2_off: 0,
+            y3_off: 0,
+        }
+    }
+
+    /// One dispatch for stacked weights `[ns[0] + ns[1] + ns[2], k]` (e.g.
+    /// q|k|v): columns go to `ys[0] [m, ns[0]]`, `ys[1] [m, ns[1]]`,
+    /// `ys[2] [m, ns[2]]`. Overwrites.
+    pub fn split(m: u32, k: u32, ns: [u32; 3], w_off: u32, x_off: u32, ys: [u32; 3]) -> Matmul {
+        let n = ns[0] + ns[1] + ns[2];
+        let [y_off, y2_off, y3_off] = ys;
+        Matmul {
+            m,
+            n,
+            k,
+            x_off,
+            w_off,
+            y_off,
+            accumulate: 0,
+            n1: ns[0],
+            n2: ns[1],
+            y2_off,
+            y3_off,
+        }
+    }
 }
 
 impl Op for Matmul {
-    const KERNEL: &'static str = "matmul";
+    const KERNEL: &'static str = "matmul_tiled";
     fn grid(&self) -> [u32; 3] {
         [groups(self.n, 16), groups(self.m, 16), 1]
+    }
+    fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
+        match variant {
+            Variant::Cpu if self.k < LANE_LOOP_BUDGET && self.m < 4 => {
+                ("matmul_vec", [groups(self.n, 256), self.m, 1])
+            }
+            Variant::Cpu if self.k < LANE_LOOP_BUDGET => {
+                ("matmul", [groups(self.n, 256), groups(self.m, 4), 1])
+            }
+            _ => (Self::KERNEL, self.grid()),
+        }
     }
 }
 
@@ -223,12 +325,25 @@ pub struct Attention {
     pub kv_dim: u32,
     /// `n_heads * head_size`.
     pub dim: u32,
+    /// Largest position among the rows (picks the kernel form, see [`Variant`]).
+    pub max_pos: u32,
 }
 
 impl Op for Attention {
     const KERNEL: &'static str = "attention";
     fn grid(&self) -> [u32; 3] {
         [self.n_heads, self.n_rows, 1]
+    }
+    fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
+        let hs = u64::from(self.head_size);
+        let lane_loops = (u64::from(self.max_pos) + 1) * (2 * hs + 2) + 2 * hs;
+        match variant {
+            Variant::Cpu if hs <= 64 && lane_loops < u64::from(LANE_LOOP_BUDGET) => (
+                "attention_lane",
+                [groups(self.n_rows * self.n_heads, 64), 1, 1],
+            ),
+            _ => (Self::KERNEL, self.grid()),
+        }
     }
 }
 
@@ -274,46 +389,40 @@ impl Op for Argmax {
     }
 }
 
-/// The decode kernels looked up once from [`Kernels`].
+/// The decode kernels looked up once from [`Kernels`], in one [`Variant`].
 #[derive(Debug, Clone)]
 pub struct Ops {
     table: Vec<(&'static str, Kernel)>,
+    variant: Variant,
 }
 
 impl Ops {
-    /// Looks up every decode kernel.
+    /// Looks up every kernel; `variant` picks the form of matmul and attention
+    /// ([`Variant::for_device`] is the usual choice).
     ///
     /// # Errors
-    /// `Inval` if a kernel is missing from the build.
-    pub fn new(k: &Kernels) -> VkResult<Ops> {
-        let names = [
-            Embed::KERNEL,
-            RmsNorm::KERNEL,
-            Matmul::KERNEL,
-            Rope::KERNEL,
-            KvAppend::KERNEL,
-            Attention::KERNEL,
-            SwiGlu::KERNEL,
-            Argmax::KERNEL,
-        ];
-        let table = names
-            .iter()
-            .map(|n| Ok((*n, k.get(n)?)))
+    /// `Inval` if a kernel cannot be looked up.
+    pub fn new(k: &Kernels, variant: Variant) -> VkResult<Ops> {
+        let table = k
+            .names()
+            .map(|n| Ok((n, k.get(n)?)))
             .collect::<VkResult<_>>()?;
-        Ok(Ops { table })
+        Ok(Ops { table, variant })
+    }
+
+    /// The variant in use.
+    pub fn variant(&self) -> Variant {
+        self.variant
     }
 
     /// Records `op` (no barrier: call [`Recorder::barrier`] before a dependent op).
     ///
     /// # Errors
-    /// As [`Recorder::dispatch`].
+    /// As [`Recorder::dispatch`]; `Inval` if the kernel is missing from the build.
     pub fn run<O: Op>(&self, rec: &mut Recorder<'_>, op: &O) -> VkResult<()> {
-        let k = self
-            .table
-            .iter()
-            .find(|(n, _)| *n == O::KERNEL)
-            .map(|(_, k)| *k);
-        let k = k.expect("every Op's kernel is in the table");
-        rec.dispatch(k, op, op.grid())
+        let (name, grid) = op.dispatch(self.variant);
+        let k = self.table.iter().find(|(n, _)| *n == name).map(|(_, k)| *k);
+        let k = k.ok_or_else(|| VkError::Inval(format!("no kernel named {name:?}")))?;
+        rec.dispatch(k, op, grid)
     }
 }

@@ -215,13 +215,15 @@ pub fn forward_token(
 /// last token of each sequence whose `sample` is set, in plan order.
 ///
 /// # Errors
-/// [`crate::Error::Inval`] when the plan fails [`BatchPlan::validate`]
+/// [`crate::Error::Inval`] when the weights fail [`Weights::validate`] or the
+/// plan fails [`BatchPlan::validate`]
 /// (nothing is run then).
 pub fn forward(
     w: &Weights,
     cache: &mut CpuKvCache,
     plan: &BatchPlan,
 ) -> crate::Result<Vec<Vec<f32>>> {
+    w.validate()?;
     plan.validate(&w.config, cache.geometry)?;
     let mut out = Vec::new();
     for s in &plan.seqs {

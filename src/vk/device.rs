@@ -5,7 +5,7 @@
 //! block relies on: the `ash::Entry` outlives the instance, the instance
 //! outlives every physical-device query and the device, create-info structs
 //! (and the arrays they point to) live across the call that reads them, and
-//! [`Inner`]'s `Drop` destroys children before parents after the queue is idle.
+//! `Inner`'s `Drop` destroys children before parents after the queue is idle.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_void};
@@ -434,7 +434,16 @@ impl Device {
         let fence_fd = info
             .sync_fd_export
             .then(|| khr::external_fence_fd::Device::new(&instance.instance, &device));
-        let queue = QueueState::new(&device, family)?;
+        let queue = match QueueState::new(&device, family) {
+            Ok(q) => q,
+            Err(e) => {
+                drop(allocator);
+                // SAFETY: the allocator (the only child) is gone; the queue state
+                // created nothing that outlives its error.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
         Ok(Device(Arc::new(Inner {
             validation: instance.debug.is_some(),
             device,
@@ -451,6 +460,16 @@ impl Device {
     /// The physical device this was opened on.
     pub fn info(&self) -> &PhysicalDeviceInfo {
         &self.0.info
+    }
+
+    /// A process-unique identity of this logical device (while it lives).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    /// Whether `self` and `other` are the same logical device.
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// Whether the validation layer is active on this device.
@@ -544,4 +563,79 @@ impl Drop for Inner {
 /// `CString` of a kernel entry point name.
 pub(crate) fn c_name(name: &str) -> VkResult<CString> {
     CString::new(name).map_err(|_| VkError::Inval(format!("entry point name {name:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(index: usize, name: &str, kind: DeviceKind, minor: Option<i64>) -> PhysicalDeviceInfo {
+        PhysicalDeviceInfo {
+            index,
+            name: name.into(),
+            kind,
+            vendor_id: 0,
+            device_id: 0,
+            api_version: (1, 3, 0),
+            render_node: minor.map(|m| RenderNode {
+                major: 226,
+                minor: m,
+                path: PathBuf::from(format!("/dev/dri/renderD{m}")),
+            }),
+            sync_fd_export: false,
+            timeline_semaphore: true,
+            compute_family: Some(0),
+        }
+    }
+
+    #[test]
+    fn auto_prefers_discrete_then_integrated_then_virtual_then_cpu() {
+        let mut all = vec![
+            dev(0, "llvmpipe", DeviceKind::Cpu, None),
+            dev(1, "virgl", DeviceKind::Virtual, Some(130)),
+            dev(2, "igpu", DeviceKind::Integrated, Some(129)),
+            dev(3, "dgpu", DeviceKind::Discrete, Some(128)),
+        ];
+        assert_eq!(Selector::Auto.choose(&all).unwrap().index, 3);
+        all[3].compute_family = None; // unusable devices are skipped
+        assert_eq!(Selector::Auto.choose(&all).unwrap().index, 2);
+        all.truncate(2);
+        assert_eq!(Selector::Auto.choose(&all).unwrap().index, 1);
+        all.truncate(1);
+        assert_eq!(Selector::Auto.choose(&all).unwrap().name, "llvmpipe");
+    }
+
+    #[test]
+    fn selectors_match_index_name_and_render_node_or_fail() {
+        let all = [
+            dev(0, "llvmpipe (LLVM 15)", DeviceKind::Cpu, None),
+            dev(1, "AMD Radeon", DeviceKind::Discrete, Some(129)),
+        ];
+        assert_eq!(Selector::Index(0).choose(&all).unwrap().index, 0);
+        assert_eq!(
+            Selector::Name("radeon".into()).choose(&all).unwrap().index,
+            1
+        );
+        let node = Selector::RenderNode("/dev/dri/renderD129".into());
+        assert_eq!(node.choose(&all).unwrap().index, 1);
+        let missing = Selector::RenderNode("/dev/dri/renderD128".into());
+        assert!(matches!(missing.choose(&all), Err(VkError::NoMatch(_))));
+        assert!(matches!(
+            Selector::Index(2).choose(&all),
+            Err(VkError::NoMatch(_))
+        ));
+        let e: crate::Error = Selector::Index(2).choose(&all).unwrap_err().into();
+        assert_eq!(e, crate::Error::Inval);
+    }
+
+    #[test]
+    fn no_usable_device_is_nosys() {
+        let mut d = dev(0, "old", DeviceKind::Discrete, None);
+        d.timeline_semaphore = false;
+        let err = Selector::Auto.choose(&[d]).unwrap_err();
+        assert!(matches!(err, VkError::NoDevice));
+        assert_eq!(crate::Error::from(err), crate::Error::Nosys);
+        let e: crate::Error = Selector::Auto.choose(&[]).unwrap_err().into();
+        assert_eq!(e, crate::Error::Nosys);
+    }
 }

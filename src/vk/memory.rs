@@ -98,6 +98,11 @@ impl Buffer {
         Ok(buf)
     }
 
+    /// The device the buffer belongs to.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
     /// The raw handle.
     pub fn raw(&self) -> vk::Buffer {
         self.raw
@@ -182,7 +187,7 @@ impl Buffer {
         staging.write(0, bytes)?;
         let mut pool = CommandPool::new(&self.dev)?;
         let mut rec = pool.record_plain()?;
-        rec.copy(&staging, 0, self, offset, bytes.len() as u64);
+        rec.copy(&staging, 0, self, offset, bytes.len() as u64)?;
         let done = rec.finish()?;
         let sub = pool.submit(vec![done])?;
         sub.wait(None)?;

@@ -16,20 +16,20 @@
 //!   pollable fd: an exported `SYNC_FD` sync_file where the driver supports it,
 //!   else an eventfd signalled by the device's single waiter thread on a
 //!   timeline semaphore (B-066).
-//! - [`fence`]: [`EventFence`], the eventfd fence of the fallback path.
+//! - [`EventFence`] (re-exported from [`crate::accel`]): the eventfd fence of
+//!   the fallback path.
 //!
 //! Errors are [`VkError`], which converts into [`crate::Error`].
 
 pub mod device;
-pub mod fence;
 pub mod memory;
 pub mod pipeline;
 pub mod queue;
 
+pub use crate::accel::EventFence;
 pub use device::{
     Device, DeviceKind, PhysicalDeviceInfo, RenderNode, Selector, enumerate, validation_errors,
 };
-pub use fence::EventFence;
 pub use memory::{Buffer, Location};
 pub use pipeline::{
     BINDINGS, BindingSet, CommandPool, Kernel, Kernels, PUSH_BYTES, Recorded, Recorder,
@@ -77,6 +77,9 @@ pub enum VkError {
     /// A system call of the fence plumbing failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The eventfd fence could not be made or signalled (fd exhaustion).
+    #[error("{0}")]
+    Fence(#[from] crate::accel::FenceError),
 }
 
 impl From<VkError> for crate::Error {
@@ -91,7 +94,7 @@ impl From<VkError> for crate::Error {
             {
                 crate::Error::Nomem
             }
-            VkError::Call { .. } | VkError::Io(_) => crate::Error::Internal,
+            VkError::Call { .. } | VkError::Io(_) | VkError::Fence(_) => crate::Error::Internal,
         }
     }
 }

@@ -35,6 +35,8 @@ pub const PUSH_BYTES: u32 = 64;
 #[derive(Debug, Clone, Copy)]
 pub struct Kernel {
     pipeline: vk::Pipeline,
+    /// Identity of the owning device (checked at dispatch).
+    dev_id: usize,
 }
 
 /// Every kernel compiled from `kernels/` as a pipeline, with the shared
@@ -124,8 +126,11 @@ impl Kernels {
     /// `Inval` for an unknown name.
     pub fn get(&self, name: &str) -> VkResult<Kernel> {
         let p = self.pipelines.iter().find(|(n, _)| *n == name);
-        p.map(|&(_, pipeline)| Kernel { pipeline })
-            .ok_or_else(|| VkError::Inval(format!("no kernel named {name:?}")))
+        p.map(|&(_, pipeline)| Kernel {
+            pipeline,
+            dev_id: self.dev.id(),
+        })
+        .ok_or_else(|| VkError::Inval(format!("no kernel named {name:?}")))
     }
 
     /// Entry point names of all kernels.
@@ -169,6 +174,9 @@ impl BindingSet {
     /// # Errors
     /// `Inval` for a wrong count or a buffer of another device; `Call` otherwise.
     pub fn new(kernels: &Kernels, bufs: &[&Buffer]) -> VkResult<BindingSet> {
+        if bufs.iter().any(|b| !b.device().same(&kernels.dev)) {
+            return Err(VkError::Inval("buffer of another device".into()));
+        }
         if bufs.len() != BINDINGS as usize {
             return Err(VkError::Inval(format!(
                 "{} buffers for {BINDINGS} bindings",
@@ -291,12 +299,18 @@ impl CommandPool {
     /// Begins recording a command buffer that dispatches `kernels` with `set`.
     ///
     /// # Errors
-    /// `Call` if allocation or `vkBeginCommandBuffer` fails.
+    /// `Inval` for kernels or a binding set of another device; `Call` if
+    /// allocation or `vkBeginCommandBuffer` fails.
     pub fn record<'a>(
         &'a mut self,
         kernels: &'a Kernels,
         set: &'a BindingSet,
     ) -> VkResult<Recorder<'a>> {
+        if !kernels.dev.same(&self.dev) || !set.dev.same(&self.dev) {
+            return Err(VkError::Inval(
+                "kernels or binding set of another device".into(),
+            ));
+        }
         let cmd = self.take()?;
         // SAFETY: `cmd` is recording; set and layout are live and compatible.
         unsafe {
@@ -395,11 +409,12 @@ impl Recorder<'_> {
     ) -> VkResult<()> {
         let bytes = bytemuck::bytes_of(push);
         if bytes.len() > PUSH_BYTES as usize
-            || bytes.len() % 4 != 0
+            || !bytes.len().is_multiple_of(4)
             || self.layout == vk::PipelineLayout::null()
+            || kernel.dev_id != self.pool.dev.id()
         {
             return Err(VkError::Inval(format!(
-                "push constants of {} bytes",
+                "dispatch with {} push-constant bytes (or a kernel of another device or a transfer-only recorder)",
                 bytes.len()
             )));
         }
@@ -469,20 +484,39 @@ impl Recorder<'_> {
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`.
-    /// Ranges must lie inside the buffers (checked by the validation layer).
-    pub fn copy(&mut self, src: &Buffer, src_off: u64, dst: &Buffer, dst_off: u64, len: u64) {
+    ///
+    /// # Errors
+    /// `Inval` for an empty range, a range outside either buffer, or a buffer
+    /// of another device.
+    pub fn copy(
+        &mut self,
+        src: &Buffer,
+        src_off: u64,
+        dst: &Buffer,
+        dst_off: u64,
+        len: u64,
+    ) -> VkResult<()> {
+        let inside = |b: &Buffer, off: u64| off.checked_add(len).is_some_and(|e| e <= b.size());
+        let same = src.device().same(&self.pool.dev) && dst.device().same(&self.pool.dev);
+        if len == 0 || !inside(src, src_off) || !inside(dst, dst_off) || !same {
+            return Err(VkError::Inval(format!(
+                "copy of {len} bytes at {src_off} -> {dst_off}"
+            )));
+        }
         let region = [vk::BufferCopy::default()
             .src_offset(src_off)
             .dst_offset(dst_off)
             .size(len)];
-        // SAFETY: recording state; buffers are live and outlive the submission
-        // (their Drop waits for submitted work).
+        // SAFETY: recording state; both ranges lie inside live buffers of this
+        // device (checked above), which outlive the submission (their Drop
+        // waits for submitted work).
         unsafe {
             self.pool
                 .dev
                 .raw()
                 .cmd_copy_buffer(self.cmd, src.raw(), dst.raw(), &region)
         };
+        Ok(())
     }
 
     /// Ends recording.

@@ -31,8 +31,8 @@ use ash::vk;
 use crossbeam_channel::{Sender, unbounded};
 
 use super::device::Device;
-use super::fence::EventFence;
 use super::{VkError, VkResult, call};
+use crate::accel::EventFence;
 
 enum WaitReq {
     Signal(u64, Arc<EventFence>),
@@ -54,10 +54,14 @@ struct Slot {
 pub(crate) struct QueueState {
     slot: Mutex<Slot>,
     timeline: vk::Semaphore,
+    /// An eventfd signalled at creation: the fd of a sync_file export of -1.
+    signalled: Arc<EventFence>,
 }
 
 impl QueueState {
     pub(crate) fn new(device: &ash::Device, family: u32) -> VkResult<QueueState> {
+        let signalled = Arc::new(EventFence::new()?);
+        signalled.signal()?;
         let mut ty = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
@@ -72,6 +76,7 @@ impl QueueState {
             (q, s)
         };
         Ok(QueueState {
+            signalled,
             slot: Mutex::new(Slot {
                 queue,
                 last: 0,
@@ -209,10 +214,12 @@ impl Device {
             // SAFETY: the submit failed, so nothing refers to the fence.
             unsafe { dev.destroy_fence(fence, None) };
         })?;
+        // Until the export succeeds the device's always-signalled eventfd stands
+        // in (it is also the answer to an export of -1, "already signalled").
         let mut sub = Submission {
             dev: self.clone(),
             value,
-            done: Done::Event(Arc::new(EventFence::new()?)),
+            done: Done::Event(self.0.queue.signalled.clone()),
             fence,
         };
         let get = vk::FenceGetFdInfoKHR::default()
@@ -227,7 +234,7 @@ impl Device {
         // (VUID-VkFenceGetFdInfoKHR-handleType-01454).
         let fd = unsafe { ext.get_fence_fd(&get) }.map_err(call("vkGetFenceFdKHR"))?;
         match fd {
-            -1 => sub.signal_stand_in(),
+            -1 => {}
             // SAFETY: a fd >= 0 returned by vkGetFenceFdKHR is a new sync_file
             // fd owned by the caller.
             fd => sub.done = Done::SyncFile(unsafe { OwnedFd::from_raw_fd(fd) }),
@@ -269,7 +276,9 @@ impl Device {
                         match req {
                             WaitReq::Signal(v, ev) => {
                                 wait_value(&dev, sem, v, u64::MAX).ok();
-                                ev.signal();
+                                // A failed write (a corrupted fd) leaves the fence flagged;
+                                // Submission::wait still reads the timeline.
+                                let _ = ev.signal();
                             }
                             WaitReq::Flush(ack) => drop(ack.send(())),
                         }
@@ -397,12 +406,6 @@ impl Submission {
             self.value,
             ns,
         )
-    }
-
-    fn signal_stand_in(&mut self) {
-        if let Done::Event(e) = &self.done {
-            e.signal();
-        }
     }
 }
 

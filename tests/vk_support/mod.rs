@@ -61,11 +61,20 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// Buffers of `elems[i]` 4-byte elements each.
+    /// Buffers of `elems[i]` 4-byte elements each; the device's kernel variant.
     pub fn new(dev: &Device, elems: [usize; 5]) -> Rig {
+        Rig::with_variant(dev, elems, xtc::decode::ops::Variant::for_device(dev))
+    }
+
+    /// As [`Rig::new`] with the given kernel variant.
+    pub fn with_variant(
+        dev: &Device,
+        elems: [usize; 5],
+        variant: xtc::decode::ops::Variant,
+    ) -> Rig {
         use xtc::vk::{Buffer, Location};
         let kernels = xtc::vk::Kernels::new(dev).unwrap();
-        let ops = xtc::decode::ops::Ops::new(&kernels).unwrap();
+        let ops = xtc::decode::ops::Ops::new(&kernels, variant).unwrap();
         let bufs: Vec<Buffer> = elems
             .iter()
             .map(|&n| Buffer::new(dev, (n.max(1) * 4) as u64, Location::Readback, "rig").unwrap())
@@ -99,7 +108,8 @@ impl Rig {
         v
     }
 
-    /// Records `f` into one command buffer, submits it and waits for its fence fd.
+    /// Records `f` into one command buffer, submits it and waits for its fence
+    /// fd; asserts the validation layer (on in debug builds) reported nothing.
     pub fn run(&mut self, f: impl FnOnce(&xtc::decode::ops::Ops, &mut xtc::vk::Recorder<'_>)) {
         self.pool.reset().unwrap();
         let mut rec = self.pool.record(&self.kernels, &self.set).unwrap();
@@ -108,6 +118,7 @@ impl Rig {
         let cmd = rec.finish().unwrap();
         let sub = self.pool.submit(vec![cmd]).unwrap();
         wait_readable(sub.fence_fd());
+        assert_eq!(xtc::vk::validation_errors(), 0, "Vulkan validation errors");
     }
 }
 

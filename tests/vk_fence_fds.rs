@@ -1,0 +1,37 @@
+//! B-066 (vk side): 100,000 record + submit + fence-fd wake iterations keep
+//! the process's fd count flat. Alone in its own test binary, so no other test
+//! opens or closes fds in the process while it counts.
+
+mod vk_support;
+
+use xtc::vk::CommandPool;
+
+/// 100,000 record + submit + fence-fd wake iterations leave the process's fd
+/// count where it started (B-066: no fd leak per iteration).
+#[test]
+fn hundred_thousand_fence_iterations_keep_fd_count_flat() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut pool = CommandPool::new(&dev).unwrap();
+    let run = |pool: &mut CommandPool| {
+        pool.reset().unwrap();
+        let cmd = pool.record_plain().unwrap().finish().unwrap();
+        let sub = pool.submit(vec![cmd]).unwrap();
+        vk_support::wait_readable(sub.fence_fd());
+        sub.value()
+    };
+    for _ in 0..100 {
+        run(&mut pool);
+    }
+    dev.sync_waiter();
+    let before = vk_support::fd_count();
+    let first = run(&mut pool);
+    let mut last = first;
+    for _ in 1..100_000 {
+        last = run(&mut pool);
+    }
+    dev.sync_waiter();
+    assert_eq!(last - first, 99_999, "every iteration was a submission");
+    assert_eq!(vk_support::fd_count(), before, "fd count is flat");
+}
