@@ -4,7 +4,7 @@
 //! recorded cancels, delivers recorded outcomes, and admits waiting members;
 //! then it hands the whole ready vector to the engine (one step, or one
 //! submit + wait + collect) and records the results. It parks when there is
-//! no ready member and wakes on any mutator's signal (B-131).
+//! no ready member and wakes on any mutator's signal (B-135).
 //!
 //! Exactly once across a kill (B-039, B-099..B-103): the driver future owns
 //! its callbacks and the frozen vector inside [`Driver`]; killing the driver
