@@ -61,7 +61,8 @@ fn the_same_seed_gives_the_same_trace_over_1000_seeds() {
         let (t2, l2) = workload(seed);
         assert_eq!(t1, t2, "seed {seed}");
         assert_eq!(l1, l2, "seed {seed}");
-        assert!(!t1.is_empty());
+        assert_eq!(l1.len(), 14, "seed {seed}: every log line written");
+        assert!(t1.len() > 40, "seed {seed}: {} events", t1.len());
     }
 }
 

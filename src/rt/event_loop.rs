@@ -70,7 +70,6 @@ pub(crate) struct LoopInner {
     backend: Backend,
     budget: Budget,
     has_run: Cell<bool>,
-    running: Cell<bool>,
     stopped: Cell<bool>,
     /// Spare buffer swapped with the inbox's queue.
     spare: RefCell<Vec<ProcRunnable>>,
@@ -153,7 +152,6 @@ impl Loop {
                 backend,
                 budget: Budget::new(bytes),
                 has_run: Cell::new(false),
-                running: Cell::new(false),
                 stopped: Cell::new(false),
                 spare: RefCell::new(Vec::new()),
                 polling: Cell::new(None),
@@ -344,25 +342,22 @@ impl Loop {
     /// one or another), or on a `Sim` loop (use [`Sim::step`](super::Sim::step));
     /// `Internal` if `epoll_wait` fails.
     pub fn run(&self) -> Result<()> {
-        if Loop::current().is_some() || self.inner.running.get() {
+        if Loop::current().is_some() {
             return Err(Error::Inval);
         }
         let Some(poller) = self.inner.poller() else {
             return Err(Error::Inval);
         };
         self.inner.stopped.set(false);
-        self.inner.running.set(true);
         self.mark_run();
         let _current = CurrentGuard::enter(self);
-        let res = self.run_turns(poller);
-        self.inner.running.set(false);
-        res
+        self.run_turns(poller)
     }
 
     fn run_turns(&self, poller: &Poller) -> Result<()> {
         loop {
             self.drain_inbox();
-            self.fire_timers(self.now());
+            self.fire_due_timers();
             if self.inner.stopped.get() {
                 return Ok(());
             }
@@ -374,10 +369,12 @@ impl Loop {
                 self.park(poller)?;
                 continue;
             }
-            for _ in 0..n {
+            for i in 0..n {
                 // Processes woken by the previous one compete for this pick,
                 // so class weights hold even for processes that just yielded.
-                self.drain_inbox();
+                if i > 0 {
+                    self.drain_inbox();
+                }
                 let Some(r) = self.inner.ready.borrow_mut().pop() else {
                     break;
                 };
@@ -418,6 +415,16 @@ impl Loop {
         let mut ready = self.inner.ready.borrow_mut();
         for r in buf.drain(..) {
             ready.push(r);
+        }
+    }
+
+    /// Real loop: fires due timers, reading the clock only if a timer is armed.
+    fn fire_due_timers(&self) {
+        let next = self.inner.timers.borrow().next_deadline();
+        if let Some(next) = next
+            && next <= self.now()
+        {
+            self.fire_timers(self.now());
         }
     }
 
