@@ -15,7 +15,9 @@
 use super::budget::Budget;
 use super::class::{ReadySet, SchedClass};
 use super::io::Poller;
-use super::proc_table::{Inbox, ProcMeta, ProcRunnable, ProcTable};
+use super::proc_table::{
+    Inbox, LocalSaved, ProcMeta, ProcRunnable, ProcTable, local_enter, local_exit,
+};
 use super::sim::{SimCore, TraceKind};
 use super::timer::Timers;
 use super::{Instant, LoopId, Pid};
@@ -37,20 +39,38 @@ thread_local! {
     static CURRENT: RefCell<Option<Loop>> = const { RefCell::new(None) };
 }
 
-/// Makes a loop current for its lifetime; restores the previous one on drop.
+/// Makes a loop current for its lifetime (and owner of the thread-local wake
+/// queue); restores the previous one on drop, moving the wakes still queued
+/// locally into the loop's ready set.
 pub(crate) struct CurrentGuard {
+    lp: Loop,
     prev: Option<Loop>,
+    prev_local: Option<LocalSaved>,
 }
 
 impl CurrentGuard {
     pub(crate) fn enter(lp: &Loop) -> CurrentGuard {
         let prev = CURRENT.with(|c| c.replace(Some(lp.clone())));
-        CurrentGuard { prev }
+        let prev_local = Some(local_enter(&lp.inner.inbox));
+        CurrentGuard {
+            lp: lp.clone(),
+            prev,
+            prev_local,
+        }
     }
 }
 
 impl Drop for CurrentGuard {
     fn drop(&mut self) {
+        let left = local_exit(self.prev_local.take().unwrap_or_default());
+        if !left.is_empty() {
+            match self.lp.inner.ready.try_borrow_mut() {
+                Ok(mut ready) => left.into_iter().for_each(|r| ready.push(r)),
+                // Never drop a wake: the inbox takes it (the local queue has
+                // its previous owner back, so this is the locked path).
+                Err(_) => left.into_iter().for_each(|r| self.lp.inner.inbox.push(r)),
+            }
+        }
         let prev = self.prev.take();
         let _ = CURRENT.try_with(|c| c.replace(prev));
     }
@@ -271,9 +291,13 @@ impl Loop {
         let charge = self.inner.budget.charge(cost)?;
         let seq = self.inner.procs.borrow_mut().next_seq();
         let inbox = self.inner.inbox.clone();
+        let table = self.weak();
         let fut = async move {
             let _charge = charge;
-            f.await
+            f.await;
+            if let Some(lp) = table.upgrade() {
+                lp.procs.borrow_mut().note_finished(seq);
+            }
         };
         let (runnable, task) = async_task::Builder::new()
             .metadata(ProcMeta { seq, class })
@@ -445,9 +469,9 @@ impl Loop {
         let outer = self.inner.polling.replace(Some(seq));
         r.run();
         self.inner.polling.set(outer);
-        let (gone, task) = self.inner.procs.borrow_mut().reap(seq);
-        drop(task);
-        if gone {
+        let gone = self.inner.procs.borrow_mut().reap_after_run(seq);
+        for (seq, task) in gone {
+            drop(task);
             self.trace(TraceKind::Exit, seq);
         }
     }
