@@ -30,6 +30,10 @@ use std::sync::{Arc, OnceLock};
 
 /// Bytes charged to the loop's [`Budget`] per process, on top of the future's size.
 pub(crate) const PROC_OVERHEAD: u64 = 128;
+/// Longest single `epoll_wait` (~24.8 days, the largest millisecond timeout
+/// plain `epoll_pwait` takes; kernels before 5.11 lack `epoll_pwait2`). A
+/// farther deadline just parks again.
+const MAX_PARK: std::time::Duration = std::time::Duration::from_millis(i32::MAX as u64);
 /// Bytes charged per scheduling class.
 pub(crate) const CLASS_COST: u64 = 64;
 
@@ -420,7 +424,7 @@ impl Loop {
             .timers
             .borrow()
             .next_deadline()
-            .map(|d| d.saturating_duration_since(self.now()));
+            .map(|d| d.saturating_duration_since(self.now()).min(MAX_PARK));
         if !self.inner.inbox.try_park() {
             return Ok(());
         }
