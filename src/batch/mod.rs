@@ -75,9 +75,13 @@ mod driver;
 mod engine;
 mod fence;
 pub(crate) mod group;
+pub mod placement;
+pub mod router;
 mod step;
 
 pub use api::Group;
+pub use placement::{LoopNodes, loop_for, place};
+pub use router::Router;
 pub use step::{AsyncStep, Complete, Exec, ExecStatus, Item, Step, StepFn, StepResult, step_fn};
 
 use std::num::NonZeroU64;
