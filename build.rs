@@ -1,1 +1,3 @@
-fn main() { println!("cargo:rerun-if-changed=kernels"); }
+fn main() {
+    println!("cargo:rerun-if-changed=kernels");
+}
