@@ -75,6 +75,8 @@ use super::sync_facade::{AtomicU64, Ordering, UnsafeCell, fence, spin_hint};
 use crate::{Error, Result};
 
 pub(crate) mod admission;
+#[doc(hidden)]
+pub mod bench_support;
 #[cfg(all(test, loom))]
 mod loom_models;
 #[cfg(all(test, not(loom)))]

@@ -187,7 +187,7 @@ fn close_races_submit() {
 fn admission_submit_then_cancel_with_pools() {
     loom::model(|| {
         let (shared, mut inbox) =
-            Admission::<u32>::new(1, Arc::new(HandleSpace::default())).unwrap();
+            Admission::<u32>::new(1, std::sync::Arc::new(HandleSpace::default())).unwrap();
         let s2 = shared.clone();
         let producer = thread::spawn(move || {
             let h = s2.submit(9, 1).unwrap();
