@@ -360,6 +360,12 @@ impl<T> Ring<T> {
         Pop::Item(value)
     }
 
+    /// Whether the value at the consumer's `head` is written and ready to pop
+    /// (a reserved-but-unwritten position reads `false`).
+    pub(crate) fn has_ready(&self, key: &ConsumerKey) -> bool {
+        self.slot(key.head).stamp.load(Ordering::Acquire) == key.head + 1
+    }
+
     /// Closes the ring to submits (not to controls); returns the close
     /// position: every submit reserved before close has a position below it.
     /// Idempotent (a second call returns the current tail position, which is

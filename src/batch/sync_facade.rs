@@ -12,9 +12,9 @@
 //! access and report a data race (a slot written twice, or read while written).
 
 #[cfg(all(test, loom))]
-pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 #[cfg(not(all(test, loom)))]
-pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 
 #[cfg(all(test, loom))]
 pub(crate) use loom::cell::UnsafeCell;

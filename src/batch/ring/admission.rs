@@ -21,15 +21,26 @@
 //! positions of all submits that reserved before it, so the driver knows when
 //! every racing hand-in has been drained ([`Inbox::submits_drained`], B-143).
 //! [`Inbox::finish`] refuses everything afterwards: controls then get `Inval`.
+//!
+//! # Doorbell (driver wake on push)
+//!
+//! The driver parks between iterations when it has nothing to do. Before it
+//! parks it calls [`Inbox::arm`] with its waker: store `armed`, SeqCst fence,
+//! look at the ring. A producer, after publishing its slot (Release stamp),
+//! issues a SeqCst fence and reads `armed`. By the fences' total order either
+//! the driver sees the slot (and does not park) or the producer sees `armed`
+//! and wakes it (a cross-thread wake of the rt loop, through its eventfd).
+//! While the driver is not armed a push costs a fence and a load, no wake.
 #![deny(unsafe_code)]
 
 use std::num::NonZeroU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Waker;
 
 use crossbeam_utils::CachePadded;
 
 use super::{Class, ConsumerKey, Pop, Refusal, Ring};
-use crate::batch::sync_facade::{AtomicU64, AtomicUsize, Ordering};
+use crate::batch::sync_facade::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use crate::{Error, Result};
 
 /// The group's single monotonic handle space, shared by owner-loop submits and
@@ -169,6 +180,42 @@ pub(crate) enum HandIn<R> {
 /// A refused submit hand-in: the error and the request, handed back.
 pub(crate) type SubmitRefused<R> = (Error, R);
 
+/// Wakes the parked driver when a hand-in lands (see the module memo).
+#[derive(Debug, Default)]
+struct Doorbell {
+    armed: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Doorbell {
+    /// Producer side, after a successful push.
+    fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
+            let waker = self
+                .waker
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+
+    /// Consumer side: stores `waker` and arms; the caller must look at the
+    /// ring afterwards.
+    fn arm(&self, waker: &Waker) {
+        let mut slot = self.waker.lock().unwrap_or_else(PoisonError::into_inner);
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+        drop(slot);
+        self.armed.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+}
+
 /// State shared by every producer and the consumer.
 #[derive(Debug)]
 pub(crate) struct Admission<R> {
@@ -177,6 +224,7 @@ pub(crate) struct Admission<R> {
     controls: Pool,
     handles: Arc<HandleSpace>,
     rejections: CachePadded<AtomicU64>,
+    doorbell: Doorbell,
 }
 
 impl<R> Admission<R> {
@@ -207,6 +255,7 @@ impl<R> Admission<R> {
             controls: Pool::new(cap),
             handles,
             rejections: CachePadded::new(AtomicU64::new(0)),
+            doorbell: Doorbell::default(),
         });
         let inbox = Inbox {
             shared: Arc::clone(&shared),
@@ -257,7 +306,10 @@ impl<R> Admission<R> {
             charge,
         };
         match self.ring.push(record, Class::Submit) {
-            Ok(_) => Ok(handle),
+            Ok(_) => {
+                self.doorbell.ring();
+                Ok(handle)
+            }
             Err(refused) => {
                 self.submits.release();
                 let HandIn::Submit { request, .. } = refused.value else {
@@ -332,6 +384,23 @@ impl<R> Inbox<R> {
             Pop::Empty | Pop::Busy => {}
         }
         popped
+    }
+
+    /// Arms the doorbell with the driver's `waker` before it parks; returns
+    /// `true` when a hand-in is already ready (then the driver must not park:
+    /// no wake would come for it).
+    pub(crate) fn arm(&self, waker: &Waker) -> bool {
+        self.shared.doorbell.arm(waker);
+        let ready = self.shared.ring.has_ready(&self.key);
+        if ready {
+            self.disarm();
+        }
+        ready
+    }
+
+    /// Disarms the doorbell (the driver is running; pushes need not wake it).
+    pub(crate) fn disarm(&self) {
+        self.shared.doorbell.armed.store(false, Ordering::Relaxed);
     }
 
     /// Returns the SUBMIT record of a drained hand-in that was admitted (or

@@ -245,3 +245,84 @@ fn threaded_submit_cancel_close_race() {
         assert_eq!(shared.free_control_records(), 16);
     }
 }
+
+/// A waker that counts wakes and unparks the consumer thread.
+struct ThreadWaker {
+    wakes: std::sync::atomic::AtomicUsize,
+    thread: thread::Thread,
+}
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+fn thread_waker() -> (Arc<ThreadWaker>, std::task::Waker) {
+    let w = Arc::new(ThreadWaker {
+        wakes: Default::default(),
+        thread: thread::current(),
+    });
+    (w.clone(), std::task::Waker::from(w))
+}
+
+#[test]
+fn doorbell_wakes_an_armed_consumer_once_and_not_a_running_one() {
+    let (shared, mut inbox) = admission(4);
+    let (count, waker) = thread_waker();
+    shared.submit(1, 1).unwrap();
+    assert_eq!(count.wakes.load(Ordering::SeqCst), 0, "not armed: no wake");
+    assert!(inbox.arm(&waker), "a ready hand-in: do not park");
+    assert!(matches!(inbox.pop(), Pop::Item(_)));
+    inbox.release_submit();
+    assert!(!inbox.arm(&waker), "empty: park");
+    shared.submit(2, 1).unwrap();
+    shared.control(ControlOp::Cancel, nz(2)).unwrap();
+    assert_eq!(count.wakes.load(Ordering::SeqCst), 1, "one wake per arming");
+}
+
+/// Producers push while the consumer parks whenever the ring is empty; a wake
+/// that went missing would leave a ready hand-in behind a timed-out park.
+#[test]
+fn threaded_doorbell_loses_no_wake() {
+    const N: u32 = 20_000;
+    let (shared, mut inbox) = admission(8);
+    let (count, waker) = thread_waker();
+    let producers: Vec<_> = (0..2)
+        .map(|_| {
+            let shared = shared.clone();
+            thread::spawn(move || {
+                for i in 0..N {
+                    while shared.submit(i, 1).is_err() {
+                        thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    let (mut got, mut lost) = (0, 0);
+    while got < 2 * N {
+        match inbox.pop() {
+            Pop::Item(_) => {
+                inbox.release_submit();
+                got += 1;
+            }
+            Pop::Empty | Pop::Busy => {
+                let before = count.wakes.load(Ordering::SeqCst);
+                if !inbox.arm(&waker) {
+                    thread::park_timeout(std::time::Duration::from_secs(2));
+                    // Armed and not woken, yet a hand-in is ready: the
+                    // producer that pushed it did not ring.
+                    let woken = count.wakes.load(Ordering::SeqCst) != before;
+                    lost += usize::from(!woken && inbox.arm(&waker));
+                }
+                inbox.disarm();
+            }
+        }
+    }
+    for p in producers {
+        p.join().unwrap();
+    }
+    assert_eq!(lost, 0);
+}
