@@ -192,11 +192,13 @@ impl Doorbell {
     fn ring(&self) {
         fence(Ordering::SeqCst);
         if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
+            // Clone, not take: the driver may already have re-armed with the
+            // same waker, and a later producer must still find it.
             let waker = self
                 .waker
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .take();
+                .clone();
             if let Some(w) = waker {
                 w.wake();
             }
@@ -355,6 +357,52 @@ impl<R> Admission<R> {
     /// Free control records (for tests and statistics).
     pub(crate) fn free_control_records(&self) -> usize {
         self.controls.free()
+    }
+}
+
+/// A submit paused between reserving its slot and writing it (tests only:
+/// the ring's "producer still writing" state, on demand).
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct PausedSubmit<'a, R> {
+    shared: &'a Admission<R>,
+    reservation: super::Reservation,
+    record: HandIn<R>,
+}
+
+#[cfg(test)]
+impl<R> PausedSubmit<'_, R> {
+    /// The handle the submit will return.
+    pub(crate) fn handle(&self) -> NonZeroU64 {
+        match self.record {
+            HandIn::Submit { handle, .. } | HandIn::Control { handle, .. } => handle,
+        }
+    }
+
+    /// Writes the record and rings the doorbell.
+    pub(crate) fn commit(self) {
+        self.shared.ring.commit(self.reservation, self.record);
+        self.shared.doorbell.ring();
+    }
+}
+
+#[cfg(test)]
+impl<R> Admission<R> {
+    /// Claims, stamps and reserves like [`submit`](Admission::submit), but
+    /// leaves the write to [`PausedSubmit::commit`].
+    pub(crate) fn submit_paused(&self, request: R, charge: u64) -> PausedSubmit<'_, R> {
+        assert!(self.submits.claim(), "no SUBMIT record");
+        let handle = self.handles.issue().expect("handle");
+        let reservation = self.ring.reserve(Class::Submit).expect("slot");
+        PausedSubmit {
+            shared: self,
+            reservation,
+            record: HandIn::Submit {
+                handle,
+                request,
+                charge,
+            },
+        }
     }
 }
 

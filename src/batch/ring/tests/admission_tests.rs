@@ -311,11 +311,18 @@ fn threaded_doorbell_loses_no_wake() {
             Pop::Empty | Pop::Busy => {
                 let before = count.wakes.load(Ordering::SeqCst);
                 if !inbox.arm(&waker) {
-                    thread::park_timeout(std::time::Duration::from_secs(2));
-                    // Armed and not woken, yet a hand-in is ready: the
-                    // producer that pushed it did not ring.
-                    let woken = count.wakes.load(Ordering::SeqCst) != before;
-                    lost += usize::from(!woken && inbox.arm(&waker));
+                    // Park until woken. A park may also end early (a stale
+                    // unpark token), so only a wake ends the wait; a hand-in
+                    // that is ready while no wake came for 10 s was pushed by
+                    // a producer that did not ring: a lost wake.
+                    let start = std::time::Instant::now();
+                    while count.wakes.load(Ordering::SeqCst) == before {
+                        if start.elapsed() > std::time::Duration::from_secs(10) {
+                            lost += usize::from(inbox.arm(&waker));
+                            break;
+                        }
+                        thread::park_timeout(std::time::Duration::from_millis(100));
+                    }
                 }
                 inbox.disarm();
             }
