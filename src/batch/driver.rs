@@ -24,6 +24,7 @@ use std::task::{Poll, Waker};
 
 use super::api::Shared;
 use super::group::{Core, Member};
+use super::remote;
 use super::{Complete, Item, StepResult};
 use crate::error::Result;
 use crate::rt::{Pid, SchedClass};
@@ -193,7 +194,7 @@ impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
             boundary(sh, &mut p.complete).await;
             let n = {
                 let mut c = sh.core.borrow_mut();
-                if c.finished() {
+                if c.finished() && remote::may_finish(sh) {
                     break;
                 }
                 std::mem::swap(&mut c.ready, &mut p.fl.members);
@@ -209,6 +210,7 @@ impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
             }
             p.engine.iterate(sh, &mut p.fl, &mut p.bufs).await;
         }
+        remote::finish(sh); // cancel_mt/resume_mt: Inval from here on (B-143)
         self.normal = true;
     }
 }
@@ -234,9 +236,11 @@ impl<R: 'static, E, C> Drop for Driver<R, E, C> {
 async fn boundary<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
     // Ring hook: drain the cross-loop admission ring into `Core::hand_in` and
     // apply its controls here, before cancels are consumed.
+    remote::drain(sh);
     sh.core.borrow_mut().consume_cancels();
     deliver_all(sh, complete).await;
     sh.core.borrow_mut().admit();
+    remote::settle(sh); // SUBMIT records of hand-ins no longer held
 }
 
 /// Delivers every recorded outcome, recording each invocation first.
@@ -257,7 +261,7 @@ async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
 /// Parks the driver until a mutator signals boundary work.
 async fn park<R>(sh: &Shared<R>) {
     poll_fn(|cx| {
-        if sh.take_signal() {
+        if sh.take_signal() || remote::arm(sh, cx.waker()) {
             Poll::Ready(())
         } else {
             sh.set_waker(cx.waker());
@@ -278,8 +282,11 @@ async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
     };
     sh.core.borrow_mut().retire_delivery(); // an interrupted delivery (B-176)
     p.engine.teardown(&sh, &mut p.fl, &mut p.bufs).await;
+    remote::drain_for_exit(&sh).await; // hand-ins that raced the exit fail too
     sh.core.borrow_mut().fail_all_outstanding();
     deliver_all(&sh, &mut p.complete).await;
+    remote::settle(&sh);
+    remote::finish(&sh);
 }
 
 /// Spawns the driver and its finalizer (B-001); on failure nothing stays

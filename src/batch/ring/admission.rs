@@ -92,6 +92,12 @@ impl HandleSpace {
         }
     }
 
+    /// Test hook: the next handle issued is `last + 1` (`Range` once
+    /// `u64::MAX` was issued).
+    pub(crate) fn set_last(&self, last: u64) {
+        self.next.store(last.wrapping_add(1), Ordering::Relaxed);
+    }
+
     /// Whether `handle` has been issued (it may since have completed).
     pub(crate) fn is_issued(&self, handle: NonZeroU64) -> bool {
         let next = self.next.load(Ordering::Relaxed);
