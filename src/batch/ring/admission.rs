@@ -344,7 +344,10 @@ impl<R> Admission<R> {
             .ring
             .push(HandIn::Control { op, handle }, Class::Control)
         {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.doorbell.ring();
+                Ok(())
+            }
             Err(refused) => {
                 self.controls.release();
                 match refused.refusal {

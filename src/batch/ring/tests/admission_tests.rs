@@ -280,6 +280,10 @@ fn doorbell_wakes_an_armed_consumer_once_and_not_a_running_one() {
     shared.submit(2, 1).unwrap();
     shared.control(ControlOp::Cancel, nz(2)).unwrap();
     assert_eq!(count.wakes.load(Ordering::SeqCst), 1, "one wake per arming");
+    while let Pop::Item(_) = inbox.pop() {}
+    assert!(!inbox.arm(&waker));
+    shared.control(ControlOp::Resume, nz(2)).unwrap();
+    assert_eq!(count.wakes.load(Ordering::SeqCst), 2, "a control rings too");
 }
 
 /// Producers push while the consumer parks whenever the ring is empty; a wake
