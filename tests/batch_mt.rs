@@ -145,9 +145,7 @@ fn remote_is_nosys_without_mt_queue_cap_and_on_sync_groups() {
     let sync = Group::create(&lp, sync_opts(2, 2, 1), step, |_, _, _| {}).unwrap();
     assert_eq!(sync.remote().unwrap_err(), Error::Nosys);
     assert_eq!(sync.async_stats(), Default::default());
-    for g in [&g] {
-        g.close(CloseMode::Drain).unwrap();
-    }
+    g.close(CloseMode::Drain).unwrap();
     sync.close(CloseMode::Drain).unwrap();
     lp.run().unwrap();
 }

@@ -156,7 +156,7 @@ fn watchdog(round: u64, seed: u64) -> Sender<()> {
 
 fn round(round: u64, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mode = if round % 2 == 0 {
+    let mode = if round.is_multiple_of(2) {
         CloseMode::Drain
     } else {
         CloseMode::Cancel
@@ -169,7 +169,7 @@ fn round(round: u64, seed: u64) {
         .map(|p| {
             let prod = Producer {
                 remote: remote.clone(),
-                rng: fastrand::Rng::with_seed(seed ^ (p + 1) * 0x9e37_79b9),
+                rng: fastrand::Rng::with_seed(seed ^ ((p + 1) * 0x9e37_79b9)),
                 closed: closed.clone(),
                 log: ProducerLog::default(),
             };
