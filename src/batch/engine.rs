@@ -104,6 +104,7 @@ impl<R: 'static, A: AsyncStep<R> + 'static> Engine<R> for AsyncEngine<A> {
         };
         fl.phase = Phase::Waiting;
         let status = self.await_exec(sh, &items, exec, &mut fl.blocking).await;
+        count_status(&mut sh.core.borrow_mut(), status);
         fl.phase = Phase::Callback;
         let ret = {
             let _cb = InCallback::enter(sh);
@@ -258,6 +259,17 @@ impl<A> AsyncEngine<A> {
 /// status end every member with that status; a failed collect fails the
 /// vector; after TIMEOUT only DONE and ERROR are honoured (else `Again`);
 /// after OK the result words apply as for a step.
+/// Counts the wait's outcome (B-086, B-104), before collect runs, so a kill
+/// inside collect does not lose it.
+fn count_status<R>(c: &mut Core<R>, status: ExecStatus) {
+    let a = &mut c.astats;
+    match status {
+        ExecStatus::Timeout => a.offload_timeouts = a.offload_timeouts.saturating_add(1),
+        ExecStatus::Failed(_) => a.offload_errors = a.offload_errors.saturating_add(1),
+        _ => {}
+    }
+}
+
 fn record_async<R>(
     c: &mut Core<R>,
     members: &mut Vec<Member<R>>,
@@ -266,15 +278,6 @@ fn record_async<R>(
     ret: Result<()>,
     cancels: bool,
 ) {
-    match status {
-        ExecStatus::Timeout => {
-            c.astats.offload_timeouts = c.astats.offload_timeouts.saturating_add(1)
-        }
-        ExecStatus::Failed(_) => {
-            c.astats.offload_errors = c.astats.offload_errors.saturating_add(1)
-        }
-        _ => {}
-    }
     for (m, r) in members.drain(..).zip(results) {
         if cancels && c.is_cancelled(m.handle) {
             c.finish(m, Err(Error::Aborted), true);

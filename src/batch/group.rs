@@ -293,7 +293,7 @@ impl<R> Core<R> {
         }
     }
 
-    /// Close (B-128..B-131): DRAIN stops admission; CANCEL also cancels every
+    /// Close (B-131..B-135): DRAIN stops admission; CANCEL also cancels every
     /// nonterminal member; idempotent, escalates, never downgrades.
     pub(crate) fn close(&mut self, mode: CloseMode) {
         if self.closed != Some(CloseMode::Cancel) {
@@ -417,6 +417,16 @@ impl<R> Core<R> {
             StepResult::Done => self.finish(member, Ok(()), true),
             StepResult::Error(e) => self.finish(member, Err(e), true),
             StepResult::Unset => self.finish(member, Err(Error::Internal), true),
+        }
+    }
+
+    /// Puts CONTINUE members back into the ready list, leaving `members`
+    /// empty (a swap when the list is empty, as it is after a step).
+    pub(crate) fn keep_ready(&mut self, members: &mut Vec<Member<R>>) {
+        if self.ready.is_empty() {
+            std::mem::swap(&mut self.ready, members);
+        } else {
+            self.ready.append(members);
         }
     }
 
