@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::driver::{self, AsyncEngine, SyncEngine};
 use super::group::{Core, Limits};
+use super::remote::{self, MtState, Remote};
 use super::{
     AsyncOpts, AsyncStats, AsyncStep, CloseMode, Complete, Handle, HandleAlloc, Stats, Step,
 };
@@ -74,6 +75,8 @@ pub(crate) struct Shared<R> {
     class: RefCell<ClassReg>,
     class_opt: Option<SchedClass>,
     charge: RefCell<Option<Charge>>,
+    /// Cross-loop admission (`mt_queue_cap > 0`): the ring's consumer side.
+    pub(crate) mt: Option<RefCell<MtState<R>>>,
 }
 
 impl<R> Shared<R> {
@@ -241,12 +244,15 @@ impl<R: 'static> Group<R> {
         }
         let reg = ClassReg::register(lp, class.as_ref())?;
         let bytes = Core::<R>::storage_bytes(&l)?;
+        let bytes = (bytes.checked_add(remote::bytes_for::<R>(&l)?)).ok_or(Error::Range)?;
         let charge = lp.budget().charge(bytes)?;
         let core = Core::new(l)?;
+        let handles = HandleAlloc::new();
+        let mt = remote::create(&l, &handles)?;
         let sh = Rc::new(Shared {
             core: RefCell::new(core),
             lp: lp.clone(),
-            handles: HandleAlloc::new(),
+            handles,
             exec_timeout: timeout,
             signal: Cell::new(true),
             waker: Cell::new(None),
@@ -255,6 +261,7 @@ impl<R: 'static> Group<R> {
             class: RefCell::new(reg),
             class_opt: class,
             charge: RefCell::new(Some(charge)),
+            mt,
         });
         let (drv, fin) = driver::spawn(&sh, engine, complete, sh.class_opt.as_ref())?;
         sh.driver.set(Some(drv));
@@ -302,7 +309,13 @@ impl<R: 'static> Group<R> {
     /// mutator errors of [`Group::submit`].
     pub fn cancel(&self, h: Handle) -> Result<()> {
         self.sh.check_mutator()?;
-        self.sh.core.borrow_mut().cancel(h)?;
+        let known = self.sh.core.borrow_mut().cancel(h);
+        match known {
+            // Maybe a live mt hand-in not drained yet (B-076): `Again` if an
+            // earlier one is still being written.
+            Err(Error::Inval) => remote::owner_cancel(&self.sh, h)?,
+            other => other?,
+        }
         self.sh.signal();
         Ok(())
     }
@@ -328,6 +341,7 @@ impl<R: 'static> Group<R> {
     pub fn close(&self, mode: CloseMode) -> Result<()> {
         self.sh.check_mutator()?;
         self.sh.core.borrow_mut().close(mode);
+        remote::close(&self.sh); // submit_mt answers Again from here on (B-141)
         self.sh.signal();
         Ok(())
     }
@@ -378,7 +392,24 @@ impl<R: 'static> Group<R> {
 
     /// `xtc_batch_get_async_stats` (B-104, B-105): zero on a synchronous group.
     pub fn async_stats(&self) -> AsyncStats {
-        self.sh.core.borrow().astats
+        let mut a = self.sh.core.borrow().astats;
+        remote::add_stats(&self.sh, &mut a);
+        a
+    }
+
+    /// `xtc_batch_submit_mt` / `_cancel_mt` / `_resume_mt`: a [`Remote`] for
+    /// this group, usable from any loop or thread (B-106..B-127).
+    ///
+    /// # Errors
+    /// `Nosys` for a synchronous group or one created with `mt_queue_cap == 0`
+    /// (B-107), or without the `sched-policy` feature.
+    pub fn remote(&self) -> Result<Remote<R>>
+    where
+        R: Send,
+    {
+        feature_gate()?;
+        let mt = self.sh.mt.as_ref().ok_or(Error::Nosys)?;
+        Ok(mt.borrow().remote())
     }
 
     /// The driver's process id (for [`Loop::kill`] in tests and supervision).

@@ -24,6 +24,7 @@ use std::task::{Poll, Waker};
 
 use super::api::Shared;
 use super::group::{Core, Member};
+use super::remote;
 use super::{Complete, Item, StepResult};
 use crate::error::Result;
 use crate::rt::{Pid, SchedClass};
@@ -202,7 +203,7 @@ impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
             boundary(sh, &mut p.complete).await;
             let n = {
                 let mut c = sh.core.borrow_mut();
-                if c.finished() {
+                if c.finished() && remote::may_finish(sh) {
                     break;
                 }
                 std::mem::swap(&mut c.ready, &mut p.fl.members);
@@ -218,6 +219,7 @@ impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
             }
             p.engine.iterate(sh, &mut p.fl, &mut p.bufs).await;
         }
+        remote::finish(sh); // cancel_mt/resume_mt: Inval from here on (B-143)
         self.normal = true;
     }
 }
@@ -245,12 +247,15 @@ async fn boundary<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
     sh.core.borrow_mut().consume_cancels();
     deliver_all(sh, complete).await;
     sh.core.borrow_mut().admit();
+    remote::settle(sh); // SUBMIT records of hand-ins no longer held
 }
 
 /// The ring hook of the boundary: drains the cross-loop admission ring into
 /// `Core::hand_in` and applies its cancel/resume controls, before cancels are
-/// consumed (B-117, B-121, B-122). No ring yet: nothing to drain.
-fn drain_ring<R>(_sh: &Shared<R>) {}
+/// consumed (B-117, B-121, B-122). A group without one drains nothing.
+fn drain_ring<R>(sh: &Shared<R>) {
+    remote::drain(sh);
+}
 
 /// Delivers every recorded outcome, recording each invocation first.
 async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
@@ -270,7 +275,7 @@ async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
 /// Parks the driver until a mutator signals boundary work.
 async fn park<R>(sh: &Shared<R>) {
     poll_fn(|cx| {
-        if sh.take_signal() {
+        if sh.take_signal() || remote::arm(sh, cx.waker()) {
             Poll::Ready(())
         } else {
             sh.set_waker(cx.waker());
@@ -291,8 +296,11 @@ async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
     };
     sh.core.borrow_mut().retire_delivery(); // an interrupted delivery (B-176)
     p.engine.teardown(&sh, &mut p.fl, &mut p.bufs).await;
+    remote::drain_for_exit(&sh).await; // hand-ins that raced the exit fail too
     sh.core.borrow_mut().fail_all_outstanding();
     deliver_all(&sh, &mut p.complete).await;
+    remote::settle(&sh);
+    remote::finish(&sh);
 }
 
 /// Spawns the driver and its finalizer (B-001); on failure nothing stays
