@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::driver::{self, AsyncEngine, SyncEngine};
 use super::group::{Core, Limits};
+use super::remote::{self, MtState, Remote};
 use super::{
     AsyncOpts, AsyncStats, AsyncStep, CloseMode, Complete, Handle, HandleAlloc, Stats, Step,
 };
@@ -74,10 +75,12 @@ pub(crate) struct Shared<R> {
     class: RefCell<ClassReg>,
     class_opt: Option<SchedClass>,
     charge: RefCell<Option<Charge>>,
+    /// Cross-loop admission (`mt_queue_cap > 0`): the ring's consumer side.
+    pub(crate) mt: Option<RefCell<MtState<R>>>,
 }
 
 impl<R> Shared<R> {
-    /// Signals boundary work to the driver and wakes it (B-131).
+    /// Signals boundary work to the driver and wakes it (B-135).
     pub(crate) fn signal(&self) {
         self.signal.set(true);
         if let Some(w) = self.waker.take() {
@@ -96,7 +99,7 @@ impl<R> Shared<R> {
     }
 
     /// Mutation is allowed during pre-run setup and, once the loop has run,
-    /// only from a process of the owner loop (B-140..B-142).
+    /// only from a process of the owner loop (B-128, B-130).
     fn check_owner(&self) -> Result<()> {
         if !self.lp.has_run() {
             return Ok(());
@@ -135,7 +138,7 @@ fn feature_gate() -> Result<()> {
 /// step) or [`Group::create_async`] (submit / collect); requests go in with
 /// [`Group::submit`] and come back by value through the `complete` callback.
 /// Lifetime: [`close`](Group::close), run the loop until the driver ends,
-/// [`destroy`](Group::destroy) (B-132..B-135).
+/// [`destroy`](Group::destroy) (B-136..B-139).
 pub struct Group<R: 'static> {
     sh: Rc<Shared<R>>,
 }
@@ -241,12 +244,15 @@ impl<R: 'static> Group<R> {
         }
         let reg = ClassReg::register(lp, class.as_ref())?;
         let bytes = Core::<R>::storage_bytes(&l)?;
+        let bytes = (bytes.checked_add(remote::bytes_for::<R>(&l)?)).ok_or(Error::Range)?;
         let charge = lp.budget().charge(bytes)?;
         let core = Core::new(l)?;
+        let handles = HandleAlloc::new();
+        let mt = remote::create(&l, &handles)?;
         let sh = Rc::new(Shared {
             core: RefCell::new(core),
             lp: lp.clone(),
-            handles: HandleAlloc::new(),
+            handles,
             exec_timeout: timeout,
             signal: Cell::new(true),
             waker: Cell::new(None),
@@ -255,6 +261,7 @@ impl<R: 'static> Group<R> {
             class: RefCell::new(reg),
             class_opt: class,
             charge: RefCell::new(Some(charge)),
+            mt,
         });
         let (drv, fin) = driver::spawn(&sh, engine, complete, sh.class_opt.as_ref())?;
         sh.driver.set(Some(drv));
@@ -302,7 +309,13 @@ impl<R: 'static> Group<R> {
     /// mutator errors of [`Group::submit`].
     pub fn cancel(&self, h: Handle) -> Result<()> {
         self.sh.check_mutator()?;
-        self.sh.core.borrow_mut().cancel(h)?;
+        let known = self.sh.core.borrow_mut().cancel(h);
+        match known {
+            // Maybe a live mt hand-in not drained yet (B-076): `Again` if an
+            // earlier one is still being written.
+            Err(Error::Inval) => remote::owner_cancel(&self.sh, h)?,
+            other => other?,
+        }
         self.sh.signal();
         Ok(())
     }
@@ -321,13 +334,14 @@ impl<R: 'static> Group<R> {
 
     /// `xtc_batch_close`: stops admission; `Cancel` also cancels every
     /// nonterminal member. Idempotent; escalates, never downgrades; always
-    /// signals boundary work (B-128..B-131).
+    /// signals boundary work (B-131..B-135).
     ///
     /// # Errors
     /// The mutator errors of [`Group::submit`].
     pub fn close(&self, mode: CloseMode) -> Result<()> {
         self.sh.check_mutator()?;
         self.sh.core.borrow_mut().close(mode);
+        remote::close(&self.sh); // submit_mt answers Again from here on (B-141)
         self.sh.signal();
         Ok(())
     }
@@ -378,7 +392,24 @@ impl<R: 'static> Group<R> {
 
     /// `xtc_batch_get_async_stats` (B-104, B-105): zero on a synchronous group.
     pub fn async_stats(&self) -> AsyncStats {
-        self.sh.core.borrow().astats
+        let mut a = self.sh.core.borrow().astats;
+        remote::add_stats(&self.sh, &mut a);
+        a
+    }
+
+    /// `xtc_batch_submit_mt` / `_cancel_mt` / `_resume_mt`: a [`Remote`] for
+    /// this group, usable from any loop or thread (B-106..B-127).
+    ///
+    /// # Errors
+    /// `Nosys` for a synchronous group or one created with `mt_queue_cap == 0`
+    /// (B-107), or without the `sched-policy` feature.
+    pub fn remote(&self) -> Result<Remote<R>>
+    where
+        R: Send,
+    {
+        feature_gate()?;
+        let mt = self.sh.mt.as_ref().ok_or(Error::Nosys)?;
+        Ok(mt.borrow().remote())
     }
 
     /// The driver's process id (for [`Loop::kill`] in tests and supervision).
@@ -387,7 +418,9 @@ impl<R: 'static> Group<R> {
     }
 
     /// The finalizer's process id: parked until the driver ends; finalizes
-    /// outstanding work after an unexpected driver exit.
+    /// outstanding work after an unexpected driver exit. Exposed for
+    /// supervision and tests; killing it forfeits the exactly-once delivery
+    /// that it provides after a driver kill.
     pub fn finalizer_pid(&self) -> Pid {
         self.sh.finalizer.get().expect("set at create")
     }
@@ -408,5 +441,44 @@ impl<R: 'static> Group<R> {
     #[allow(dead_code)]
     pub(crate) fn shared(&self) -> &Rc<Shared<R>> {
         &self.sh
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{Item, StepResult, step_fn};
+    use crate::rt::Sim;
+
+    #[test]
+    fn class_registration_is_released_by_successful_destroy_only() {
+        let sim = Sim::new(1);
+        let lp = sim.new_loop();
+        let class = lp.new_class(3).unwrap();
+        let key = (lp.id(), class.id());
+        let step = step_fn(|_: &mut [Item<'_, u32>], r: &mut [StepResult]| {
+            r.fill(StepResult::Done);
+            Ok(())
+        });
+        let opts = SyncOpts {
+            capacity: 2,
+            max_active: 1,
+            resource_capacity: 1,
+            sched_class: Some(class),
+        };
+        let g = Group::create(&lp, opts, step, |_: Handle, _: u32, _: Result<()>| {}).unwrap();
+        assert!(classes().contains(&key));
+        g.close(CloseMode::Drain).unwrap();
+        assert_eq!(g.destroy(), Err(Error::Again));
+        assert!(
+            classes().contains(&key),
+            "a failed destroy keeps the registration"
+        );
+        sim.run_until_idle().unwrap();
+        g.destroy().unwrap();
+        assert!(
+            !classes().contains(&key),
+            "released by the successful destroy"
+        );
     }
 }

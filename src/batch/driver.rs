@@ -4,7 +4,7 @@
 //! recorded cancels, delivers recorded outcomes, and admits waiting members;
 //! then it hands the whole ready vector to the engine (one step, or one
 //! submit + wait + collect) and records the results. It parks when there is
-//! no ready member and wakes on any mutator's signal (B-131).
+//! no ready member and wakes on any mutator's signal (B-135).
 //!
 //! Exactly once across a kill (B-039, B-099..B-103): the driver future owns
 //! its callbacks and the frozen vector inside [`Driver`]; killing the driver
@@ -24,6 +24,7 @@ use std::task::{Poll, Waker};
 
 use super::api::Shared;
 use super::group::{Core, Member};
+use super::remote;
 use super::{Complete, Item, StepResult};
 use crate::error::Result;
 use crate::rt::{Pid, SchedClass};
@@ -114,20 +115,29 @@ impl<R> Drop for InCallback<'_, R> {
 
 /// Records a finished synchronous step (or OK collect): `Err(e)` fails the
 /// whole vector with `e` (B-037), otherwise each word applies (B-034..B-036).
+///
+/// CONTINUE members stay where they are and the vector becomes the ready
+/// list again (no per-member move on the hot path); only leaving or blocked
+/// members are extracted.
 pub(crate) fn record<R>(
     core: &mut Core<R>,
     members: &mut Vec<Member<R>>,
     results: &[StepResult],
     ret: Result<()>,
 ) {
-    match ret {
-        Ok(()) => {
-            for (m, r) in members.drain(..).zip(results) {
-                core.apply(m, *r);
-            }
-        }
-        Err(e) => fail_vector(core, members, e),
+    if let Err(e) = ret {
+        return fail_vector(core, members, e);
     }
+    let mut idx = 0;
+    let mut leaving = results.iter().filter(|r| **r != StepResult::Continue);
+    let moved = members.extract_if(.., |_| {
+        idx += 1;
+        results[idx - 1] != StepResult::Continue
+    });
+    for m in moved {
+        core.apply(m, *leaving.next().expect("one word per extracted member"));
+    }
+    core.keep_ready(members);
 }
 
 /// Fails every member of a vector with `err` (`Aborted` if cancelled).
@@ -193,7 +203,7 @@ impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
             boundary(sh, &mut p.complete).await;
             let n = {
                 let mut c = sh.core.borrow_mut();
-                if c.finished() {
+                if c.finished() && remote::may_finish(sh) {
                     break;
                 }
                 std::mem::swap(&mut c.ready, &mut p.fl.members);
@@ -209,6 +219,7 @@ impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
             }
             p.engine.iterate(sh, &mut p.fl, &mut p.bufs).await;
         }
+        remote::finish(sh); // cancel_mt/resume_mt: Inval from here on (B-143)
         self.normal = true;
     }
 }
@@ -232,11 +243,18 @@ impl<R: 'static, E, C> Drop for Driver<R, E, C> {
 /// drained (ring hook), then cancels consumed (B-048), recorded outcomes
 /// delivered (B-039) and waiting members admitted FCFS (B-021).
 async fn boundary<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
-    // Ring hook: drain the cross-loop admission ring into `Core::hand_in` and
-    // apply its controls here, before cancels are consumed.
+    drain_ring(sh);
     sh.core.borrow_mut().consume_cancels();
     deliver_all(sh, complete).await;
     sh.core.borrow_mut().admit();
+    remote::settle(sh); // SUBMIT records of hand-ins no longer held
+}
+
+/// The ring hook of the boundary: drains the cross-loop admission ring into
+/// `Core::hand_in` and applies its cancel/resume controls, before cancels are
+/// consumed (B-117, B-121, B-122). A group without one drains nothing.
+fn drain_ring<R>(sh: &Shared<R>) {
+    remote::drain(sh);
 }
 
 /// Delivers every recorded outcome, recording each invocation first.
@@ -257,7 +275,7 @@ async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
 /// Parks the driver until a mutator signals boundary work.
 async fn park<R>(sh: &Shared<R>) {
     poll_fn(|cx| {
-        if sh.take_signal() {
+        if sh.take_signal() || remote::arm(sh, cx.waker()) {
             Poll::Ready(())
         } else {
             sh.set_waker(cx.waker());
@@ -278,8 +296,11 @@ async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
     };
     sh.core.borrow_mut().retire_delivery(); // an interrupted delivery (B-176)
     p.engine.teardown(&sh, &mut p.fl, &mut p.bufs).await;
+    remote::drain_for_exit(&sh).await; // hand-ins that raced the exit fail too
     sh.core.borrow_mut().fail_all_outstanding();
     deliver_all(&sh, &mut p.complete).await;
+    remote::settle(&sh);
+    remote::finish(&sh);
 }
 
 /// Spawns the driver and its finalizer (B-001); on failure nothing stays
@@ -332,6 +353,35 @@ pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
         Err(e) => {
             let _ = lp.kill(fin_pid);
             Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Handle;
+
+    #[test]
+    fn recycled_item_vectors_keep_their_storage() {
+        let mut members: Vec<Member<u32>> = (1..=64)
+            .map(|i| Member {
+                handle: Handle::new(i).unwrap(),
+                charge: 1,
+                request: i as u32,
+            })
+            .collect();
+        let mut bufs = Bufs::<u32> {
+            results: Vec::new(),
+            items: Vec::with_capacity(64),
+        };
+        let ptr = bufs.items.as_ptr() as usize;
+        for _ in 0..3 {
+            let items = bufs.items(&mut members);
+            assert_eq!(items.len(), 64);
+            assert_eq!(items.as_ptr() as usize, ptr, "no reallocation");
+            bufs.give_back(items);
+            assert_eq!(bufs.items.capacity(), 64);
         }
     }
 }

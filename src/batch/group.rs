@@ -43,7 +43,6 @@ pub(crate) struct Terminal<R> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
     /// A cross-loop hand-in held for a slot (counts as queued, B-174).
-    #[allow(dead_code)] // entered through `Core::hand_in`, used by the ring
     Held,
     /// Holds a slot, waits for admission.
     Waiting,
@@ -217,6 +216,11 @@ impl<R> Core<R> {
         Ok(())
     }
 
+    /// Cross-loop hand-ins held for a slot.
+    pub(crate) fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
     /// Slots in use: waiting, active and recorded-but-undelivered members.
     pub(crate) fn slots_used(&self) -> usize {
         self.entries.len() - self.held.len()
@@ -234,7 +238,6 @@ impl<R> Core<R> {
 
     /// A cross-loop hand-in drained from the ring: waits for a slot when none
     /// is free (B-117, B-118). Never rejected once its handle was issued.
-    #[allow(dead_code)] // the cross-loop ring's entry point
     pub(crate) fn hand_in(&mut self, handle: Handle, charge: u64, request: R) {
         if self.held.is_empty() && self.slots_used() < self.limits.capacity {
             self.enqueue(handle, charge, request);
@@ -290,7 +293,7 @@ impl<R> Core<R> {
         }
     }
 
-    /// Close (B-128..B-131): DRAIN stops admission; CANCEL also cancels every
+    /// Close (B-131..B-135): DRAIN stops admission; CANCEL also cancels every
     /// nonterminal member; idempotent, escalates, never downgrades.
     pub(crate) fn close(&mut self, mode: CloseMode) {
         if self.closed != Some(CloseMode::Cancel) {
@@ -414,6 +417,16 @@ impl<R> Core<R> {
             StepResult::Done => self.finish(member, Ok(()), true),
             StepResult::Error(e) => self.finish(member, Err(e), true),
             StepResult::Unset => self.finish(member, Err(Error::Internal), true),
+        }
+    }
+
+    /// Puts CONTINUE members back into the ready list, leaving `members`
+    /// empty (a swap when the list is empty, as it is after a step).
+    pub(crate) fn keep_ready(&mut self, members: &mut Vec<Member<R>>) {
+        if self.ready.is_empty() {
+            std::mem::swap(&mut self.ready, members);
+        } else {
+            self.ready.append(members);
         }
     }
 

@@ -58,7 +58,7 @@
 //! - a callback counter in the core makes every mutator return `Deadlk` while
 //!   any callback of the group is in flight, from any process (B-041);
 //! - mutators run on the owner loop only once it has run (`Inval` from
-//!   elsewhere, B-140), and before the first run from the setup thread;
+//!   elsewhere, B-128, B-130), and before the first run from the setup thread;
 //! - the driver alone moves members between lists; mutators only record
 //!   (cancel flag, close mode) or move BLOCKED → READY (resume), then signal
 //!   the driver's boundary.
@@ -75,13 +75,20 @@ mod driver;
 mod engine;
 mod fence;
 pub(crate) mod group;
-mod step;
-
 pub mod placement;
 pub mod router;
+mod step;
+
+// Cross-loop admission (issue 8): the lock-free ring, its pools, the loom
+// facade, and the group-side glue with `Remote`.
+mod remote;
+#[doc(hidden)]
+pub mod ring; // public only for benches/ring.rs (bench_support)
+mod sync_facade;
 
 pub use api::Group;
 pub use placement::{LoopNodes, loop_for, loop_for_device, place};
+pub use remote::Remote;
 pub use router::Router;
 pub use step::{AsyncStep, Complete, Exec, ExecStatus, Item, Step, StepFn, StepResult, step_fn};
 
@@ -123,11 +130,11 @@ const GROUP_HANDLE_STRIDE: u64 = 1 << 32;
 static GROUP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// The group's handle allocator: shared (the cross-loop ring stamps handles
-/// from other threads), checked, never wrapping (B-027, B-028, B-116).
+/// from other threads), checked, never wrapping (B-027, B-028, B-116, B-120).
+/// A thin owner-side view of the ring's [`ring::admission::HandleSpace`].
 #[derive(Debug, Clone)]
 pub(crate) struct HandleAlloc {
-    /// The last handle issued (0: none yet).
-    last: Arc<AtomicU64>,
+    space: Arc<ring::admission::HandleSpace>,
 }
 
 impl HandleAlloc {
@@ -135,27 +142,29 @@ impl HandleAlloc {
     pub(crate) fn new() -> HandleAlloc {
         let seq = GROUP_SEQ.fetch_add(1, Ordering::Relaxed);
         let base = seq.checked_mul(GROUP_HANDLE_STRIDE).unwrap_or(0);
+        let first = NonZeroU64::new(base.saturating_add(1)).expect("base + 1 > 0");
         HandleAlloc {
-            last: Arc::new(AtomicU64::new(base)),
+            space: Arc::new(ring::admission::HandleSpace::starting_at(first)),
         }
     }
 
     /// Issues the next handle; `Range` once `u64::MAX` has been issued.
     pub(crate) fn alloc(&self) -> Result<Handle, Error> {
-        let prev = self
-            .last
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_add(1))
-            .map_err(|_| Error::Range)?;
-        Ok(Handle(NonZeroU64::new(prev + 1).expect("prev + 1 > 0")))
+        self.space.issue().map(Handle)
+    }
+
+    /// The shared space (the cross-loop ring stamps from it too).
+    pub(crate) fn space(&self) -> &Arc<ring::admission::HandleSpace> {
+        &self.space
     }
 
     /// Test hook: the next handle issued will be `last + 1`.
     pub(crate) fn set_last(&self, last: u64) {
-        self.last.store(last, Ordering::Release);
+        self.space.set_last(last);
     }
 }
 
-/// `xtc_batch_close` modes (B-128..B-131). `Cancel` > `Drain`: close may
+/// `xtc_batch_close` modes (B-131..B-135). `Cancel` > `Drain`: close may
 /// escalate, never downgrade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CloseMode {
