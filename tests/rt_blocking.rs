@@ -151,23 +151,3 @@ fn a_pool_shut_down_from_its_own_closure_does_not_wait_on_itself() {
     assert!(pool.is_shut_down());
     assert_eq!(pool.run(|| ()).unwrap_err(), Error::Again);
 }
-
-#[test]
-fn under_sim_blocking_run_runs_inline_on_the_sim_thread() {
-    let sim = rt::Sim::new(4);
-    let lp = sim.new_loop();
-    let me = std::thread::current().id();
-    let got = Rc::new(RefCell::new(Vec::new()));
-    let g = got.clone();
-    lp.spawn(async move {
-        let same = rt::blocking_run(move || std::thread::current().id() == me).unwrap();
-        assert!(same.is_ready(), "resolved before it is awaited");
-        let bad = rt::blocking_run(|| -> u8 { panic!("closure failure (expected by the test)") })
-            .unwrap();
-        let (same, bad) = (same.await.map(u8::from), bad.await);
-        g.borrow_mut().extend([same, bad]);
-    })
-    .unwrap();
-    sim.run_until_idle().unwrap();
-    assert_eq!(*got.borrow(), vec![Ok(1), Err(Error::Aborted)]);
-}

@@ -118,11 +118,6 @@ fn worker(rx: Receiver<Job>) {
 /// Runs `f` on the process-wide default pool (4 threads, 1024 queued closures,
 /// started on first use) and returns a future of its result.
 ///
-/// Under [`Sim`](super::Sim) (the current loop is a sim loop) `f` runs inline,
-/// at once, on the simulator's thread, and the future is already resolved:
-/// the simulator starts no thread and stays deterministic (a panic in `f`
-/// still resolves the future with `Aborted`).
-///
 /// # Errors
 /// `Again` when the closure is refused (queue full); `Internal` when the pool
 /// threads could not be started.
@@ -131,23 +126,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    if super::Loop::current().is_some_and(|l| l.is_sim()) {
-        return Ok(run_inline(f));
-    }
     static POOL: OnceLock<Result<BlockingPool>> = OnceLock::new();
     let pool = POOL.get_or_init(|| BlockingPool::new(DEFAULT_THREADS, DEFAULT_QUEUE));
     pool.as_ref().map_err(|e| *e)?.run(f)
-}
-
-/// Runs `f` now; its result (or `Aborted` if it panicked) resolves the future.
-fn run_inline<T, F>(f: F) -> Future<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> T + Send + 'static,
-{
-    let (fut, promise) = future_pair::<T>();
-    if let Ok(v) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
-        promise.set(Ok(v));
-    }
-    fut
 }
