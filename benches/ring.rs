@@ -1,0 +1,87 @@
+//! Admission ring speed (issue 8 targets): an uncontended `submit_mt` hand-in
+//! (claim a record, stamp a handle, push) should take at most 50 ns, and two
+//! producer threads together should get at least 10 M hand-ins/s drained by
+//! one consumer.
+//!
+//! `cargo bench --bench ring` (figures go to docs/arch/ring.md).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use xtc::batch::ring::bench_support::admission;
+
+/// Hand-ins timed per chunk; the consumer drains between chunks, untimed.
+const CHUNK: u64 = 256;
+
+fn uncontended_submit(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ring");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("submit_mt_uncontended", |b| {
+        let (producer, mut consumer) = admission(CHUNK as usize);
+        b.iter_custom(|iters| {
+            let mut timed = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(CHUNK);
+                let start = Instant::now();
+                for i in 0..n {
+                    assert!(producer.submit(black_box(i)));
+                }
+                timed += start.elapsed();
+                assert_eq!(consumer.drain() as u64, n);
+                left -= n;
+            }
+            timed
+        });
+    });
+    g.finish();
+}
+
+fn two_producers_drained(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ring");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("two_producers_drained", |b| {
+        b.iter_custom(|iters| {
+            let (producer, mut consumer) = admission(1024);
+            let go = Arc::new(AtomicBool::new(false));
+            let per = iters.div_ceil(2);
+            let producers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (p, go) = (producer.clone(), go.clone());
+                    thread::spawn(move || {
+                        while !go.load(Ordering::Acquire) {
+                            std::hint::spin_loop();
+                        }
+                        for i in 0..per {
+                            while !p.submit(i) {
+                                thread::yield_now();
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let start = Instant::now();
+            go.store(true, Ordering::Release);
+            let mut drained = 0;
+            while drained < 2 * per {
+                match consumer.drain() {
+                    0 => thread::yield_now(),
+                    n => drained += n as u64,
+                }
+            }
+            let elapsed = start.elapsed();
+            for p in producers {
+                p.join().unwrap();
+            }
+            elapsed
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, uncontended_submit, two_producers_drained);
+criterion_main!(benches);

@@ -1,0 +1,429 @@
+//! Cross-loop admission: [`Remote`] (`xtc_batch_submit_mt`, `_cancel_mt`,
+//! `_resume_mt`) and the driver's side of the ring, [`MtState`]
+//! (B-106..B-127, B-140..B-146).
+//!
+//! # Path of a hand-in
+//!
+//! 1. Any thread: [`Remote::submit`] claims a SUBMIT record, stamps a handle
+//!    from the group's one handle space, pushes the record on the lock-free
+//!    ring and returns the handle (B-116, B-121); the push rings the doorbell
+//!    if the driver is parked (a cross-thread wake of the owner loop).
+//! 2. Driver, at its next iteration boundary: [`MtState::drain`] pops the
+//!    ring in reservation order. A submit goes to the core's `hand_in`: it
+//!    gets a waiting slot if one is free and nothing is held, else it is held
+//!    in arrival order and takes the next freed slot before any later
+//!    submission; meanwhile an owner-loop submit answers `Again` (B-117,
+//!    B-118). A cancel or resume goes to the core wherever the request is
+//!    (held, waiting, active; a cancel of an in-flight member is recorded and
+//!    consumed at the completion boundary, B-122); for a completed handle the
+//!    core says `Inval` and the control is dropped: nothing is kept (B-123).
+//! 3. [`MtState::settle`] returns the SUBMIT record of every drained hand-in
+//!    that is no longer held (admitted, or ended `Aborted`), so
+//!    `mt_queue_cap` bounds accepted-but-unadmitted hand-ins (B-111) and held
+//!    hand-ins never take control records (B-112).
+//!
+//! # Close and teardown (B-140..B-146)
+//!
+//! `close` closes the ring to submits at once ([`MtState::close`]); hand-ins
+//! that reserved before it are drained and then run (DRAIN) or end `Aborted`
+//! (CANCEL). The driver finishes only when [`MtState::may_finish`] (every
+//! racing hand-in drained), then [`MtState::finish`] makes `cancel_mt` and
+//! `resume_mt` answer `Inval`. The ring's memory is reference-counted: a
+//! [`Remote`] used after destroy gets `Again`/`Inval`, never a freed-memory
+//! access (stronger than B-144's caller obligation, which still describes
+//! when calls are meaningful).
+#![deny(unsafe_code)]
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::task::Waker;
+
+use std::cell::RefCell;
+
+use super::api::Shared;
+use super::group::{Core, Limits};
+use super::ring::Pop;
+use super::ring::admission::{Admission, ControlOp, HandIn, HandleSpace, Inbox};
+use super::{AsyncStats, CloseMode, Handle, HandleAlloc, SubmitError};
+use crate::{Error, Result};
+
+/// What the driver's side needs from the group's core (all on the owner loop).
+pub(crate) trait Members<R> {
+    /// A drained submit: waiting slot or held (never refused, B-118).
+    fn hand_in(&mut self, handle: NonZeroU64, request: R, charge: u64);
+    /// Records a cancel; `false` if `handle` is not live (completed).
+    fn cancel(&mut self, handle: NonZeroU64) -> bool;
+    /// Resumes a BLOCKED member; `false` if not live or not resumable.
+    fn resume(&mut self, handle: NonZeroU64) -> bool;
+    /// Hand-ins currently held for a slot.
+    fn held_len(&self) -> usize;
+    /// Whether the group was closed with CANCEL.
+    fn cancelling(&self) -> bool;
+}
+
+fn handle_of(h: NonZeroU64) -> Handle {
+    Handle::new(h.get()).expect("nonzero")
+}
+
+impl<R> Members<R> for Core<R> {
+    fn hand_in(&mut self, handle: NonZeroU64, request: R, charge: u64) {
+        Core::hand_in(self, handle_of(handle), charge, request);
+    }
+    fn cancel(&mut self, handle: NonZeroU64) -> bool {
+        Core::cancel(self, handle_of(handle)).is_ok()
+    }
+    fn resume(&mut self, handle: NonZeroU64) -> bool {
+        Core::resume(self, handle_of(handle)).is_ok()
+    }
+    fn held_len(&self) -> usize {
+        Core::held_len(self)
+    }
+    fn cancelling(&self) -> bool {
+        self.closed == Some(CloseMode::Cancel)
+    }
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DrainEnd {
+    /// Nothing more on the ring.
+    Empty,
+    /// The next position is reserved but its producer is still writing.
+    Busy,
+}
+
+/// The driver's side of cross-loop admission (in the group's shared state).
+#[derive(Debug)]
+pub(crate) struct MtState<R> {
+    inbox: Inbox<R>,
+    /// Drained submits whose SUBMIT record is still claimed.
+    unreleased: usize,
+    resource_capacity: u64,
+}
+
+impl<R> MtState<R> {
+    /// Bytes charged for the ring and both record pools (B-109); the held
+    /// queue is part of the core's storage.
+    ///
+    /// # Errors
+    /// `Range` on arithmetic overflow.
+    pub(crate) fn bytes_for(cap: usize) -> Result<u64> {
+        Admission::<R>::bytes_for(cap)
+    }
+
+    /// Admission with `cap` records per pool, stamping from `handles`.
+    ///
+    /// # Errors
+    /// `Inval` for `cap == 0`; `Range` on size overflow.
+    pub(crate) fn new(
+        cap: usize,
+        handles: Arc<HandleSpace>,
+        resource_capacity: u64,
+    ) -> Result<Self> {
+        let (_, inbox) = Admission::new(cap, handles)?;
+        Ok(MtState {
+            inbox,
+            unreleased: 0,
+            resource_capacity,
+        })
+    }
+
+    /// A producer handle onto this ring.
+    pub(crate) fn remote(&self) -> Remote<R> {
+        Remote {
+            shared: self.inbox.shared().clone(),
+            resource_capacity: self.resource_capacity,
+        }
+    }
+
+    /// Pops everything ready, in reservation order, into `m` (B-117, B-122).
+    pub(crate) fn drain(&mut self, m: &mut impl Members<R>) -> DrainEnd {
+        self.inbox.disarm();
+        loop {
+            match self.inbox.pop() {
+                Pop::Item(HandIn::Submit {
+                    handle,
+                    request,
+                    charge,
+                }) => {
+                    self.unreleased += 1;
+                    m.hand_in(handle, request, charge);
+                    if m.cancelling() {
+                        m.cancel(handle); // close(CANCEL) ends it Aborted (B-142)
+                    }
+                }
+                Pop::Item(HandIn::Control { op, handle }) => {
+                    // `false`: completed (or not resumable): dropped (B-123).
+                    let _live = match op {
+                        ControlOp::Cancel => m.cancel(handle),
+                        ControlOp::Resume => m.resume(handle),
+                    };
+                }
+                Pop::Empty => return DrainEnd::Empty,
+                Pop::Busy => return DrainEnd::Busy,
+            }
+        }
+    }
+
+    /// Returns the SUBMIT records of drained hand-ins no longer held.
+    pub(crate) fn settle(&mut self, m: &impl Members<R>) {
+        while self.unreleased > m.held_len() {
+            self.inbox.release_submit();
+            self.unreleased -= 1;
+        }
+    }
+
+    /// Owner-loop cancel of a handle the core does not know: drains the ring
+    /// and cancels it if it was an mt hand-in not admitted yet (B-076).
+    ///
+    /// # Errors
+    /// `Again` when it is not found while an earlier position is still being
+    /// written (retry); `Inval` when it is not live (never issued, completed).
+    pub(crate) fn owner_cancel(
+        &mut self,
+        handle: NonZeroU64,
+        m: &mut impl Members<R>,
+    ) -> Result<()> {
+        if !self.inbox.shared().handles().is_issued(handle) {
+            return Err(Error::Inval);
+        }
+        let end = self.drain(m);
+        self.settle(m);
+        match (m.cancel(handle), end) {
+            (true, _) => Ok(()),
+            (false, DrainEnd::Busy) => Err(Error::Again),
+            (false, DrainEnd::Empty) => Err(Error::Inval),
+        }
+    }
+
+    /// Refuses later submits (B-141). Idempotent.
+    pub(crate) fn close(&mut self) {
+        self.inbox.close();
+    }
+
+    /// Whether every submit that raced close has been drained (B-143).
+    pub(crate) fn may_finish(&self) -> bool {
+        self.inbox.submits_drained()
+    }
+
+    /// The driver has finished: later `cancel_mt`/`resume_mt` get `Inval`.
+    pub(crate) fn finish(&mut self) {
+        self.inbox.finish();
+    }
+
+    /// Arms the doorbell before the driver parks; `true` when a hand-in is
+    /// already ready (do not park).
+    pub(crate) fn arm(&self, waker: &Waker) -> bool {
+        self.inbox.arm(waker)
+    }
+
+    /// Submit hand-ins drained so far (`mt_queued`).
+    pub(crate) fn mt_queued(&self) -> u64 {
+        self.inbox.submits_popped()
+    }
+
+    /// Refused mt calls so far (`mt_rejections`).
+    pub(crate) fn mt_rejections(&self) -> u64 {
+        self.inbox.shared().rejections()
+    }
+}
+
+/// Cross-loop admission to a [`Group`](super::Group): `xtc_batch_submit_mt`,
+/// `xtc_batch_cancel_mt`, `xtc_batch_resume_mt` (B-106..B-127).
+///
+/// Made by [`Group::remote`](super::Group::remote) on an asynchronous group
+/// created with `mt_queue_cap > 0`. `Send + Sync + Clone` when `R: Send`:
+/// callable from any loop or plain OS thread. The calls never block and
+/// allocate nothing: each claims a preallocated record, stamps, and pushes on
+/// a lock-free ring (B-110, B-113).
+///
+/// # Retrying on `Again`
+///
+/// There is no blocking submit (B-113). On `Again` back off and retry: a
+/// process of a loop yields ([`rt::yield_now`](crate::rt::yield_now)) or
+/// sleeps ([`rt::sleep`](crate::rt::sleep)); a plain thread yields its CPU
+/// ([`std::thread::yield_now`]) or sleeps. The ring empties at the driver's
+/// next iteration boundary and records return as hand-ins are admitted, so
+/// sleeps that start at tens of microseconds and grow (e.g. 20 µs doubling
+/// to 1 ms) avoid burning a core (B-114, B-115).
+///
+/// # Results on the submitter's loop
+///
+/// Completion still runs the group's `complete` callback on the driver loop
+/// (B-125). A submitter that wants the result on its own loop puts the
+/// [`rt::Promise`](crate::rt::Promise) half of an
+/// [`rt::future_pair`](crate::rt::future_pair) in the request; `complete`
+/// sets it and the submitter awaits the future (B-126; see
+/// `examples/cross_loop.rs`).
+pub struct Remote<R> {
+    shared: Arc<Admission<R>>,
+    resource_capacity: u64,
+}
+
+impl<R> Clone for Remote<R> {
+    fn clone(&self) -> Self {
+        Remote {
+            shared: self.shared.clone(),
+            resource_capacity: self.resource_capacity,
+        }
+    }
+}
+
+impl<R> std::fmt::Debug for Remote<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("mt_rejections", &self.shared.rejections())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R> Remote<R> {
+    /// `xtc_batch_submit_mt`: hands `request` with a fixed `charge` to the
+    /// driver and returns its handle at once, before admission (B-116). The
+    /// handle is returned only once the record is on the ring, so a cancel
+    /// or resume for it is always drained after it (B-121). Every `Ok` is
+    /// followed by exactly one completion (B-119).
+    ///
+    /// # Errors
+    /// The request comes back in [`SubmitError`] with: `Range` for a charge
+    /// outside `1..=resource_capacity` or an exhausted handle space (B-120);
+    /// `Again` when every SUBMIT record is in use (the ring is full) or the
+    /// group was closed (B-110, B-141); then no handle was issued. `Again`
+    /// counts in `mt_rejections`. See the type's doc for retrying.
+    pub fn submit(&self, request: R, charge: u64) -> Result<Handle, SubmitError<R>> {
+        if charge == 0 || charge > self.resource_capacity {
+            return Err(SubmitError {
+                error: Error::Range,
+                request,
+            });
+        }
+        match self.shared.submit(request, charge) {
+            Ok(h) => Ok(handle_of(h)),
+            Err((error, request)) => Err(SubmitError { error, request }),
+        }
+    }
+
+    /// `xtc_batch_cancel_mt`: cancels the request of `h` wherever it is
+    /// (held, waiting: it never runs; active; in flight: consumed at its
+    /// completion boundary), drained after the submit that issued `h`
+    /// (B-121, B-122). For a completed handle it is discarded at no cost
+    /// (B-123).
+    ///
+    /// # Errors
+    /// `Again` while every control record is in use (counted in
+    /// `mt_rejections`; retry); `Inval` for a handle this group never
+    /// issued, or once the driver has finished (B-143).
+    pub fn cancel(&self, h: Handle) -> Result<()> {
+        self.control(ControlOp::Cancel, h)
+    }
+
+    /// `xtc_batch_resume_mt`: resumes the request of `h` if it is BLOCKED
+    /// when the driver drains it (otherwise it is discarded, as for a
+    /// completed handle). Errors as [`Remote::cancel`].
+    pub fn resume(&self, h: Handle) -> Result<()> {
+        self.control(ControlOp::Resume, h)
+    }
+
+    fn control(&self, op: ControlOp, h: Handle) -> Result<()> {
+        let handle = NonZeroU64::new(h.get()).expect("handles are nonzero");
+        self.shared.control(op, handle)
+    }
+}
+
+// ---- Hooks called by the group (api.rs) and the driver (driver.rs). Each is
+// a no-op for a group without cross-loop admission.
+
+/// Bytes to charge at create for cross-loop admission (0 when disabled).
+pub(crate) fn bytes_for<R>(l: &Limits) -> Result<u64> {
+    match l.mt_queue_cap {
+        0 => Ok(0),
+        cap => MtState::<R>::bytes_for(cap),
+    }
+}
+
+/// The ring's consumer side for a group with `mt_queue_cap > 0`.
+pub(crate) fn create<R>(l: &Limits, handles: &HandleAlloc) -> Result<Option<RefCell<MtState<R>>>> {
+    if l.mt_queue_cap == 0 {
+        return Ok(None);
+    }
+    let mt = MtState::new(l.mt_queue_cap, handles.space().clone(), l.resource_capacity)?;
+    Ok(Some(RefCell::new(mt)))
+}
+
+/// Boundary, first step: drain the ring into the core (B-117).
+pub(crate) fn drain<R>(sh: &Shared<R>) {
+    if let Some(mt) = &sh.mt {
+        mt.borrow_mut().drain(&mut *sh.core.borrow_mut());
+    }
+}
+
+/// Boundary, last step: return records of hand-ins no longer held (B-111).
+pub(crate) fn settle<R>(sh: &Shared<R>) {
+    if let Some(mt) = &sh.mt {
+        mt.borrow_mut().settle(&*sh.core.borrow());
+    }
+}
+
+/// Owner-loop cancel of a handle the core does not know (B-076).
+pub(crate) fn owner_cancel<R>(sh: &Shared<R>, h: Handle) -> Result<()> {
+    let mt = sh.mt.as_ref().ok_or(Error::Inval)?;
+    let handle = NonZeroU64::new(h.get()).expect("handles are nonzero");
+    mt.borrow_mut()
+        .owner_cancel(handle, &mut *sh.core.borrow_mut())
+}
+
+/// `close` (either mode): the ring refuses submits from now on (B-141).
+pub(crate) fn close<R>(sh: &Shared<R>) {
+    if let Some(mt) = &sh.mt {
+        mt.borrow_mut().close();
+    }
+}
+
+/// Whether every hand-in that raced close has been drained (B-143).
+pub(crate) fn may_finish<R>(sh: &Shared<R>) -> bool {
+    sh.mt.as_ref().is_none_or(|mt| mt.borrow().may_finish())
+}
+
+/// The driver finished: controls answer `Inval` (B-143).
+pub(crate) fn finish<R>(sh: &Shared<R>) {
+    if let Some(mt) = &sh.mt {
+        mt.borrow_mut().finish();
+    }
+}
+
+/// Before the driver parks: arm the doorbell; `true` if a hand-in is ready.
+pub(crate) fn arm<R>(sh: &Shared<R>, waker: &Waker) -> bool {
+    sh.mt.as_ref().is_some_and(|mt| mt.borrow().arm(waker))
+}
+
+/// After an unexpected driver exit: close the ring and drain every hand-in
+/// that reserved before, so each gets its one completion (B-119). A producer
+/// still writing is waited for by yielding (it never blocks mid-write).
+pub(crate) async fn drain_for_exit<R>(sh: &Shared<R>) {
+    let Some(mt) = &sh.mt else {
+        return;
+    };
+    mt.borrow_mut().close();
+    loop {
+        {
+            let mut mt = mt.borrow_mut();
+            mt.drain(&mut *sh.core.borrow_mut());
+            if mt.may_finish() {
+                return;
+            }
+        }
+        crate::rt::yield_now().await;
+    }
+}
+
+/// `mt_queued` and `mt_rejections` of the async statistics (B-104).
+pub(crate) fn add_stats<R>(sh: &Shared<R>, a: &mut AsyncStats) {
+    if let Some(mt) = &sh.mt {
+        let mt = mt.borrow();
+        a.mt_queued = mt.mt_queued();
+        a.mt_rejections = mt.mt_rejections();
+    }
+}
+
+#[cfg(test)]
+mod tests;
