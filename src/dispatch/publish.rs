@@ -71,7 +71,7 @@ impl PublishBatch {
 /// Phase 4: dispatches MIX, then AIC and AIV (order flipped by thread parity).
 /// Returns (progress, entered_drain).
 pub(crate) fn dispatch_ready(sh: &Shared, t: usize) -> (bool, bool) {
-    let order = if t % 2 == 0 {
+    let order = if t.is_multiple_of(2) {
         [Shape::Mix, Shape::Aic, Shape::Aiv]
     } else {
         [Shape::Mix, Shape::Aiv, Shape::Aic]
