@@ -95,24 +95,32 @@ fn publication(args: &Args) -> xtc::Result<()> {
 
 fn stress() -> xtc::Result<()> {
     let s = Scheduler::new(DeviceProfile::a2a3())?;
-    let (mut drains, mut retries, mut stw, mut sync_f, mut sync_p) = (0, 0, 0, 0.0, 0);
     let rounds = 20u64;
-    for round in 0..rounds {
-        let r = s.run_threads(&sync_start_stress(24, round), RunOpts::default())?;
-        assert!(r.outputs_exact() && r.fault.is_none(), "round {round}");
-        drains += r.summary.drains;
-        retries += r.summary.drain_retries;
-        stw += r.summary.stw_ns;
-        sync_f += r.summary.fences_per_sync_pop;
-        sync_p += r.pops.iter().filter(|p| p.sync).count();
+    // Head-start sensitivity (reference §7.5): the sync_start exclusion on
+    // (shipped) and off (cross-task flush even for sync pops).
+    for exclusion in [true, false] {
+        let opts = RunOpts {
+            sync_exclusion: exclusion,
+            ..RunOpts::default()
+        };
+        let (mut drains, mut retries, mut stw, mut sync_f, mut sync_p) = (0, 0, 0, 0.0, 0);
+        for round in 0..rounds {
+            let r = s.run_threads(&sync_start_stress(24, round), opts.clone())?;
+            assert!(r.outputs_exact() && r.fault.is_none(), "round {round}");
+            drains += r.summary.drains;
+            retries += r.summary.drain_retries;
+            stw += r.summary.stw_ns;
+            sync_f += r.summary.fences_per_sync_pop;
+            sync_p += r.pops.iter().filter(|p| p.sync).count();
+        }
+        println!(
+            "stress (a2a3, 3 scheduler threads, real threads, {rounds} rounds x 54 tasks, \
+             exclusion {exclusion}): drains {drains}, retries {retries}, stop-the-world {} us \
+             total, sync pops {sync_p}, mean fences per sync pop {:.2}",
+            stw / 1000,
+            sync_f / rounds as f64
+        );
     }
-    println!(
-        "stress (a2a3, 3 scheduler threads, real threads, {rounds} rounds x 54 tasks): \
-         drains {drains}, retries {retries}, stop-the-world {} us total, \
-         sync pops {sync_p}, mean fences per sync pop {:.2}",
-        stw / 1000,
-        sync_f / rounds as f64
-    );
     Ok(())
 }
 

@@ -59,6 +59,8 @@ pub struct Counters {
     pub stw_ns: AtomicU64,
     /// Drains abandoned because the run completed (D-06/D-07).
     pub drains_abandoned: AtomicU64,
+    /// Cores prepared but not yet published when a drain was entered (D-05: 0).
+    pub unpublished_at_drain: AtomicU64,
     /// Next pop id.
     pub next_pop: AtomicU32,
 }
@@ -113,6 +115,8 @@ pub struct Summary {
     pub drain_retries: u64,
     /// Stop-the-world time, ns.
     pub stw_ns: u64,
+    /// Cores prepared but unpublished at drain entry (D-05 requires 0).
+    pub unpublished_at_drain: u64,
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -161,6 +165,7 @@ pub fn summarize(pops: &[PopRecord], events: &[CoreEvent], c: &Counters) -> Summ
         drains: c.drains.load(Ordering::Relaxed),
         drain_retries: c.drain_retries.load(Ordering::Relaxed),
         stw_ns: c.stw_ns.load(Ordering::Relaxed),
+        unpublished_at_drain: c.unpublished_at_drain.load(Ordering::Relaxed),
     }
 }
 

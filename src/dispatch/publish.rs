@@ -112,6 +112,7 @@ pub(crate) fn dispatch_shape(sh: &Shared, t: usize, shape: Shape) -> (bool, bool
             let spec = &sh.tasks[task].spec;
             if spec.sync_start && units.len() < spec.block_num as usize {
                 pb.flush(sh, &mut rec); // D-05
+                sh.check_published(&tr);
                 if !sh.drain.enter(sh, task, spec.block_num) {
                     sh.push_ready(task);
                 }
