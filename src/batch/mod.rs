@@ -1,1 +1,267 @@
-//! `batch` layer: see docs/ARCHITECTURE.md. (Filled by its issue.)
+//! `batch`: bounded continuous batching, the manual page `xtc_batch(3)`.
+//!
+//! A [`Group`] owns a pinned driver process on one [`rt::Loop`] (B-001).
+//! Requests are admitted first-come-first-served under a fixed resource
+//! charge; every iteration hands the whole ready vector to ONE call: a
+//! [`Step`] for a synchronous group, or an [`AsyncStep`]'s submit / collect
+//! pair around one awaited operation for an asynchronous group. Finished
+//! members leave and waiting members refill at the next boundary (B-003).
+//!
+//! # What the group owns
+//! - every accepted request `R`, from `submit` until it is handed back by
+//!   value to [`Complete::complete`] (a failed submit hands it back in
+//!   [`SubmitError`]);
+//! - `capacity` slots (waiting + active + recorded-but-undelivered members),
+//!   `max_active` active places and `resource_capacity` units, all storage
+//!   allocated and charged to the loop's [`rt::Budget`] before the driver is
+//!   published (B-017);
+//! - a handle allocator (`HandleAlloc`, a shared, checked, never-wrapping
+//!   `Arc<AtomicU64>` the cross-loop ring stamps from too, B-027, B-028);
+//! - two processes on the loop: the **driver** (runs iterations) and its
+//!   **finalizer** (parked until the driver ends; if the driver was killed it
+//!   runs the teardown callbacks). Destroy waits until both are gone from the
+//!   process table (B-147, B-148).
+//!
+//! # Member state machine
+//! ```text
+//!  submit ─► WAITING ──admit (FCFS, charge fits)──► READY ◄──resume── BLOCKED
+//!   (held ─► WAITING for ring hand-ins)               │  ▲                ▲
+//!                                                     ▼  │ CONTINUE       │ BLOCKED
+//!                                                 IN_FLIGHT (step / op + collect)
+//!                                                     │ DONE / ERROR / UNSET / cancel
+//!                                                     ▼
+//!                          TERMINAL (outcome recorded, charge released)
+//!                                                     │ completion invoked (recorded first)
+//!                                                     ▼
+//!                                            gone: handle stale (Inval)
+//! ```
+//! A cancel sets a flag; at the next boundary a cancelled WAITING, READY or
+//! BLOCKED member goes straight to TERMINAL(`Aborted`); an IN_FLIGHT one
+//! (asynchronous groups only: during a synchronous step every mutator is
+//! `Deadlk`) gets its `cancel_hint`, goes through collect, then ends `Aborted`.
+//!
+//! # Invariants
+//! - waiting + active + terminal ≤ `capacity`; active ≤ `max_active`;
+//!   reserved units ≤ `resource_capacity` (B-019..B-023);
+//! - admission is strict FCFS: the front of the queue blocks younger requests
+//!   (B-021);
+//! - exactly one completion per accepted submit: the invocation is recorded
+//!   (`Core::pop_delivery`) before user code runs, so the finalizer of a killed
+//!   driver retires an interrupted delivery instead of repeating it (B-039);
+//! - a member is never in a vector after its cancel was recorded (B-048), and
+//!   never resubmitted while its previous operation may still run (B-087).
+//!
+//! # Who may touch what
+//! - the core (`group::Core`) sits in a `RefCell` shared by the [`Group`]
+//!   handles, the driver and the finalizer; nobody holds the borrow across an
+//!   await, so [`Group::stats`] always reads committed state (B-043);
+//! - a callback counter in the core makes every mutator return `Deadlk` while
+//!   any callback of the group is in flight, from any process (B-041);
+//! - mutators run on the owner loop only once it has run (`Inval` from
+//!   elsewhere, B-140), and before the first run from the setup thread;
+//! - the driver alone moves members between lists; mutators only record
+//!   (cancel flag, close mode) or move BLOCKED → READY (resume), then signal
+//!   the driver's boundary.
+//!
+//! The iteration boundary (`driver::Driver::boundary`) is the one place where
+//! a cross-loop ring is drained (then cancels consumed, outcomes delivered,
+//! waiting members admitted).
+//!
+//! There is no hidden thread, periodic wake, clock read outside the loop's
+//! clock, or unseeded randomness in the engine (B-155).
+
+mod api;
+mod driver;
+mod engine;
+mod fence;
+pub(crate) mod group;
+mod step;
+
+pub use api::Group;
+pub use step::{AsyncStep, Complete, Exec, ExecStatus, Item, Step, StepFn, StepResult, step_fn};
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::rt;
+
+/// A request's identity within its group: nonzero, issued monotonically,
+/// never reused and never wrapping (B-027, B-028). Not transferable between
+/// groups (B-029): handle spaces of different groups are disjoint in practice
+/// (each group starts at its own base), so a foreign handle is `Inval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Handle(NonZeroU64);
+
+impl Handle {
+    /// The handle's `uint64_t` value.
+    pub fn get(self) -> u64 {
+        self.0.get()
+    }
+
+    /// A handle from its value; `None` for 0.
+    pub fn new(v: u64) -> Option<Handle> {
+        NonZeroU64::new(v).map(Handle)
+    }
+}
+
+impl std::fmt::Display for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Distance between the handle bases of successive groups (2^32 handles).
+const GROUP_HANDLE_STRIDE: u64 = 1 << 32;
+static GROUP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The group's handle allocator: shared (the cross-loop ring stamps handles
+/// from other threads), checked, never wrapping (B-027, B-028, B-116).
+#[derive(Debug, Clone)]
+pub(crate) struct HandleAlloc {
+    /// The last handle issued (0: none yet).
+    last: Arc<AtomicU64>,
+}
+
+impl HandleAlloc {
+    /// A fresh allocator whose handle space starts at this group's base.
+    pub(crate) fn new() -> HandleAlloc {
+        let seq = GROUP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let base = seq.checked_mul(GROUP_HANDLE_STRIDE).unwrap_or(0);
+        HandleAlloc {
+            last: Arc::new(AtomicU64::new(base)),
+        }
+    }
+
+    /// Issues the next handle; `Range` once `u64::MAX` has been issued.
+    pub(crate) fn alloc(&self) -> Result<Handle, Error> {
+        let prev = self
+            .last
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_add(1))
+            .map_err(|_| Error::Range)?;
+        Ok(Handle(NonZeroU64::new(prev + 1).expect("prev + 1 > 0")))
+    }
+
+    /// Test hook: the next handle issued will be `last + 1`.
+    pub(crate) fn set_last(&self, last: u64) {
+        self.last.store(last, Ordering::Release);
+    }
+}
+
+/// `xtc_batch_close` modes (B-128..B-131). `Cancel` > `Drain`: close may
+/// escalate, never downgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CloseMode {
+    /// Stop admission; accepted work finishes (BLOCKED members need resume or
+    /// cancel).
+    Drain,
+    /// Stop admission and cancel every nonterminal member.
+    Cancel,
+}
+
+/// `xtc_batch_stats_t` (B-172..B-178). Gauges: `queued` (waiting for
+/// admission, held hand-ins included), `ready` and `blocked` (active members),
+/// `reserved_units`. Cumulative counters saturate at `u64::MAX`; terminal
+/// counters advance after completion delivery returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Members waiting for admission (and held cross-loop hand-ins).
+    pub queued: u64,
+    /// Active members that are READY (in flight included).
+    pub ready: u64,
+    /// Active members that are BLOCKED.
+    pub blocked: u64,
+    /// Resource units reserved by active members.
+    pub reserved_units: u64,
+    /// Vector calls (steps, or submits of an async group).
+    pub iterations: u64,
+    /// Completions delivered with `Ok`.
+    pub completed: u64,
+    /// Completions delivered with `Aborted`.
+    pub cancelled: u64,
+    /// Completions delivered with any other error.
+    pub failed: u64,
+    /// Owner-loop submits that failed after owner/callback validation.
+    pub rejections: u64,
+    /// Largest ready vector so far.
+    pub max_vector: u64,
+    /// Sum of ready-vector lengths (occupancy).
+    pub total_members: u64,
+}
+
+/// `xtc_batch_async_stats_t` (B-104, B-105): zero on a synchronous group.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AsyncStats {
+    /// Operations launched (submit returned `Ok`).
+    pub offloads: u64,
+    /// Operations whose wait ended at `exec_timeout`.
+    pub offload_timeouts: u64,
+    /// Operations that could not be awaited (negative status).
+    pub offload_errors: u64,
+    /// Cross-loop hand-ins accepted onto the ring (maintained by the ring).
+    pub mt_queued: u64,
+    /// Cross-loop calls refused (maintained by the ring).
+    pub mt_rejections: u64,
+}
+
+/// A failed submit: the error and the request handed back (B-025).
+pub struct SubmitError<R> {
+    /// Why the submit failed (`Inval`, `Deadlk`, `Range`, `Again`, `Nosys`).
+    pub error: Error,
+    /// The request, untouched.
+    pub request: R,
+}
+
+impl<R> SubmitError<R> {
+    /// The request, handed back.
+    pub fn into_inner(self) -> R {
+        self.request
+    }
+}
+
+impl<R> std::fmt::Debug for SubmitError<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SubmitError({:?}, ..)", self.error)
+    }
+}
+
+impl<R> std::fmt::Display for SubmitError<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "submit failed: {}", self.error)
+    }
+}
+
+impl<R> std::error::Error for SubmitError<R> {}
+
+/// Options of [`Group::create`] (`xtc_batch_opts_t`, B-008..B-014).
+#[derive(Debug, Clone, Default)]
+pub struct SyncOpts {
+    /// Slots: waiting plus active requests; at least `max_active`.
+    pub capacity: usize,
+    /// Active members at most; positive.
+    pub max_active: usize,
+    /// Units active members may reserve together; positive.
+    pub resource_capacity: u64,
+    /// Class of the driver; must belong to the loop and to no other group.
+    pub sched_class: Option<rt::SchedClass>,
+}
+
+/// Options of [`Group::create_async`] (`xtc_batch_async_opts_t`, B-060).
+#[derive(Debug, Clone, Default)]
+pub struct AsyncOpts {
+    /// Slots: waiting plus active requests; at least `max_active`.
+    pub capacity: usize,
+    /// Active members at most; positive.
+    pub max_active: usize,
+    /// Units active members may reserve together; positive.
+    pub resource_capacity: u64,
+    /// Engine timeout of a FENCE or FUTURE wait; `None` (the page's 0): none.
+    /// Negative values are impossible by type.
+    pub exec_timeout: Option<Duration>,
+    /// Class of the driver; must belong to the loop and to no other group.
+    pub sched_class: Option<rt::SchedClass>,
+    /// Cross-loop admission ring size; 0 disables the `_mt` calls.
+    pub mt_queue_cap: usize,
+}

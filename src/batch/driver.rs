@@ -1,0 +1,337 @@
+//! The driver process and its finalizer.
+//!
+//! The driver loops over iterations: at each **boundary** it consumes
+//! recorded cancels, delivers recorded outcomes, and admits waiting members;
+//! then it hands the whole ready vector to the engine (one step, or one
+//! submit + wait + collect) and records the results. It parks when there is
+//! no ready member and wakes on any mutator's signal (B-131).
+//!
+//! Exactly once across a kill (B-039, B-099..B-103): the driver future owns
+//! its callbacks and the frozen vector inside [`Driver`]; killing the driver
+//! drops that future at its suspension point, and `Driver::drop` (the exit
+//! hook) hands them to the **finalizer**, a second process spawned at create
+//! that was parked on the exit slot. The finalizer retires an interrupted
+//! delivery (its invocation was recorded before user code ran), lets the
+//! engine tear down the in-flight vector (cancel hints, one collect with
+//! `Aborted`, or `Internal` for an interrupted step), fails every other
+//! member, and delivers every recorded outcome once. On a normal exit the
+//! finalizer simply ends.
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use super::api::Shared;
+use super::group::{Core, Member};
+use super::{Complete, Item, StepResult};
+use crate::error::Result;
+use crate::rt::{Pid, SchedClass};
+
+pub(crate) use super::engine::{AsyncEngine, SyncEngine};
+
+/// What the in-flight vector is doing; read by the finalizer after a kill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// No vector in flight.
+    Idle,
+    /// A synchronous step, an async submit or collect is running.
+    Callback,
+    /// An async operation is outstanding (submit returned `Ok`).
+    Waiting,
+}
+
+/// The frozen vector and its operation (owned by the driver future).
+pub(crate) struct InFlight<R> {
+    pub(crate) members: Vec<Member<R>>,
+    pub(crate) phase: Phase,
+    /// A BLOCKING closure's result: awaited even after a kill (B-103).
+    pub(crate) blocking: Option<crate::rt::Future<Result<()>>>,
+}
+
+/// Reused buffers: result words and the item vector.
+pub(crate) struct Bufs<R: 'static> {
+    pub(crate) results: Vec<StepResult>,
+    items: Vec<Item<'static, R>>,
+}
+
+impl<R: 'static> Bufs<R> {
+    /// Resets `n` result words to `Unset` (B-033).
+    pub(crate) fn reset_results(&mut self, n: usize) {
+        self.results.clear();
+        self.results.resize(n, StepResult::Unset);
+    }
+
+    /// Builds the item vector over `members`, reusing the buffer's storage.
+    pub(crate) fn items<'a>(&mut self, members: &'a mut [Member<R>]) -> Vec<Item<'a, R>> {
+        let mut v = recycle(std::mem::take(&mut self.items));
+        v.extend(members.iter_mut().map(|m| Item {
+            handle: m.handle,
+            request: &mut m.request,
+        }));
+        v
+    }
+
+    /// Returns the item vector's storage for the next iteration.
+    pub(crate) fn give_back(&mut self, items: Vec<Item<'_, R>>) {
+        self.items = recycle(items);
+    }
+}
+
+/// Reuses a vector's allocation for another lifetime (in-place collect of an
+/// empty iterator keeps the buffer).
+fn recycle<'a, 'b, R>(mut v: Vec<Item<'a, R>>) -> Vec<Item<'b, R>> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("cleared")).collect()
+}
+
+/// The step flavour of a group: synchronous step or asynchronous pair.
+pub(crate) trait Engine<R: 'static>: 'static {
+    /// Runs one iteration over `fl.members` (the frozen ready vector) and
+    /// records every member's result in the core.
+    async fn iterate(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, bufs: &mut Bufs<R>);
+
+    /// After a kill: finalizes the in-flight vector according to its phase.
+    async fn teardown(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, bufs: &mut Bufs<R>);
+}
+
+/// Counts a callback in flight (B-041) for the guard's lifetime; the count
+/// drops even when a kill drops the callback mid-way.
+pub(crate) struct InCallback<'a, R>(&'a RefCell<Core<R>>);
+
+impl<'a, R> InCallback<'a, R> {
+    pub(crate) fn enter(sh: &'a Shared<R>) -> Self {
+        sh.core.borrow_mut().in_callback += 1;
+        InCallback(&sh.core)
+    }
+}
+
+impl<R> Drop for InCallback<'_, R> {
+    fn drop(&mut self) {
+        self.0.borrow_mut().in_callback -= 1;
+    }
+}
+
+/// Records a finished synchronous step (or OK collect): `Err(e)` fails the
+/// whole vector with `e` (B-037), otherwise each word applies (B-034..B-036).
+pub(crate) fn record<R>(
+    core: &mut Core<R>,
+    members: &mut Vec<Member<R>>,
+    results: &[StepResult],
+    ret: Result<()>,
+) {
+    match ret {
+        Ok(()) => {
+            for (m, r) in members.drain(..).zip(results) {
+                core.apply(m, *r);
+            }
+        }
+        Err(e) => fail_vector(core, members, e),
+    }
+}
+
+/// Fails every member of a vector with `err` (`Aborted` if cancelled).
+pub(crate) fn fail_vector<R>(core: &mut Core<R>, members: &mut Vec<Member<R>>, err: crate::Error) {
+    for m in members.drain(..) {
+        let e = core.fail_outcome(m.handle, err);
+        core.finish(m, Err(e), true);
+    }
+}
+
+/// The driver's callbacks and buffers, handed to the finalizer on a kill.
+pub(crate) struct Parts<R: 'static, E, C> {
+    engine: E,
+    complete: C,
+    fl: InFlight<R>,
+    bufs: Bufs<R>,
+}
+
+enum Exit<P> {
+    Normal,
+    Killed(P),
+}
+
+/// Where the driver's exit hook leaves its parts for the finalizer.
+struct ExitSlot<P> {
+    exit: RefCell<Option<Exit<P>>>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl<P> ExitSlot<P> {
+    fn put(&self, e: Exit<P>) {
+        *self.exit.borrow_mut() = Some(e);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    async fn take(&self) -> Exit<P> {
+        poll_fn(|cx| match self.exit.borrow_mut().take() {
+            Some(e) => Poll::Ready(e),
+            None => {
+                self.waker.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// The driver process's state; its `Drop` is the exit hook.
+struct Driver<R: 'static, E, C> {
+    sh: Rc<Shared<R>>,
+    parts: Option<Parts<R, E, C>>,
+    exit: Rc<ExitSlot<Parts<R, E, C>>>,
+    normal: bool,
+}
+
+impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
+    async fn run(&mut self) {
+        let sh = &*self.sh;
+        let p = self.parts.as_mut().expect("parts present while running");
+        loop {
+            boundary(sh, &mut p.complete).await;
+            let n = {
+                let mut c = sh.core.borrow_mut();
+                if c.finished() {
+                    break;
+                }
+                std::mem::swap(&mut c.ready, &mut p.fl.members);
+                let n = p.fl.members.len();
+                if n > 0 {
+                    c.note_vector(n);
+                }
+                n
+            };
+            if n == 0 {
+                park(sh).await;
+                continue;
+            }
+            p.engine.iterate(sh, &mut p.fl, &mut p.bufs).await;
+        }
+        self.normal = true;
+    }
+}
+
+impl<R: 'static, E, C> Drop for Driver<R, E, C> {
+    fn drop(&mut self) {
+        {
+            let mut c = self.sh.core.borrow_mut();
+            c.driver_gone = true;
+            c.closed = Some(c.closed.unwrap_or(super::CloseMode::Drain)); // exit closes (B-039)
+        }
+        let exit = match (self.normal, self.parts.take()) {
+            (false, Some(p)) => Exit::Killed(p),
+            _ => Exit::Normal,
+        };
+        self.exit.put(exit);
+    }
+}
+
+/// The iteration boundary: the one place where cross-loop hand-ins are
+/// drained (ring hook), then cancels consumed (B-048), recorded outcomes
+/// delivered (B-039) and waiting members admitted FCFS (B-021).
+async fn boundary<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
+    // Ring hook: drain the cross-loop admission ring into `Core::hand_in` and
+    // apply its controls here, before cancels are consumed.
+    sh.core.borrow_mut().consume_cancels();
+    deliver_all(sh, complete).await;
+    sh.core.borrow_mut().admit();
+}
+
+/// Delivers every recorded outcome, recording each invocation first.
+async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
+    loop {
+        let next = sh.core.borrow_mut().pop_delivery();
+        let Some((h, request, outcome)) = next else {
+            break;
+        };
+        {
+            let _cb = InCallback::enter(sh);
+            complete.complete(h, request, outcome).await;
+        }
+        sh.core.borrow_mut().retire_delivery();
+    }
+}
+
+/// Parks the driver until a mutator signals boundary work.
+async fn park<R>(sh: &Shared<R>) {
+    poll_fn(|cx| {
+        if sh.take_signal() {
+            Poll::Ready(())
+        } else {
+            sh.set_waker(cx.waker());
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// The finalizer process: parked until the driver exits; after a kill it
+/// finishes every outstanding member exactly once.
+async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
+    sh: Rc<Shared<R>>,
+    slot: Rc<ExitSlot<Parts<R, E, C>>>,
+) {
+    let Exit::Killed(mut p) = slot.take().await else {
+        return;
+    };
+    sh.core.borrow_mut().retire_delivery(); // an interrupted delivery (B-176)
+    p.engine.teardown(&sh, &mut p.fl, &mut p.bufs).await;
+    sh.core.borrow_mut().fail_all_outstanding();
+    deliver_all(&sh, &mut p.complete).await;
+}
+
+/// Spawns the driver and its finalizer (B-001); on failure nothing stays
+/// published: a spawned driver is killed again.
+pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
+    sh: &Rc<Shared<R>>,
+    engine: E,
+    complete: C,
+    class: Option<&SchedClass>,
+) -> Result<(Pid, Pid)> {
+    let max = sh.core.borrow().limits.max_active;
+    let bufs = Bufs {
+        results: Vec::with_capacity(max),
+        items: Vec::with_capacity(max),
+    };
+    let fl = InFlight {
+        members: Vec::with_capacity(max),
+        phase: Phase::Idle,
+        blocking: None,
+    };
+    let slot = Rc::new(ExitSlot {
+        exit: RefCell::new(None),
+        waker: Cell::new(None),
+    });
+    let parts = Parts {
+        engine,
+        complete,
+        fl,
+        bufs,
+    };
+    let mut drv = Driver {
+        sh: sh.clone(),
+        parts: Some(parts),
+        exit: slot.clone(),
+        normal: false,
+    };
+    let fin = finalizer(sh.clone(), slot);
+    let lp = &sh.lp;
+    let fin_pid = match class {
+        Some(c) => lp.spawn_in(c, fin)?,
+        None => lp.spawn(fin)?,
+    };
+    let body = async move { drv.run().await };
+    let res = match class {
+        Some(c) => lp.spawn_in(c, body),
+        None => lp.spawn(body),
+    };
+    match res {
+        Ok(pid) => Ok((pid, fin_pid)),
+        Err(e) => {
+            let _ = lp.kill(fin_pid);
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! [`Loop`]: the single-threaded executor of processes.
+//!
+//! A loop is an `Rc` handle (`!Send`): its process table, ready set, timers and
+//! epoll registrations are touched only by the thread that runs it. Other
+//! threads reach it only through wakers, which push into the loop's inbox
+//! (see `proc_table`). A real loop and a [`Sim`](super::Sim) loop are the same
+//! type; the backend decides where time comes from and how the loop waits.
+//!
+//! One turn of a real loop: move the inbox into the ready set, fire due timers,
+//! run the processes that were ready at the start of the turn, then (only if
+//! nothing is ready) park in `epoll_wait` until the nearest timer, an fd event
+//! or an eventfd wake.
+
+use super::budget::Budget;
+use super::class::{ReadySet, SchedClass};
+use super::io::Poller;
+use super::proc_table::{Inbox, ProcMeta, ProcRunnable, ProcTable};
+use super::sim::{SimCore, TraceKind};
+use super::timer::Timers;
+use super::{Instant, LoopId, Pid};
+use crate::{Error, Result};
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::rc::{Rc, Weak};
+use std::sync::{Arc, OnceLock};
+
+/// Bytes charged to the loop's [`Budget`] per process, on top of the future's size.
+pub(crate) const PROC_OVERHEAD: u64 = 128;
+/// Bytes charged per scheduling class.
+pub(crate) const CLASS_COST: u64 = 64;
+
+thread_local! {
+    /// The loop whose process is being polled on this thread (rt rule: a thread
+    /// identity is not a loop identity, so this is set per run / per Sim step).
+    static CURRENT: RefCell<Option<Loop>> = const { RefCell::new(None) };
+}
+
+/// Makes a loop current for its lifetime; restores the previous one on drop.
+pub(crate) struct CurrentGuard {
+    prev: Option<Loop>,
+}
+
+impl CurrentGuard {
+    pub(crate) fn enter(lp: &Loop) -> CurrentGuard {
+        let prev = CURRENT.with(|c| c.replace(Some(lp.clone())));
+        CurrentGuard { prev }
+    }
+}
+
+impl Drop for CurrentGuard {
+    fn drop(&mut self) {
+        let prev = self.prev.take();
+        let _ = CURRENT.try_with(|c| c.replace(prev));
+    }
+}
+
+pub(crate) enum Backend {
+    Real(Poller),
+    Sim { core: Rc<SimCore>, idx: usize },
+}
+
+pub(crate) struct LoopInner {
+    pub(crate) id: LoopId,
+    pub(crate) inbox: Arc<Inbox>,
+    pub(crate) procs: RefCell<ProcTable>,
+    pub(crate) ready: RefCell<ReadySet>,
+    pub(crate) timers: RefCell<Timers>,
+    backend: Backend,
+    budget: Budget,
+    has_run: Cell<bool>,
+    running: Cell<bool>,
+    stopped: Cell<bool>,
+    /// Spare buffer swapped with the inbox's queue.
+    spare: RefCell<Vec<ProcRunnable>>,
+    /// Sequence number of the process being polled.
+    polling: Cell<Option<u64>>,
+}
+
+impl LoopInner {
+    pub(crate) fn poller(&self) -> Option<&Poller> {
+        match &self.backend {
+            Backend::Real(p) => Some(p),
+            Backend::Sim { .. } => None,
+        }
+    }
+
+    pub(crate) fn sim(&self) -> Option<(&Rc<SimCore>, usize)> {
+        match &self.backend {
+            Backend::Real(_) => None,
+            Backend::Sim { core, idx } => Some((core, *idx)),
+        }
+    }
+}
+
+/// A single-threaded executor of processes (`xtc_loop_t`).
+///
+/// Cheap to clone (an `Rc` handle); `!Send`: a loop lives on the thread that
+/// created it. See the [module docs](super) for the kill and current-loop rules.
+#[derive(Clone)]
+pub struct Loop {
+    inner: Rc<LoopInner>,
+    _not_send: PhantomData<Rc<()>>,
+}
+
+impl std::fmt::Debug for Loop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loop")
+            .field("id", &self.inner.id)
+            .field("sim", &self.is_sim())
+            .field("n_procs", &self.n_procs())
+            .finish()
+    }
+}
+
+/// Process-wide origin of real loops' clocks.
+fn epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+impl Loop {
+    /// A real loop: epoll instance, eventfd waker, unlimited budget.
+    ///
+    /// # Errors
+    /// `Internal` when the kernel refuses epoll or eventfd (fd exhaustion).
+    pub fn new() -> Result<Loop> {
+        Loop::with_budget(u64::MAX)
+    }
+
+    /// A real loop whose resource accountant allows `bytes` (see [`Budget`]).
+    ///
+    /// # Errors
+    /// As [`Loop::new`].
+    pub fn with_budget(bytes: u64) -> Result<Loop> {
+        let (poller, wake) = Poller::new()?;
+        Ok(Loop::build(Backend::Real(poller), Some(wake), bytes))
+    }
+
+    pub(crate) fn new_sim(core: Rc<SimCore>, idx: usize, bytes: u64) -> Loop {
+        Loop::build(Backend::Sim { core, idx }, None, bytes)
+    }
+
+    fn build(backend: Backend, wake: Option<rustix::fd::OwnedFd>, bytes: u64) -> Loop {
+        Loop {
+            inner: Rc::new(LoopInner {
+                id: LoopId::fresh(),
+                inbox: Arc::new(Inbox::new(wake)),
+                procs: RefCell::new(ProcTable::default()),
+                ready: RefCell::new(ReadySet::new()),
+                timers: RefCell::new(Timers::default()),
+                backend,
+                budget: Budget::new(bytes),
+                has_run: Cell::new(false),
+                running: Cell::new(false),
+                stopped: Cell::new(false),
+                spare: RefCell::new(Vec::new()),
+                polling: Cell::new(None),
+            }),
+            _not_send: PhantomData,
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &LoopInner {
+        &self.inner
+    }
+
+    pub(crate) fn weak(&self) -> Weak<LoopInner> {
+        Rc::downgrade(&self.inner)
+    }
+
+    /// The loop whose process is being polled on this thread (set by
+    /// [`Loop::run`] and by each [`Sim::step`](super::Sim::step)); `None`
+    /// outside. Under `Sim` several loops share a thread: this names the loop,
+    /// not the thread.
+    pub fn current() -> Option<Loop> {
+        CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
+    }
+
+    /// The pid of the process this loop is polling (`None` between polls).
+    pub fn polling(&self) -> Option<Pid> {
+        self.inner.polling.get().map(|s| Pid::new(self.id(), s))
+    }
+
+    /// This loop's process-wide unique id.
+    pub fn id(&self) -> LoopId {
+        self.inner.id
+    }
+
+    /// Whether this loop belongs to a [`Sim`](super::Sim).
+    pub fn is_sim(&self) -> bool {
+        self.inner.sim().is_some()
+    }
+
+    /// The loop's resource accountant.
+    pub fn budget(&self) -> &Budget {
+        &self.inner.budget
+    }
+
+    /// Whether the loop has run: set by the first [`run`](Loop::run), or by the
+    /// first [`Sim::step`](super::Sim::step) that polls one of its processes
+    /// (rt rule "create only before the loop's first run or simulation step").
+    pub fn has_run(&self) -> bool {
+        self.inner.has_run.get()
+    }
+
+    pub(crate) fn mark_run(&self) {
+        self.inner.has_run.set(true);
+    }
+
+    /// The loop's clock: monotonic real time for a real loop (never read by a
+    /// `Sim` loop), the virtual clock for a `Sim` loop.
+    pub fn now(&self) -> Instant {
+        match self.inner.sim() {
+            Some((core, _)) => core.now(),
+            None => {
+                let ns = epoch().elapsed().as_nanos();
+                Instant(u64::try_from(ns).unwrap_or(u64::MAX))
+            }
+        }
+    }
+
+    /// Processes in the table (killed ones count until their future is dropped).
+    pub fn n_procs(&self) -> usize {
+        self.inner.procs.borrow().len()
+    }
+
+    /// Whether `pid` is still in this loop's process table (false for a pid of
+    /// another loop).
+    pub fn is_alive(&self, pid: Pid) -> bool {
+        pid.loop_id() == self.id() && self.inner.procs.borrow().contains(pid.seq())
+    }
+
+    /// Spawns a process in the loop's default class.
+    ///
+    /// The process first runs on the loop's next turn (never inside `spawn`).
+    ///
+    /// # Errors
+    /// `Again` while the loop is stopped ([`stop`](Loop::stop) until the next
+    /// [`run`](Loop::run)); `Nomem` when the budget refuses the process's
+    /// charge (size of `f` + 128 bytes). Nothing is spawned on error.
+    pub fn spawn<F: Future<Output = ()> + 'static>(&self, f: F) -> Result<Pid> {
+        self.spawn_class(0, f)
+    }
+
+    /// Spawns a process into scheduling class `class` (see [`SchedClass`]).
+    ///
+    /// # Errors
+    /// `Inval` when `class` belongs to another loop; otherwise as [`spawn`](Loop::spawn).
+    pub fn spawn_in<F: Future<Output = ()> + 'static>(
+        &self,
+        class: &SchedClass,
+        f: F,
+    ) -> Result<Pid> {
+        if class.loop_id() != self.id() {
+            return Err(Error::Inval);
+        }
+        self.spawn_class(class.id(), f)
+    }
+
+    fn spawn_class<F: Future<Output = ()> + 'static>(&self, class: u32, f: F) -> Result<Pid> {
+        if self.inner.stopped.get() {
+            return Err(Error::Again);
+        }
+        let cost = PROC_OVERHEAD + std::mem::size_of::<F>() as u64;
+        let charge = self.inner.budget.charge(cost)?;
+        let seq = self.inner.procs.borrow_mut().next_seq();
+        let inbox = self.inner.inbox.clone();
+        let fut = async move {
+            let _charge = charge;
+            f.await
+        };
+        let (runnable, task) = async_task::Builder::new()
+            .metadata(ProcMeta { seq, class })
+            .spawn_local(move |_| fut, move |r| inbox.push(r));
+        self.inner.procs.borrow_mut().insert(seq, task);
+        self.trace(TraceKind::Spawn, seq);
+        runnable.schedule();
+        Ok(Pid::new(self.id(), seq))
+    }
+
+    /// Kills `pid`: its future is dropped at its next suspension point (a
+    /// parked process is woken to die; a process killing itself dies when its
+    /// current poll returns). Its `Drop` guards (exit hooks) run exactly once,
+    /// on this loop, with [`Loop::current`] set; they may spawn processes.
+    /// Killing a process already killed but not yet dropped is `Ok`.
+    ///
+    /// # Errors
+    /// `Inval` for a pid of another loop, or one no longer in the table.
+    pub fn kill(&self, pid: Pid) -> Result<()> {
+        if pid.loop_id() != self.id() {
+            return Err(Error::Inval);
+        }
+        let taken = self.inner.procs.borrow_mut().take_for_kill(pid.seq());
+        match taken {
+            None => Err(Error::Inval),
+            Some(task) => {
+                // Dropping the handle closes the cell; an idle cell is
+                // scheduled so the loop drops its future on its next turn.
+                drop(task);
+                self.trace(TraceKind::Kill, pid.seq());
+                Ok(())
+            }
+        }
+    }
+
+    /// Creates a scheduling class of this loop with relative `weight`.
+    ///
+    /// # Errors
+    /// `Inval` for weight 0; `Nomem` when the budget refuses 64 bytes.
+    pub fn new_class(&self, weight: u32) -> Result<SchedClass> {
+        if weight == 0 {
+            return Err(Error::Inval);
+        }
+        // The class lives as long as the loop: its charge is never released.
+        std::mem::forget(self.inner.budget.charge(CLASS_COST)?);
+        let idx = self.inner.ready.borrow_mut().add_class(weight);
+        Ok(SchedClass::new(self.id(), idx, weight))
+    }
+
+    /// Asks [`run`](Loop::run) to return at its next turn. Processes stay in
+    /// the table; [`spawn`](Loop::spawn) is refused (`Again`) until the next
+    /// `run`, which resumes the loop.
+    pub fn stop(&self) {
+        self.inner.stopped.set(true);
+    }
+
+    /// Whether the loop is stopped (see [`stop`](Loop::stop)).
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.get()
+    }
+
+    /// Runs the loop until no process remains or [`stop`](Loop::stop) is called.
+    ///
+    /// # Errors
+    /// `Inval` when called from inside a running loop or a `Sim` step (this
+    /// one or another), or on a `Sim` loop (use [`Sim::step`](super::Sim::step));
+    /// `Internal` if `epoll_wait` fails.
+    pub fn run(&self) -> Result<()> {
+        if Loop::current().is_some() || self.inner.running.get() {
+            return Err(Error::Inval);
+        }
+        let Some(poller) = self.inner.poller() else {
+            return Err(Error::Inval);
+        };
+        self.inner.stopped.set(false);
+        self.inner.running.set(true);
+        self.mark_run();
+        let _current = CurrentGuard::enter(self);
+        let res = self.run_turns(poller);
+        self.inner.running.set(false);
+        res
+    }
+
+    fn run_turns(&self, poller: &Poller) -> Result<()> {
+        loop {
+            self.drain_inbox();
+            self.fire_timers(self.now());
+            if self.inner.stopped.get() {
+                return Ok(());
+            }
+            let n = self.inner.ready.borrow().len();
+            if n == 0 {
+                if self.n_procs() == 0 {
+                    return Ok(());
+                }
+                self.park(poller)?;
+                continue;
+            }
+            for _ in 0..n {
+                let Some(r) = self.inner.ready.borrow_mut().pop() else {
+                    break;
+                };
+                self.run_one(r);
+                if self.inner.stopped.get() {
+                    break;
+                }
+            }
+            if poller.has_fds() {
+                poller.wait(Some(std::time::Duration::ZERO), None)?;
+            }
+        }
+    }
+
+    /// Parks in `epoll_wait` until the nearest timer, an fd event or a wake.
+    fn park(&self, poller: &Poller) -> Result<()> {
+        let timeout = self
+            .inner
+            .timers
+            .borrow()
+            .next_deadline()
+            .map(|d| d.saturating_duration_since(self.now()));
+        if !self.inner.inbox.try_park() {
+            return Ok(());
+        }
+        let res = poller.wait(timeout, self.inner.inbox.wake_fd());
+        self.inner.inbox.unpark();
+        res
+    }
+
+    /// Moves woken processes from the inbox into the ready set.
+    pub(crate) fn drain_inbox(&self) {
+        let mut buf = self.inner.spare.borrow_mut();
+        self.inner.inbox.drain_into(&mut buf);
+        if buf.is_empty() {
+            return;
+        }
+        let mut ready = self.inner.ready.borrow_mut();
+        for r in buf.drain(..) {
+            ready.push(r);
+        }
+    }
+
+    /// Wakes every timer due at `now` (in deadline order).
+    pub(crate) fn fire_timers(&self, now: Instant) {
+        let due = self.inner.timers.borrow_mut().take_due(now);
+        if due.is_empty() {
+            return;
+        }
+        due.into_iter().for_each(|w| w.wake());
+        self.drain_inbox();
+    }
+
+    /// Runs one process (poll, or drop if killed) and reaps it if its future is gone.
+    pub(crate) fn run_one(&self, r: ProcRunnable) {
+        let seq = r.metadata().seq;
+        self.trace(TraceKind::Poll, seq);
+        let outer = self.inner.polling.replace(Some(seq));
+        r.run();
+        self.inner.polling.set(outer);
+        let (gone, task) = self.inner.procs.borrow_mut().reap(seq);
+        drop(task);
+        if gone {
+            self.trace(TraceKind::Exit, seq);
+        }
+    }
+
+    fn trace(&self, kind: TraceKind, seq: u64) {
+        if let Some((core, idx)) = self.inner.sim() {
+            core.record(kind, idx, seq);
+        }
+    }
+
+    /// Pids in the table, ascending (stall reports).
+    pub(crate) fn pids(&self) -> Vec<Pid> {
+        let seqs = self.inner.procs.borrow().seqs();
+        seqs.into_iter().map(|s| Pid::new(self.id(), s)).collect()
+    }
+}
+
+impl Drop for LoopInner {
+    /// Teardown: closes every cell and drops every queued runnable, which
+    /// drops the futures (exit hooks run here, with no current loop).
+    fn drop(&mut self) {
+        let tasks = self.procs.get_mut().drain();
+        drop(tasks);
+        let wakers = self.timers.get_mut().clear();
+        drop(wakers);
+        loop {
+            let mut buf = Vec::new();
+            self.inbox.drain_into(&mut buf);
+            buf.extend(self.ready.get_mut().drain_all());
+            if buf.is_empty() {
+                break;
+            }
+            drop(buf);
+        }
+    }
+}
