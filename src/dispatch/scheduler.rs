@@ -281,9 +281,22 @@ pub struct RunReport {
     pub drains_abandoned: u64,
     /// Run's end time, ns.
     pub end_ns: u64,
+    /// Output slots of each task.
+    pub task_slots: Vec<std::ops::Range<usize>>,
+    /// Each task completed without a kernel fault.
+    pub task_completed_ok: Vec<bool>,
 }
 
 impl RunReport {
+    /// True when task `id` completed without a fault and each of its output
+    /// slots holds exactly its expected value (false for unknown ids).
+    pub fn task_exact(&self, id: usize) -> bool {
+        match (self.task_slots.get(id), self.task_completed_ok.get(id)) {
+            (Some(r), Some(&ok)) => ok && self.outputs[r.clone()] == self.expected[r.clone()],
+            _ => false,
+        }
+    }
+
     /// True when every output slot holds exactly its expected value.
     pub fn outputs_exact(&self) -> bool {
         self.outputs == self.expected
@@ -501,6 +514,16 @@ fn report(sh: &Shared) -> RunReport {
         verdicts: sh.verdicts.load(Ordering::Relaxed),
         drains_abandoned: sh.m.c.drains_abandoned.load(Ordering::Relaxed),
         end_ns: sh.now(),
+        task_slots: sh
+            .tasks
+            .iter()
+            .map(|t| t.out_base..t.out_base + t.total_sub as usize)
+            .collect(),
+        task_completed_ok: sh
+            .tasks
+            .iter()
+            .map(|t| t.completed.load(Ordering::Acquire) && !t.spec.fail)
+            .collect(),
         pops,
         events,
         summary,
