@@ -38,6 +38,14 @@ fn fault_during_drain(clusters: u32) -> Graph {
 /// and a peer waits in the ack barrier; then Y retires the fault, latches
 /// completed and leaves, while the peer is in the barrier.
 fn exit_while_peer_in_barrier(escapes: Escapes, seed: u64) -> Result<RunReport, RunError> {
+    let opts = RunOpts {
+        escapes,
+        ..RunOpts::default()
+    };
+    exit_while_peer_in_barrier_with(opts, seed)
+}
+
+fn exit_while_peer_in_barrier_with(opts: RunOpts, seed: u64) -> Result<RunReport, RunError> {
     let s = Scheduler::new(DeviceProfile::small()).unwrap();
     let g = fault_during_drain(s.profile().clusters as u32);
     let mut owner: Option<usize> = None;
@@ -62,10 +70,6 @@ fn exit_while_peer_in_barrier(escapes: Escapes, seed: u64) -> Result<RunReport, 
             released
         },
     );
-    let opts = RunOpts {
-        escapes,
-        ..RunOpts::default()
-    };
     let so = StepOpts {
         max_steps: 300_000,
         policy: Some(policy),
@@ -237,5 +241,48 @@ fn retry_aba_with_generation_tags_completes() {
         let r = r.expect("no hang with generation tags");
         assert!(r.fault.is_none() && r.outputs_exact());
         assert!(r.summary.drain_retries >= 1);
+    }
+}
+
+#[test]
+fn watchdog_latches_a_stalled_dispatch_loop() {
+    // A task running far past the watchdog: the owning thread sees no
+    // progress while it runs a task, and latches Internal.
+    let s = Scheduler::new(DeviceProfile::small()).unwrap();
+    let mut g = Graph::new();
+    g.add(TaskSpec::new(Shape::Aic, 1).lasting(5_000_000));
+    let opts = RunOpts {
+        watchdog_ns: 1_000_000,
+        ..RunOpts::default()
+    };
+    let r = s
+        .run_stepped(&g, opts.clone(), StepOpts::seeded(1))
+        .unwrap();
+    assert_eq!(r.fault, Some(Error::Internal));
+    assert!(
+        r.end_ns >= 1_000_000 && r.end_ns < 5_000_000,
+        "{}",
+        r.end_ns
+    );
+    // The same watchdog does not fire on a run that keeps progressing.
+    let r = s
+        .run_stepped(&sync_start_stress(6, 2), opts, StepOpts::seeded(2))
+        .unwrap();
+    assert!(r.fault.is_none() && r.outputs_exact());
+}
+
+#[test]
+fn the_watchdog_cannot_see_drain_spins() {
+    // Why the escapes are needed (D-13): with a watchdog far shorter than the
+    // step bound, the escape-less barrier still hangs: the watchdog lives in
+    // the dispatch loop's idle branch, not inside the drain.
+    let opts = RunOpts {
+        escapes: Escapes::NONE,
+        watchdog_ns: 200_000,
+        ..RunOpts::default()
+    };
+    match exit_while_peer_in_barrier_with(opts, 4) {
+        Err(RunError::Hang(h)) => assert!(h.now_ns > 100 * 200_000, "{h:?}"),
+        other => panic!("expected a detected hang, got {other:?}"),
     }
 }
