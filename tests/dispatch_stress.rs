@@ -179,3 +179,38 @@ fn drain_entry_flushes_prepared_cores_even_without_the_exclusion() {
     }
     assert!(drains > 0 && multi > 0);
 }
+
+#[test]
+fn a_second_run_during_a_run_is_refused() {
+    let s = std::sync::Arc::new(small());
+    let inner = s.clone();
+    let refused = std::rc::Rc::new(std::cell::Cell::new(None));
+    let r2 = refused.clone();
+    let policy: xtc::dispatch::ProbePolicy = Box::new(move |_, _, _| {
+        if r2.get().is_none() {
+            let again = inner.run_stepped(&Graph::new(), RunOpts::default(), StepOpts::seeded(0));
+            r2.set(Some(again.err() == Some(RunError::Invalid(Error::Again))));
+            let threads = inner.run_threads(&Graph::new(), RunOpts::default());
+            assert_eq!(threads.err(), Some(Error::Again));
+        }
+        true
+    });
+    let mut g = Graph::new();
+    g.add(TaskSpec::new(Shape::Aic, 1));
+    let so = StepOpts {
+        policy: Some(policy),
+        ..StepOpts::seeded(0)
+    };
+    assert!(
+        s.run_stepped(&g, RunOpts::default(), so)
+            .unwrap()
+            .outputs_exact()
+    );
+    assert_eq!(refused.get(), Some(true));
+    // Free again afterwards.
+    assert!(
+        s.run_threads(&g, RunOpts::default())
+            .unwrap()
+            .outputs_exact()
+    );
+}

@@ -377,10 +377,12 @@ impl From<Error> for RunError {
     }
 }
 
-/// The scheduler of one emulated device.
+/// The scheduler of one emulated device. One run at a time: the register
+/// region is reset at the start of each run.
 pub struct Scheduler {
     prof: DeviceProfile,
     regs: Arc<Regs>,
+    busy: std::sync::Mutex<()>,
 }
 
 impl Scheduler {
@@ -389,7 +391,11 @@ impl Scheduler {
     pub fn new(prof: DeviceProfile) -> Result<Scheduler> {
         prof.validate()?;
         let regs = Arc::new(Regs::new(prof.cores())?);
-        Ok(Scheduler { prof, regs })
+        Ok(Scheduler {
+            prof,
+            regs,
+            busy: std::sync::Mutex::new(()),
+        })
     }
 
     /// The device profile.
@@ -453,8 +459,10 @@ impl Scheduler {
 
     /// Runs `g` on real OS threads: one per scheduler thread, one core host
     /// for every emulated core, one orchestrator. Metrics are meaningful here.
-    /// Errors: [`Error::Inval`] for a rejected graph or options.
+    /// Errors: [`Error::Inval`] for a rejected graph or options,
+    /// [`Error::Again`] while another run of this scheduler is in progress.
     pub fn run_threads(&self, g: &Graph, opts: RunOpts) -> Result<RunReport> {
+        let _run = self.busy.try_lock().map_err(|_| Error::Again)?;
         let sh = self.shared(g, opts, Clock::Real(std::time::Instant::now()))?;
         std::thread::scope(|s| {
             for t in 0..self.prof.sched_threads {
@@ -471,12 +479,15 @@ impl Scheduler {
     /// Runs `g` under the deterministic stepper: every process is a future
     /// polled one step at a time in a seeded order, time is virtual, and a
     /// hang is reported as [`RunError::Hang`] when `max_steps` is reached.
+    /// A rejected graph is `RunError::Invalid(Inval)`; a concurrent run of
+    /// this scheduler is `RunError::Invalid(Again)`.
     pub fn run_stepped(
         &self,
         g: &Graph,
         opts: RunOpts,
         so: StepOpts,
     ) -> std::result::Result<RunReport, RunError> {
+        let _run = self.busy.try_lock().map_err(|_| Error::Again)?;
         let mut st = Stepper::new(so.seed, so.tick_ns);
         let sh = self.shared(g, opts, st.clock())?;
         for t in 0..self.prof.sched_threads {
