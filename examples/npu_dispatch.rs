@@ -112,6 +112,7 @@ fn stress() -> xtc::Result<()> {
             ..RunOpts::default()
         };
         let (mut drains, mut retries, mut stw, mut sync_f, mut sync_p) = (0, 0, 0, 0.0, 0);
+        let mut stagger = Vec::new();
         for round in 0..rounds {
             let r = s.run_threads(&sync_start_stress(24, round), opts.clone())?;
             assert!(r.outputs_exact() && r.fault.is_none(), "round {round}");
@@ -120,13 +121,16 @@ fn stress() -> xtc::Result<()> {
             stw += r.summary.stw_ns;
             sync_f += r.summary.fences_per_sync_pop;
             sync_p += r.pops.iter().filter(|p| p.sync).count();
+            stagger.push(r.summary.first_dispatch_stagger_ns);
         }
         println!(
             "stress (a2a3, 3 scheduler threads, real threads, {rounds} rounds x 54 tasks, \
              exclusion {exclusion}): drains {drains}, retries {retries}, stop-the-world {} us \
-             total, sync pops {sync_p}, mean fences per sync pop {:.2}",
+             total, sync pops {sync_p}, mean fences per sync pop {:.2}, median cross-thread \
+             first-dispatch stagger {} ns",
             stw / 1000,
-            sync_f / rounds as f64
+            sync_f / rounds as f64,
+            median(stagger)
         );
     }
     Ok(())
