@@ -11,13 +11,21 @@
 //! sync_start stress scene (drain count, retries, stop-the-world time) and
 //! the reclaim watermark (publications per advance, stall ends). `--trace`
 //! writes the cross-task run's core swimlanes as Chrome trace / Perfetto JSON.
+//! Last, an async batch group whose `NpuStep` runs each ready vector as one
+//! NPU graph (`Exec::Future` resolved by the device thread).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
 
 use clap::Parser;
+use xtc::batch::{AsyncOpts, CloseMode, Group};
 use xtc::dispatch::scenarios::{decode_waves, sync_start_stress};
 use xtc::dispatch::{
-    DeviceProfile, Graph, PublishMode, RunOpts, Scheduler, Shape, StepOpts, Summary, TaskSpec,
-    chrome_trace,
+    DeviceProfile, Graph, NpuDevice, NpuStep, NpuWork, PublishMode, RunOpts, Scheduler, Shape,
+    StepOpts, Summary, TaskSpec, chrome_trace,
 };
+use xtc::rt::Loop;
 
 #[derive(Parser)]
 struct Args {
@@ -95,24 +103,36 @@ fn publication(args: &Args) -> xtc::Result<()> {
 
 fn stress() -> xtc::Result<()> {
     let s = Scheduler::new(DeviceProfile::a2a3())?;
-    let (mut drains, mut retries, mut stw, mut sync_f, mut sync_p) = (0, 0, 0, 0.0, 0);
     let rounds = 20u64;
-    for round in 0..rounds {
-        let r = s.run_threads(&sync_start_stress(24, round), RunOpts::default())?;
-        assert!(r.outputs_exact() && r.fault.is_none(), "round {round}");
-        drains += r.summary.drains;
-        retries += r.summary.drain_retries;
-        stw += r.summary.stw_ns;
-        sync_f += r.summary.fences_per_sync_pop;
-        sync_p += r.pops.iter().filter(|p| p.sync).count();
+    // Head-start sensitivity (reference §7.5): the sync_start exclusion on
+    // (shipped) and off (cross-task flush even for sync pops).
+    for exclusion in [true, false] {
+        let opts = RunOpts {
+            sync_exclusion: exclusion,
+            ..RunOpts::default()
+        };
+        let (mut drains, mut retries, mut stw, mut sync_f, mut sync_p) = (0, 0, 0, 0.0, 0);
+        let mut stagger = Vec::new();
+        for round in 0..rounds {
+            let r = s.run_threads(&sync_start_stress(24, round), opts.clone())?;
+            assert!(r.outputs_exact() && r.fault.is_none(), "round {round}");
+            drains += r.summary.drains;
+            retries += r.summary.drain_retries;
+            stw += r.summary.stw_ns;
+            sync_f += r.summary.fences_per_sync_pop;
+            sync_p += r.pops.iter().filter(|p| p.sync).count();
+            stagger.push(r.summary.first_dispatch_stagger_ns);
+        }
+        println!(
+            "stress (a2a3, 3 scheduler threads, real threads, {rounds} rounds x 54 tasks, \
+             exclusion {exclusion}): drains {drains}, retries {retries}, stop-the-world {} us \
+             total, sync pops {sync_p}, mean fences per sync pop {:.2}, median cross-thread \
+             first-dispatch stagger {} ns",
+            stw / 1000,
+            sync_f / rounds as f64,
+            median(stagger)
+        );
     }
-    println!(
-        "stress (a2a3, 3 scheduler threads, real threads, {rounds} rounds x 54 tasks): \
-         drains {drains}, retries {retries}, stop-the-world {} us total, \
-         sync pops {sync_p}, mean fences per sync pop {:.2}",
-        stw / 1000,
-        sync_f / rounds as f64
-    );
     Ok(())
 }
 
@@ -157,9 +177,71 @@ fn watermark() -> xtc::Result<()> {
     Ok(())
 }
 
+/// A member of the batch-group demo: `left` iterations of one NPU task.
+struct Job {
+    task: TaskSpec,
+    left: u32,
+}
+
+impl NpuWork for Job {
+    fn task(&self) -> TaskSpec {
+        self.task.clone()
+    }
+    fn advance(&mut self) -> bool {
+        self.left -= 1;
+        self.left == 0
+    }
+}
+
+/// The NPU as an async batch engine: each ready vector runs as one graph.
+fn group() -> xtc::Result<()> {
+    let dev = Arc::new(NpuDevice::start(
+        DeviceProfile::small(),
+        RunOpts::default(),
+    )?);
+    let step = NpuStep::new(dev);
+    let runs = step.runs();
+    let lp = Loop::new()?;
+    let done = Rc::new(Cell::new(0));
+    let d = done.clone();
+    let opts = AsyncOpts {
+        capacity: 32,
+        max_active: 8,
+        resource_capacity: 32,
+        ..AsyncOpts::default()
+    };
+    let g = Group::create_async(&lp, opts, step, move |_h, _r: Job, res: xtc::Result<()>| {
+        d.set(d.get() + u32::from(res.is_ok()))
+    })?;
+    for i in 0..32u32 {
+        let shape = [Shape::Aiv, Shape::Aic, Shape::Mix][i as usize % 3];
+        let task = TaskSpec::new(shape, 1 + i % 3).lasting(5_000);
+        g.submit(
+            Job {
+                task,
+                left: 1 + i % 4,
+            },
+            1,
+        )
+        .map_err(|e| e.error)?;
+    }
+    g.close(CloseMode::Drain)?;
+    lp.run()?;
+    g.destroy()?;
+    let runs = runs.lock().unwrap();
+    println!(
+        "async group: {} of 32 members done in {} device runs (mean ready vector {:.1})",
+        done.get(),
+        runs.len(),
+        runs.iter().sum::<usize>() as f64 / runs.len() as f64
+    );
+    Ok(())
+}
+
 fn main() -> xtc::Result<()> {
     let args = Args::parse();
     publication(&args)?;
     stress()?;
-    watermark()
+    watermark()?;
+    group()
 }

@@ -16,20 +16,36 @@ use xtc::dispatch::{
 const THREADS: usize = 3;
 
 /// Task 0 faults after 50 µs (the run latches completed with an error);
-/// task 1 is a sync_start MIX cohort over every cluster, so its drain keeps
-/// retrying while task 0 holds a core.
+/// task 1 is a short starter queued behind it (FIFO: task 0 is dispatched
+/// first); task 2, after the starter, is a sync_start MIX cohort over every
+/// cluster, so its drain keeps retrying while task 0 holds a core.
 fn fault_during_drain(clusters: u32) -> Graph {
     let mut g = Graph::new();
     g.add(TaskSpec::new(Shape::Aiv, 1).lasting(50_000).failing());
-    g.add(TaskSpec::new(Shape::Mix, clusters).sync().lasting(5_000));
+    g.add(TaskSpec::new(Shape::Aiv, 1).lasting(2_000));
+    g.add(
+        TaskSpec::new(Shape::Mix, clusters)
+            .sync()
+            .after(&[1])
+            .lasting(5_000),
+    );
     g
 }
 
-/// The schedule of the upstream hang: the thread Y that owns the faulting
-/// task is held at its loop yield until the task has finished on its core
+/// The schedule of the upstream hang: once the drain is pending, the thread Y
+/// that owns the faulting task is held at its loop yield until the task has
+/// finished on its core
 /// and a peer waits in the ack barrier; then Y retires the fault, latches
 /// completed and leaves, while the peer is in the barrier.
-fn exit_while_peer_in_barrier(escapes: Escapes) -> Result<RunReport, RunError> {
+fn exit_while_peer_in_barrier(escapes: Escapes, seed: u64) -> Result<RunReport, RunError> {
+    let opts = RunOpts {
+        escapes,
+        ..RunOpts::default()
+    };
+    exit_while_peer_in_barrier_with(opts, seed)
+}
+
+fn exit_while_peer_in_barrier_with(opts: RunOpts, seed: u64) -> Result<RunReport, RunError> {
     let s = Scheduler::new(DeviceProfile::small()).unwrap();
     let g = fault_during_drain(s.profile().clusters as u32);
     let mut owner: Option<usize> = None;
@@ -39,7 +55,13 @@ fn exit_while_peer_in_barrier(escapes: Escapes) -> Result<RunReport, RunError> {
             if owner.is_none() {
                 owner = p.task_thread(0);
             }
-            if Some(pid) != owner || released || v.points[pid] != Point::Loop {
+            // Y runs freely until a drain is pending (it must retire the
+            // starter if it runs it).
+            if Some(pid) != owner
+                || released
+                || v.points[pid] != Point::Loop
+                || p.drain_pending() <= 0
+            {
                 return true;
             }
             let peer_in_barrier =
@@ -48,40 +70,43 @@ fn exit_while_peer_in_barrier(escapes: Escapes) -> Result<RunReport, RunError> {
             released
         },
     );
-    let opts = RunOpts {
-        escapes,
-        ..RunOpts::default()
-    };
     let so = StepOpts {
         max_steps: 300_000,
         policy: Some(policy),
-        ..StepOpts::seeded(11)
+        ..StepOpts::seeded(seed)
     };
     s.run_stepped(&g, opts, so)
 }
 
 #[test]
 fn without_completed_escapes_the_barrier_hangs_and_is_detected() {
-    match exit_while_peer_in_barrier(Escapes::NONE) {
-        Err(RunError::Hang(h)) => {
-            // Only scheduler threads remain, all spinning in the ack barrier.
-            assert!(!h.stuck.is_empty());
-            assert!(
-                h.stuck
-                    .iter()
-                    .all(|&(pid, pt)| pid < THREADS && pt == Point::AckBarrier),
-                "{h:?}"
-            );
+    for seed in 0..12 {
+        match exit_while_peer_in_barrier(Escapes::NONE, seed) {
+            Err(RunError::Hang(h)) => {
+                // Only scheduler threads remain, all spinning in the ack barrier.
+                assert!(!h.stuck.is_empty());
+                assert!(
+                    h.stuck
+                        .iter()
+                        .all(|&(pid, pt)| pid < THREADS && pt == Point::AckBarrier),
+                    "{h:?}"
+                );
+            }
+            other => panic!("seed {seed}: expected a detected hang, got {other:?}"),
         }
-        other => panic!("expected a detected hang, got {other:?}"),
     }
 }
 
 #[test]
 fn with_completed_escapes_the_same_schedule_ends() {
-    let r = exit_while_peer_in_barrier(Escapes::ALL).expect("no hang with escapes");
-    assert_eq!(r.fault, Some(Error::Internal));
-    assert!(r.drains_abandoned >= 1, "the escape was not exercised");
+    for seed in 0..12 {
+        let r = exit_while_peer_in_barrier(Escapes::ALL, seed).expect("no hang with escapes");
+        assert_eq!(r.fault, Some(Error::Internal));
+        assert!(
+            r.drains_abandoned >= 1,
+            "seed {seed}: the escape was not exercised"
+        );
+    }
 }
 
 #[test]
@@ -92,13 +117,13 @@ fn each_escape_alone_is_what_saves_the_barrier() {
         ack_barrier: true,
         ..Escapes::NONE
     };
-    assert!(exit_while_peer_in_barrier(only_barrier).is_ok());
+    assert!(exit_while_peer_in_barrier(only_barrier, 11).is_ok());
     let all_but_barrier = Escapes {
         ack_barrier: false,
         ..Escapes::ALL
     };
     assert!(matches!(
-        exit_while_peer_in_barrier(all_but_barrier),
+        exit_while_peer_in_barrier(all_but_barrier, 11),
         Err(RunError::Hang(_))
     ));
 }
@@ -128,7 +153,7 @@ fn abandoned_drain_state_is_reset_before_the_next_run() {
 /// busy and resets (retry). P is released once the holder finished and both
 /// peers wait in the next attempt's barrier. Returns the result and whether
 /// the schedule was exercised (P parked and released after a retry).
-fn retry_aba_schedule(tags: bool) -> (Result<RunReport, RunError>, bool) {
+fn retry_aba_schedule(tags: bool, seed: u64) -> (Result<RunReport, RunError>, bool) {
     let s = Scheduler::new(DeviceProfile::small()).unwrap();
     let g = retry_aba(s.profile().clusters);
     let exercised = Rc::new(Cell::new(false));
@@ -142,6 +167,16 @@ fn retry_aba_schedule(tags: bool) -> (Result<RunReport, RunError>, bool) {
             let Some(h) = holder else { return true };
             let parked = (h + 1) % THREADS;
             let retried = p.drain_retries() >= 1;
+            // In the first attempt, peers wait before the election until P got
+            // there too, so P is parked inside attempt A (not after its reset).
+            if !retried
+                && pid < THREADS
+                && pid != parked
+                && v.points[pid] == Point::BeforeElect
+                && v.points[parked] != Point::BeforeElect
+            {
+                return false;
+            }
             if pid == parked && !ex.get() && v.points[pid] == Point::BeforeElect {
                 let peers_waiting = (0..THREADS)
                     .filter(|&q| q != parked)
@@ -163,41 +198,91 @@ fn retry_aba_schedule(tags: bool) -> (Result<RunReport, RunError>, bool) {
     let so = StepOpts {
         max_steps: 300_000,
         policy: Some(policy),
-        ..StepOpts::seeded(5)
+        ..StepOpts::seeded(seed)
     };
     (s.run_stepped(&g, opts, so), exercised.get())
 }
 
 #[test]
 fn retry_aba_without_generation_tags_splits_the_barrier() {
-    let (r, exercised) = retry_aba_schedule(false);
-    assert!(exercised, "not exercised: the retry never happened");
-    match r {
-        Err(RunError::Hang(h)) => {
-            let pts: Vec<Point> = h
-                .stuck
-                .iter()
-                .filter(|s| s.0 < THREADS)
-                .map(|s| s.1)
-                .collect();
-            // The stale thread won attempt A's election after the reset and
-            // waits for staging; its peers wait for its ack of attempt A+1.
-            assert!(pts.contains(&Point::StageDone), "{h:?}");
-            assert_eq!(
-                pts.iter().filter(|&&p| p == Point::AckBarrier).count(),
-                2,
-                "{h:?}"
-            );
+    for seed in 0..12 {
+        let (r, exercised) = retry_aba_schedule(false, seed);
+        assert!(exercised, "not exercised: the retry never happened");
+        match r {
+            Err(RunError::Hang(h)) => {
+                let pts: Vec<Point> = h
+                    .stuck
+                    .iter()
+                    .filter(|s| s.0 < THREADS)
+                    .map(|s| s.1)
+                    .collect();
+                // The stale thread won attempt A's election after the reset and
+                // waits for staging; its peers wait for its ack of attempt A+1.
+                assert!(pts.contains(&Point::StageDone), "{h:?}");
+                assert_eq!(
+                    pts.iter().filter(|&&p| p == Point::AckBarrier).count(),
+                    2,
+                    "{h:?}"
+                );
+            }
+            other => panic!("expected a detected split barrier, got {other:?}"),
         }
-        other => panic!("expected a detected split barrier, got {other:?}"),
     }
 }
 
 #[test]
 fn retry_aba_with_generation_tags_completes() {
-    let (r, exercised) = retry_aba_schedule(true);
-    assert!(exercised, "not exercised: the retry never happened");
-    let r = r.expect("no hang with generation tags");
+    for seed in 0..12 {
+        let (r, exercised) = retry_aba_schedule(true, seed);
+        assert!(
+            exercised,
+            "seed {seed}: not exercised, the retry never happened"
+        );
+        let r = r.expect("no hang with generation tags");
+        assert!(r.fault.is_none() && r.outputs_exact());
+        assert!(r.summary.drain_retries >= 1);
+    }
+}
+
+#[test]
+fn watchdog_latches_a_stalled_dispatch_loop() {
+    // A task running far past the watchdog: the owning thread sees no
+    // progress while it runs a task, and latches Internal.
+    let s = Scheduler::new(DeviceProfile::small()).unwrap();
+    let mut g = Graph::new();
+    g.add(TaskSpec::new(Shape::Aic, 1).lasting(5_000_000));
+    let opts = RunOpts {
+        watchdog_ns: 1_000_000,
+        ..RunOpts::default()
+    };
+    let r = s
+        .run_stepped(&g, opts.clone(), StepOpts::seeded(1))
+        .unwrap();
+    assert_eq!(r.fault, Some(Error::Internal));
+    assert!(
+        r.end_ns >= 1_000_000 && r.end_ns < 5_000_000,
+        "{}",
+        r.end_ns
+    );
+    // The same watchdog does not fire on a run that keeps progressing.
+    let r = s
+        .run_stepped(&sync_start_stress(6, 2), opts, StepOpts::seeded(2))
+        .unwrap();
     assert!(r.fault.is_none() && r.outputs_exact());
-    assert!(r.summary.drain_retries >= 1);
+}
+
+#[test]
+fn the_watchdog_cannot_see_drain_spins() {
+    // Why the escapes are needed (D-13): with a watchdog far shorter than the
+    // step bound, the escape-less barrier still hangs: the watchdog lives in
+    // the dispatch loop's idle branch, not inside the drain.
+    let opts = RunOpts {
+        escapes: Escapes::NONE,
+        watchdog_ns: 200_000,
+        ..RunOpts::default()
+    };
+    match exit_while_peer_in_barrier_with(opts, 4) {
+        Err(RunError::Hang(h)) => assert!(h.now_ns > 100 * 200_000, "{h:?}"),
+        other => panic!("expected a detected hang, got {other:?}"),
+    }
 }

@@ -153,3 +153,64 @@ fn bad_graphs_are_rejected_at_submit() {
     };
     assert!(s.run_threads(&Graph::new(), opts).is_err());
 }
+
+#[test]
+fn drain_entry_flushes_prepared_cores_even_without_the_exclusion() {
+    // D-05: with the sync_start exclusion off, a pop's earlier tasks are
+    // still only prepared when a later sync task enters drain; the flush
+    // before entry must publish them. D-04 off also shows in the counts:
+    // such pops then have one fence, not one per task.
+    let s = small();
+    let opts = RunOpts {
+        sync_exclusion: false,
+        ..RunOpts::default()
+    };
+    let (mut drains, mut multi) = (0, 0);
+    for round in 0..30u64 {
+        let g = sync_start_stress(s.profile().clusters, round);
+        let r = s
+            .run_stepped(&g, opts.clone(), StepOpts::seeded(round))
+            .unwrap();
+        assert!(r.fault.is_none() && r.outputs_exact());
+        assert_eq!(r.summary.unpublished_at_drain, 0);
+        assert!(r.pops.iter().all(|p| !p.sync && p.fences == 1));
+        drains += r.summary.drains;
+        multi += r.pops.iter().filter(|p| p.tasks > 1).count();
+    }
+    assert!(drains > 0 && multi > 0);
+}
+
+#[test]
+fn a_second_run_during_a_run_is_refused() {
+    let s = std::sync::Arc::new(small());
+    let inner = s.clone();
+    let refused = std::rc::Rc::new(std::cell::Cell::new(None));
+    let r2 = refused.clone();
+    let policy: xtc::dispatch::ProbePolicy = Box::new(move |_, _, _| {
+        if r2.get().is_none() {
+            let again = inner.run_stepped(&Graph::new(), RunOpts::default(), StepOpts::seeded(0));
+            r2.set(Some(again.err() == Some(RunError::Invalid(Error::Again))));
+            let threads = inner.run_threads(&Graph::new(), RunOpts::default());
+            assert_eq!(threads.err(), Some(Error::Again));
+        }
+        true
+    });
+    let mut g = Graph::new();
+    g.add(TaskSpec::new(Shape::Aic, 1));
+    let so = StepOpts {
+        policy: Some(policy),
+        ..StepOpts::seeded(0)
+    };
+    assert!(
+        s.run_stepped(&g, RunOpts::default(), so)
+            .unwrap()
+            .outputs_exact()
+    );
+    assert_eq!(refused.get(), Some(true));
+    // Free again afterwards.
+    assert!(
+        s.run_threads(&g, RunOpts::default())
+            .unwrap()
+            .outputs_exact()
+    );
+}

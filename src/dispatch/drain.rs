@@ -4,7 +4,7 @@
 //! # Fields, and who may touch them
 //!
 //! - `pending`: 0 idle, -1 initialising (sentinel), `> 0` the held cohort's
-//!   `block_num`. CAS 0 → -1 by the entering thread ([`DrainState::enter`]),
+//!   `block_num`. CAS 0 → -1 by the entering thread (`DrainState::enter`),
 //!   release-stored to `block_num` after the rest is set, and to 0 only by the
 //!   elected worker at the end of the drain. While `pending != 0` no thread
 //!   runs normal dispatch (anti-starvation).

@@ -5,7 +5,7 @@
 //! This file is the dispatch layer's only unsafe island. The region is one
 //! anonymous, page-aligned, read-write mapping owned by [`Regs`] for its whole
 //! life; it is never exposed as `&[u8]`/`&mut [u8]`. Every access goes through
-//! [`Regs::u32_at`]/[`Regs::u64_at`], which:
+//! `Regs::u32_at`/`Regs::u64_at`, which:
 //! - check the offset is inside the mapping and naturally aligned (the stride
 //!   and field offsets below are multiples of 8, the mapping is page-aligned);
 //! - hand out `&AtomicU32`/`&AtomicU64` tied to `&self`, so the mapping
@@ -18,8 +18,8 @@
 //! |---|---|---|---|
 //! | 0 | doorbell | `dmb` u32 token (DATA_MAIN_BASE) | scheduler → core |
 //! | 64 | status | `cond` u32: bit 31 FIN, bits 0..30 token; +4 `fault` u32 | core → scheduler |
-//! | 128 | desc[0] | descriptor for even tokens | scheduler → core |
-//! | 192 | desc[1] | descriptor for odd tokens | scheduler → core |
+//! | 128 | `desc[0]` | descriptor for even tokens | scheduler → core |
+//! | 192 | `desc[1]` | descriptor for odd tokens | scheduler → core |
 //!
 //! The doorbell and status words sit on separate cache lines (opposite
 //! writers). Descriptors are double-buffered by token parity, so a scheduler
@@ -108,7 +108,10 @@ impl Regs {
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        assert!(off + 4 <= self.map.len() && off % 4 == 0, "register offset");
+        assert!(
+            off + 4 <= self.map.len() && off.is_multiple_of(4),
+            "register offset"
+        );
         // SAFETY: `off` is in bounds and 4-aligned (checked above; the mapping
         // is page-aligned), the mapping lives as long as `&self`, and the word
         // is only ever accessed atomically (module memo).
@@ -116,7 +119,10 @@ impl Regs {
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(off + 8 <= self.map.len() && off % 8 == 0, "register offset");
+        assert!(
+            off + 8 <= self.map.len() && off.is_multiple_of(8),
+            "register offset"
+        );
         // SAFETY: as in `u32_at`, with 8-byte alignment checked above.
         unsafe { &*(self.map.as_ptr().add(off) as *const AtomicU64) }
     }

@@ -59,6 +59,8 @@ pub struct Counters {
     pub stw_ns: AtomicU64,
     /// Drains abandoned because the run completed (D-06/D-07).
     pub drains_abandoned: AtomicU64,
+    /// Cores prepared but not yet published when a drain was entered (D-05: 0).
+    pub unpublished_at_drain: AtomicU64,
     /// Next pop id.
     pub next_pop: AtomicU32,
 }
@@ -113,6 +115,24 @@ pub struct Summary {
     pub drain_retries: u64,
     /// Stop-the-world time, ns.
     pub stw_ns: u64,
+    /// Cores prepared but unpublished at drain entry (D-05 requires 0).
+    pub unpublished_at_drain: u64,
+    /// Cross-thread first-dispatch stagger: spread of the scheduler threads'
+    /// first doorbell store times, ns (D-14).
+    pub first_dispatch_stagger_ns: u64,
+}
+
+/// Spread of each thread's first doorbell store time, ns (0 with < 2 threads).
+pub fn first_dispatch_stagger(pops: &[PopRecord]) -> u64 {
+    let mut first: HashMap<usize, u64> = HashMap::new();
+    for p in pops {
+        let f = first.entry(p.thread).or_insert(u64::MAX);
+        *f = (*f).min(p.first_store_ns);
+    }
+    match (first.values().min(), first.values().max()) {
+        (Some(a), Some(b)) => b - a,
+        _ => 0,
+    }
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -161,6 +181,8 @@ pub fn summarize(pops: &[PopRecord], events: &[CoreEvent], c: &Counters) -> Summ
         drains: c.drains.load(Ordering::Relaxed),
         drain_retries: c.drain_retries.load(Ordering::Relaxed),
         stw_ns: c.stw_ns.load(Ordering::Relaxed),
+        unpublished_at_drain: c.unpublished_at_drain.load(Ordering::Relaxed),
+        first_dispatch_stagger_ns: first_dispatch_stagger(pops),
     }
 }
 
@@ -215,6 +237,15 @@ mod tests {
         let evs = [ev(0, 1, 100), ev(3, 1, 160), ev(6, 2, 5)];
         let sp = start_spans(&evs);
         assert_eq!((sp[&1], sp[&2]), (60, 0));
+        let pop = |thread, first_store_ns| PopRecord {
+            thread,
+            first_store_ns,
+            ..PopRecord::default()
+        };
+        assert_eq!(
+            first_dispatch_stagger(&[pop(0, 50), pop(1, 80), pop(0, 10), pop(2, 30)]),
+            70
+        );
         let v: serde_json::Value = serde_json::from_str(&chrome_trace(&evs)).unwrap();
         assert_eq!(v["traceEvents"].as_array().unwrap().len(), 3);
         assert_eq!(v["traceEvents"][1]["tid"], 3);

@@ -38,12 +38,17 @@
 //! is this layer's own rather than `rt::Sim`, to keep the proofs independent
 //! of the `rt` branch.
 //!
+//! **Integration** ([`npu_step`]). [`NpuStep`] is a `batch::AsyncStep`: each
+//! iteration's ready vector becomes one graph on the device service thread,
+//! which resolves an `Exec::Future` when the run completed.
+//!
 //! **Not modelled**: the pending (pre-loaded second) slot of a core, early
 //! dispatch, multiple rings, the overflow spill of per-thread local buffers.
 
 pub mod drain;
 pub mod emu;
 pub mod metrics;
+pub mod npu_step;
 pub mod profile;
 pub mod publish;
 pub mod reclaim;
@@ -54,6 +59,7 @@ pub mod step;
 pub mod watermark;
 
 pub use metrics::{PopRecord, Summary, chrome_trace};
+pub use npu_step::{NpuDevice, NpuStep, NpuWork};
 pub use profile::DeviceProfile;
 pub use scheduler::{
     Escapes, Graph, OrchStep, Probe, ProbePolicy, PublishMode, RunError, RunOpts, RunReport,

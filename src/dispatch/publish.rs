@@ -71,7 +71,7 @@ impl PublishBatch {
 /// Phase 4: dispatches MIX, then AIC and AIV (order flipped by thread parity).
 /// Returns (progress, entered_drain).
 pub(crate) fn dispatch_ready(sh: &Shared, t: usize) -> (bool, bool) {
-    let order = if t % 2 == 0 {
+    let order = if t.is_multiple_of(2) {
         [Shape::Mix, Shape::Aic, Shape::Aiv]
     } else {
         [Shape::Mix, Shape::Aiv, Shape::Aic]
@@ -112,6 +112,7 @@ pub(crate) fn dispatch_shape(sh: &Shared, t: usize, shape: Shape) -> (bool, bool
             let spec = &sh.tasks[task].spec;
             if spec.sync_start && units.len() < spec.block_num as usize {
                 pb.flush(sh, &mut rec); // D-05
+                sh.check_published(&tr);
                 if !sh.drain.enter(sh, task, spec.block_num) {
                     sh.push_ready(task);
                 }

@@ -281,9 +281,22 @@ pub struct RunReport {
     pub drains_abandoned: u64,
     /// Run's end time, ns.
     pub end_ns: u64,
+    /// Output slots of each task.
+    pub task_slots: Vec<std::ops::Range<usize>>,
+    /// Each task completed without a kernel fault.
+    pub task_completed_ok: Vec<bool>,
 }
 
 impl RunReport {
+    /// True when task `id` completed without a fault and each of its output
+    /// slots holds exactly its expected value (false for unknown ids).
+    pub fn task_exact(&self, id: usize) -> bool {
+        match (self.task_slots.get(id), self.task_completed_ok.get(id)) {
+            (Some(r), Some(&ok)) => ok && self.outputs[r.clone()] == self.expected[r.clone()],
+            _ => false,
+        }
+    }
+
     /// True when every output slot holds exactly its expected value.
     pub fn outputs_exact(&self) -> bool {
         self.outputs == self.expected
@@ -364,10 +377,12 @@ impl From<Error> for RunError {
     }
 }
 
-/// The scheduler of one emulated device.
+/// The scheduler of one emulated device. One run at a time: the register
+/// region is reset at the start of each run.
 pub struct Scheduler {
     prof: DeviceProfile,
     regs: Arc<Regs>,
+    busy: std::sync::Mutex<()>,
 }
 
 impl Scheduler {
@@ -376,7 +391,11 @@ impl Scheduler {
     pub fn new(prof: DeviceProfile) -> Result<Scheduler> {
         prof.validate()?;
         let regs = Arc::new(Regs::new(prof.cores())?);
-        Ok(Scheduler { prof, regs })
+        Ok(Scheduler {
+            prof,
+            regs,
+            busy: std::sync::Mutex::new(()),
+        })
     }
 
     /// The device profile.
@@ -440,8 +459,10 @@ impl Scheduler {
 
     /// Runs `g` on real OS threads: one per scheduler thread, one core host
     /// for every emulated core, one orchestrator. Metrics are meaningful here.
-    /// Errors: [`Error::Inval`] for a rejected graph or options.
+    /// Errors: [`Error::Inval`] for a rejected graph or options,
+    /// [`Error::Again`] while another run of this scheduler is in progress.
     pub fn run_threads(&self, g: &Graph, opts: RunOpts) -> Result<RunReport> {
+        let _run = self.busy.try_lock().map_err(|_| Error::Again)?;
         let sh = self.shared(g, opts, Clock::Real(std::time::Instant::now()))?;
         std::thread::scope(|s| {
             for t in 0..self.prof.sched_threads {
@@ -458,12 +479,15 @@ impl Scheduler {
     /// Runs `g` under the deterministic stepper: every process is a future
     /// polled one step at a time in a seeded order, time is virtual, and a
     /// hang is reported as [`RunError::Hang`] when `max_steps` is reached.
+    /// A rejected graph is `RunError::Invalid(Inval)`; a concurrent run of
+    /// this scheduler is `RunError::Invalid(Again)`.
     pub fn run_stepped(
         &self,
         g: &Graph,
         opts: RunOpts,
         so: StepOpts,
     ) -> std::result::Result<RunReport, RunError> {
+        let _run = self.busy.try_lock().map_err(|_| Error::Again)?;
         let mut st = Stepper::new(so.seed, so.tick_ns);
         let sh = self.shared(g, opts, st.clock())?;
         for t in 0..self.prof.sched_threads {
@@ -501,6 +525,16 @@ fn report(sh: &Shared) -> RunReport {
         verdicts: sh.verdicts.load(Ordering::Relaxed),
         drains_abandoned: sh.m.c.drains_abandoned.load(Ordering::Relaxed),
         end_ns: sh.now(),
+        task_slots: sh
+            .tasks
+            .iter()
+            .map(|t| t.out_base..t.out_base + t.total_sub as usize)
+            .collect(),
+        task_completed_ok: sh
+            .tasks
+            .iter()
+            .map(|t| t.completed.load(Ordering::Acquire) && !t.spec.fail)
+            .collect(),
         pops,
         events,
         summary,

@@ -374,6 +374,21 @@ impl Shared {
         self.maybe_finish();
     }
 
+    /// D-05 check at drain entry: every core the tracker counts as running
+    /// already holds its token in the doorbell; violations are counted.
+    pub fn check_published(&self, tr: &Tracker) {
+        let unpublished = tr
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(c, r)| r.is_some_and(|r| self.regs.doorbell(*c) != r.token))
+            .count();
+        self.m
+            .c
+            .unpublished_at_drain
+            .fetch_add(unpublished as u64, Ordering::Relaxed);
+    }
+
     /// Idle cores/clusters for `shape` summed over every tracker.
     pub fn count_global_available(&self, shape: Shape) -> usize {
         self.trackers

@@ -193,9 +193,12 @@ pub struct Hang {
     pub stuck: Vec<(usize, Point)>,
 }
 
+/// A process of the stepper: its future, its yielder, and whether it finished.
+type Proc<'p> = (Pin<Box<dyn Future<Output = ()> + 'p>>, Yielder, bool);
+
 /// Deterministic single-thread driver of a set of processes.
 pub struct Stepper<'p> {
-    procs: Vec<(Pin<Box<dyn Future<Output = ()> + 'p>>, Yielder, bool)>,
+    procs: Vec<Proc<'p>>,
     rng: fastrand::Rng,
     seed: u64,
     clock: Arc<AtomicU64>,
