@@ -1,6 +1,6 @@
 //! `xtc decode`: KV-cache continuous batching of a trace-replayed workload.
 //!
-//! With no arguments: the seeded synthetic model ([`DEFAULT_CONFIG`]), the
+//! With no arguments: the seeded synthetic model ([`Config::tiny`]), the
 //! embedded slice of the Azure LLM inference conversation trace (arrivals
 //! sped up by [`DEFAULT_TIME_SCALE`], lengths scaled down on CPU devices),
 //! on the default device; prints the report. See `xtc decode --help`.
@@ -20,36 +20,21 @@ use crate::decode::tokenizer::{self, Tokenizer};
 use crate::decode::trace::{self, Scaling, Trace};
 use crate::vk;
 
-/// Shape of the default synthetic model: llama-style, 4 layers of width 64
-/// (4 query heads over 2 KV heads, SwiGLU hidden 192), vocabulary 512, 256
-/// positions. Narrower than [`Config::tiny`] so that on lavapipe an
-/// iteration's cost is dominated by what batching amortises (one pass over
-/// the weights, ~40 dispatches) rather than by per-row work.
-pub const DEFAULT_CONFIG: Config = Config {
-    dim: 64,
-    hidden_dim: 192,
-    n_layers: 4,
-    n_heads: 4,
-    n_kv_heads: 2,
-    vocab_size: 512,
-    seq_len: 256,
-};
-
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
 
 /// Default number of requests replayed.
-pub const DEFAULT_REQUESTS: usize = 128;
+pub const DEFAULT_REQUESTS: usize = 512;
 
-/// Length scaling on CPU devices: prompt / 64 (the trace's median prompt of
-/// ~1,000 tokens becomes ~16), output / 8 (median ~240 becomes ~30), capped
-/// at 128 and 96 tokens.
+/// Length scaling on CPU devices: prompt / 32 (the trace's median prompt of
+/// ~1,000 tokens becomes ~32), output / 4 (median ~240 becomes ~60), each
+/// capped at 128 tokens (half the default model's 256 positions).
 pub const CPU_SCALING: Scaling = Scaling {
     time_scale: DEFAULT_TIME_SCALE,
-    prompt_div: 64,
-    output_div: 8,
+    prompt_div: 32,
+    output_div: 4,
     max_prompt: 128,
-    max_output: 96,
+    max_output: 128,
 };
 
 /// Arguments of `xtc decode`.
@@ -100,10 +85,10 @@ pub struct DecodeArgs {
     /// Run continuous, static and one-at-a-time batching on the same workload and print ratios.
     #[arg(long)]
     pub compare: bool,
-    /// Divide prompt lengths by this (default: 64 on CPU devices, 1 on GPUs).
+    /// Divide prompt lengths by this (default: 32 on CPU devices, 1 on GPUs).
     #[arg(long, value_name = "N")]
     pub prompt_div: Option<usize>,
-    /// Divide output lengths by this (default: 8 on CPU devices, 1 on GPUs).
+    /// Divide output lengths by this (default: 4 on CPU devices, 1 on GPUs).
     #[arg(long, value_name = "N")]
     pub output_div: Option<usize>,
 }
@@ -225,7 +210,7 @@ impl DeviceChoice {
 fn load_weights(args: &DecodeArgs) -> Result<Weights, String> {
     match &args.model {
         Some(p) => checkpoint::load(p).map_err(|e| e.to_string()),
-        None => Ok(Weights::synthetic(DEFAULT_CONFIG, args.seed)),
+        None => Ok(Weights::synthetic(Config::tiny(), args.seed)),
     }
 }
 
