@@ -5,7 +5,7 @@
 //!   [`Sequence`] and whose resource is the KV cache: `resource_capacity` =
 //!   KV blocks, a request's charge = the blocks it may need, so FCFS
 //!   admission never over-commits the cache (B-036..B-040);
-//! - [`DecodeStep`]: `submit` packs the frozen ready vector into ONE plan and
+//! - `DecodeStep`: `submit` packs the frozen ready vector into ONE plan and
 //!   launches it on the device model, returning `Exec::Fence(fd)` (or
 //!   `Exec::Inline` for a CPU model); `collect` reads the sampled tokens and
 //!   ends each member DONE at its output length, else CONTINUE (B-058..B-105);

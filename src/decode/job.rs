@@ -7,7 +7,7 @@
 //! arrival process submits each request at its trace time with a charge of
 //! the KV blocks it may need; FCFS admission under the KV cache's capacity and
 //! `max_active` forms the ready vector; each iteration packs the ready vector
-//! into ONE plan ([`seq::pack`]) under the token budget, the device runs it,
+//! into ONE plan ([`crate::decode::seq::pack`]) under the token budget, the device runs it,
 //! and members leave DONE at their output length (or cancelled).
 //!
 //! [`Mode`] selects the admission policy compared by `xtc decode --compare`:
