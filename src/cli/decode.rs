@@ -67,7 +67,7 @@ pub struct DecodeArgs {
     /// Token rows per iteration (prefill chunks + one per decoding member).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub token_budget: usize,
-    /// Device: `auto` (a GPU if present, else lavapipe), `cpu` (the CPU reference, no Vulkan).
+    /// Device: `auto` (a GPU if present, else lavapipe), a Vulkan device index, name or render node, `cpu` (the CPU reference, no Vulkan) or `toy` (no model: measures the batching alone).
     #[arg(long, value_name = "DEV", default_value = "auto")]
     pub device: String,
     /// Seed of the synthetic weights, prompts and cancellations.
@@ -79,7 +79,7 @@ pub struct DecodeArgs {
     /// Write a Chrome trace / Perfetto JSON of iterations and requests.
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
-    /// Fraction of requests cancelled at a random time after arrival.
+    /// Fraction of requests whose client cancels after a random number of tokens.
     #[arg(long, value_name = "P", default_value_t = 0.0)]
     pub cancel_rate: f64,
     /// Run continuous, static and one-at-a-time batching on the same workload and print ratios.
