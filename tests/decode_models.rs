@@ -142,3 +142,47 @@ fn vulkan_model_batched_equals_cpu_reference_alone() {
     let m = VulkanModel::new(&dev, &w, geometry(&o), o.token_budget, o.max_active).unwrap();
     check(&w, &workload(), &run(m, &o));
 }
+
+/// Requests 1 and 3 are cancelled by their clients after 2 and 0 tokens:
+/// they end cancelled having run at most one more iteration (their blocks
+/// were freed then: nothing leaks), with a prefix of their reference tokens;
+/// the others are untouched.
+fn check_cancelled(w: &Weights, model: impl DecodeModel + 'static) {
+    let mut wl = workload();
+    wl.requests[1].cancel_after = Some(2);
+    wl.requests[3].cancel_after = Some(0);
+    let o = opts(Mode::Continuous);
+    let out = job::run(&job::shared(model), &wl, &o, Box::new(|_| {})).unwrap();
+    assert_eq!(out.kv_leaked, 0);
+    for f in &out.finished {
+        let r = &wl.requests[f.seq.id];
+        let want = reference_greedy(w, &r.prompt, r.output_tokens).unwrap();
+        let got = &f.seq.generated;
+        assert_eq!(got[..], want[..got.len()], "request {}", r.id);
+        match r.cancel_after {
+            Some(k) => {
+                assert_eq!(f.status, Status::Cancelled, "request {}", r.id);
+                assert!(got.len() <= k + 1, "request {}: {} tokens", r.id, got.len());
+            }
+            None => assert_eq!(f.status, Status::Done),
+        }
+    }
+}
+
+#[test]
+fn cancelled_members_leave_within_one_iteration_cpu() {
+    let w = Weights::synthetic(SMALL, 11);
+    check_cancelled(
+        &w,
+        CpuModel::new(w.clone(), geometry(&opts(Mode::Continuous))),
+    );
+}
+
+#[test]
+fn cancelled_members_leave_within_one_iteration_vulkan() {
+    let Some(dev) = vulkan_device() else { return };
+    let w = Weights::synthetic(SMALL, 11);
+    let o = opts(Mode::Continuous);
+    let m = VulkanModel::new(&dev, &w, geometry(&o), o.token_budget, o.max_active).unwrap();
+    check_cancelled(&w, m);
+}

@@ -179,6 +179,13 @@ impl Report {
             "  KV cache peak   {} of {} blocks ({pct:.0}%)",
             self.kv_peak_blocks, self.kv_blocks
         );
+        if self.kv_leaked_blocks > 0 {
+            let _ = writeln!(
+                s,
+                "  KV cache LEAK   {} blocks still allocated",
+                self.kv_leaked_blocks
+            );
+        }
         for r in &self.rejections {
             let _ = writeln!(s, "  {r}");
         }
