@@ -361,5 +361,77 @@ fn owner_cancel_of_an_unadmitted_mt_handle_never_runs_it() {
     g.destroy().unwrap();
 }
 
+/// An operation that only ends when the cancel hint fires.
+struct Hinted {
+    promise: Option<rt::Promise<()>>,
+    launched: Sender<Handle>,
+    hints: Arc<Mutex<Vec<Handle>>>,
+}
+
+impl AsyncStep<u32> for Hinted {
+    async fn submit(&mut self, items: &mut [Item<'_, u32>]) -> xtc::Result<Exec> {
+        let (f, p) = rt::future_pair();
+        self.promise = Some(p);
+        for it in items.iter() {
+            self.launched.send(it.handle).unwrap();
+        }
+        Ok(Exec::Future(f))
+    }
+    async fn collect(
+        &mut self,
+        _: &mut [Item<'_, u32>],
+        results: &mut [StepResult],
+        _: ExecStatus,
+    ) -> xtc::Result<()> {
+        results.fill(StepResult::Done);
+        Ok(())
+    }
+    async fn cancel_hint(&mut self, h: Handle) {
+        self.hints.lock().unwrap().push(h);
+        if let Some(p) = self.promise.take() {
+            p.set(Ok(()));
+        }
+    }
+}
+
+/// B-094 with cancel_mt: a cross-loop cancel of an in-flight member wakes the
+/// driver's wait, fires the hint once, and the member ends `Aborted` after
+/// collect.
+#[test]
+fn cancel_mt_of_an_in_flight_member_fires_its_hint() {
+    let lp = Loop::new().unwrap();
+    let (launched, rx) = unbounded();
+    let hints = Arc::new(Mutex::new(Vec::new()));
+    let step = Hinted {
+        promise: None,
+        launched,
+        hints: hints.clone(),
+    };
+    let done: Completions = Arc::default();
+    let d = done.clone();
+    let complete =
+        move |h: Handle, _: u32, o: Result<(), Error>| d.lock().unwrap().push((h.get(), o));
+    let g = Group::create_async(&lp, mt_opts(1, 2), step, complete).unwrap();
+    let remote = g.remote().unwrap();
+    let h = remote.submit(7, 1).unwrap();
+    let canceller = thread::spawn(move || {
+        assert_eq!(rx.recv().unwrap(), h, "the operation is outstanding");
+        retry(|| remote.cancel(h)).unwrap();
+    });
+    let (g2, d2) = (g.clone(), done.clone());
+    lp.spawn(async move {
+        while d2.lock().unwrap().is_empty() {
+            rt::yield_now().await;
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    canceller.join().unwrap();
+    assert_eq!(*hints.lock().unwrap(), vec![h]);
+    assert_eq!(*done.lock().unwrap(), vec![(h.get(), Err(Error::Aborted))]);
+    g.destroy().unwrap();
+}
+
 #[path = "batch_mt/stress.rs"]
 mod stress;

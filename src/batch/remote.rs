@@ -396,6 +396,22 @@ pub(crate) fn arm<R>(sh: &Shared<R>, waker: &Waker) -> bool {
     sh.mt.as_ref().is_some_and(|mt| mt.borrow().arm(waker))
 }
 
+/// During an operation wait: arms the doorbell with the wait's `waker`; if
+/// hand-ins are ready, drains them (a cancel_mt of an in-flight member is
+/// recorded at once, so its hint fires, B-094) and re-arms. Returns `true`
+/// when the drain recorded a cancel (the wait then fires hints).
+pub(crate) fn drain_while_waiting<R>(sh: &Shared<R>, waker: &Waker) -> bool {
+    if !arm(sh, waker) {
+        return false;
+    }
+    let seq = sh.core.borrow().cancel_seq;
+    drain(sh);
+    if arm(sh, waker) {
+        waker.wake_by_ref(); // more landed meanwhile: poll again
+    }
+    sh.core.borrow().cancel_seq != seq
+}
+
 /// After an unexpected driver exit: close the ring and drain every hand-in
 /// that reserved before, so each gets its one completion (B-119). A producer
 /// still writing is waited for by yielding (it never blocks mid-write).
