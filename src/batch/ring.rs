@@ -63,8 +63,6 @@
 //! or yield between reserving and committing, so this cannot happen short of
 //! a crash.
 #![allow(unsafe_code)]
-// Phase 1: the group does not use the ring yet.
-#![allow(dead_code)]
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
@@ -253,6 +251,7 @@ impl<T> Ring<T> {
     }
 
     /// Number of slots (a power of two).
+    #[cfg(test)]
     pub(crate) fn slots(&self) -> usize {
         self.slots.len()
     }

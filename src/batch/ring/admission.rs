@@ -147,6 +147,7 @@ impl Pool {
     }
 
     /// Records currently free.
+    #[cfg(test)]
     pub(crate) fn free(&self) -> usize {
         self.free.load(Ordering::Relaxed)
     }
@@ -358,12 +359,14 @@ impl<R> Admission<R> {
         }
     }
 
-    /// Free SUBMIT records (for tests and statistics).
+    /// Free SUBMIT records (tests).
+    #[cfg(test)]
     pub(crate) fn free_submit_records(&self) -> usize {
         self.submits.free()
     }
 
-    /// Free control records (for tests and statistics).
+    /// Free control records (tests).
+    #[cfg(test)]
     pub(crate) fn free_control_records(&self) -> usize {
         self.controls.free()
     }
@@ -381,13 +384,6 @@ pub(crate) struct PausedSubmit<'a, R> {
 
 #[cfg(test)]
 impl<R> PausedSubmit<'_, R> {
-    /// The handle the submit will return.
-    pub(crate) fn handle(&self) -> NonZeroU64 {
-        match self.record {
-            HandIn::Submit { handle, .. } | HandIn::Control { handle, .. } => handle,
-        }
-    }
-
     /// Writes the record and rings the doorbell.
     pub(crate) fn commit(self) {
         self.shared.ring.commit(self.reservation, self.record);
