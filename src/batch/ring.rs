@@ -251,7 +251,7 @@ impl<T> Ring<T> {
     }
 
     /// Number of slots (a power of two).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn slots(&self) -> usize {
         self.slots.len()
     }
