@@ -150,6 +150,31 @@ fn remote_is_nosys_without_mt_queue_cap_and_on_sync_groups() {
     lp.run().unwrap();
 }
 
+/// B-109: the ring and both record pools are charged through the loop's
+/// resource accountant at create; a budget that cannot hold them is `Nomem`
+/// and publishes nothing.
+#[test]
+fn mt_ring_and_pools_are_charged_at_create() {
+    let used = |cap: usize| {
+        let lp = Loop::new().unwrap();
+        let (g, _) = group(&lp, 4, cap);
+        let used = lp.budget().used();
+        g.close(CloseMode::Drain).unwrap();
+        lp.run().unwrap();
+        g.destroy().unwrap();
+        assert_eq!(lp.budget().used(), 0, "destroy releases the charge");
+        used
+    };
+    let (none, small, big) = (used(0), used(16), used(1024));
+    assert!(none < small && small < big, "{none} < {small} < {big}");
+    // 2 * 1024 ring slots of a Job-sized record at least.
+    assert!(big - none >= 2 * 1024 * std::mem::size_of::<Job>() as u64);
+    let lp = Loop::with_budget(small).unwrap();
+    let err = Group::create_async(&lp, mt_opts(4, 1024), Jobs, |_, _, _| {}).unwrap_err();
+    assert_eq!(err, Error::Nomem);
+    assert_eq!((lp.budget().used(), lp.n_procs()), (0, 0), "nothing published");
+}
+
 #[test]
 fn remote_is_send_sync_clone() {
     fn check<T: Send + Sync + Clone + 'static>() {}
@@ -341,7 +366,7 @@ fn stale_cancel_for_a_completed_handle_cannot_affect_a_later_request() {
     g.destroy().unwrap();
 }
 
-/// B-076: an owner-loop cancel of an mt handle not admitted yet (still on the
+/// B-052: an owner-loop cancel of an mt handle not admitted yet (still on the
 /// ring) cancels it: it never runs.
 #[test]
 fn owner_cancel_of_an_unadmitted_mt_handle_never_runs_it() {

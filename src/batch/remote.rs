@@ -167,14 +167,13 @@ impl<R> MtState<R> {
 
     /// Returns the SUBMIT records of drained hand-ins no longer held.
     pub(crate) fn settle(&mut self, m: &impl Members<R>) {
-        while self.unreleased > m.held_len() {
-            self.inbox.release_submit();
-            self.unreleased -= 1;
-        }
+        let gone = self.unreleased.saturating_sub(m.held_len());
+        self.inbox.release_submits(gone);
+        self.unreleased -= gone;
     }
 
     /// Owner-loop cancel of a handle the core does not know: drains the ring
-    /// and cancels it if it was an mt hand-in not admitted yet (B-076).
+    /// and cancels it if it was an mt hand-in not admitted yet (B-052, B-053).
     ///
     /// # Errors
     /// `Again` when it is not found while an earlier position is still being
@@ -364,7 +363,7 @@ pub(crate) fn settle<R>(sh: &Shared<R>) {
     }
 }
 
-/// Owner-loop cancel of a handle the core does not know (B-076).
+/// Owner-loop cancel of a handle the core does not know (B-052, B-053).
 pub(crate) fn owner_cancel<R>(sh: &Shared<R>, h: Handle) -> Result<()> {
     let mt = sh.mt.as_ref().ok_or(Error::Inval)?;
     let handle = NonZeroU64::new(h.get()).expect("handles are nonzero");

@@ -35,7 +35,7 @@
 //! "still writing"; the consumer reports it as [`Pop::Busy`] (there is a
 //! reservation at or after `head`, `tail > head`, but the value is not
 //! there yet), distinct from [`Pop::Empty`]. An owner-loop cancel uses that to
-//! answer `Again` (B-076's last sentence) rather than a wrong `Inval`.
+//! answer `Again` (B-053) rather than a wrong `Inval`.
 //!
 //! # Safety
 //!

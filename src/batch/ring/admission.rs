@@ -72,7 +72,7 @@ impl HandleSpace {
     /// Issues the next handle.
     ///
     /// # Errors
-    /// `Range` once every handle has been issued (B-020, B-120).
+    /// `Range` once every handle has been issued (B-028, B-120).
     pub(crate) fn issue(&self) -> Result<NonZeroU64> {
         let mut cur = self.next.load(Ordering::Relaxed);
         loop {
@@ -142,8 +142,13 @@ impl Pool {
 
     /// Returns one claimed record.
     pub(crate) fn release(&self) {
-        let before = self.free.fetch_add(1, Ordering::Release);
-        debug_assert!(before < self.cap, "record released twice");
+        self.release_n(1);
+    }
+
+    /// Returns `n` claimed records at once (one atomic operation).
+    pub(crate) fn release_n(&self, n: usize) {
+        let before = self.free.fetch_add(n, Ordering::Release);
+        debug_assert!(before + n <= self.cap, "record released twice");
     }
 
     /// Records currently free.
@@ -458,8 +463,16 @@ impl<R> Inbox<R> {
 
     /// Returns the SUBMIT record of a drained hand-in that was admitted (or
     /// ended before admission).
+    #[cfg(test)]
     pub(crate) fn release_submit(&self) {
         self.shared.submits.release();
+    }
+
+    /// Returns `n` SUBMIT records at once.
+    pub(crate) fn release_submits(&self, n: usize) {
+        if n > 0 {
+            self.shared.submits.release_n(n);
+        }
     }
 
     /// Submit hand-ins drained so far (`mt_queued`).
