@@ -172,7 +172,11 @@ fn mt_ring_and_pools_are_charged_at_create() {
     let lp = Loop::with_budget(small).unwrap();
     let err = Group::create_async(&lp, mt_opts(4, 1024), Jobs, |_, _, _| {}).unwrap_err();
     assert_eq!(err, Error::Nomem);
-    assert_eq!((lp.budget().used(), lp.n_procs()), (0, 0), "nothing published");
+    assert_eq!(
+        (lp.budget().used(), lp.n_procs()),
+        (0, 0),
+        "nothing published"
+    );
 }
 
 #[test]
@@ -265,7 +269,6 @@ fn close_refuses_submit_mt_and_controls_end_with_the_driver() {
     assert_eq!(remote.resume(h), Err(Error::Inval));
     let a = g.async_stats();
     assert_eq!((a.mt_queued, a.mt_rejections), (1, 1));
-    // An owner-loop handle comes next in the same space: no gap was issued.
     g.destroy().unwrap();
 }
 

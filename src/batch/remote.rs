@@ -254,6 +254,42 @@ impl<R> MtState<R> {
 /// [`rt::future_pair`](crate::rt::future_pair) in the request; `complete`
 /// sets it and the submitter awaits the future (B-126; see
 /// `examples/cross_loop.rs`).
+///
+/// # Examples
+///
+/// ```
+/// use xtc::batch::{AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Item, StepResult};
+/// use xtc::rt::Loop;
+///
+/// struct Done;
+/// impl AsyncStep<u64> for Done {
+///     async fn submit(&mut self, _: &mut [Item<'_, u64>]) -> xtc::Result<Exec> {
+///         Ok(Exec::Inline)
+///     }
+///     async fn collect(
+///         &mut self,
+///         _: &mut [Item<'_, u64>],
+///         results: &mut [StepResult],
+///         _: ExecStatus,
+///     ) -> xtc::Result<()> {
+///         results.fill(StepResult::Done);
+///         Ok(())
+///     }
+/// }
+///
+/// let lp = Loop::new()?;
+/// let opts = AsyncOpts { capacity: 4, max_active: 4, resource_capacity: 4, mt_queue_cap: 8, ..Default::default() };
+/// let group = Group::create_async(&lp, opts, Done, |_h, _r: u64, out: xtc::Result<()>| assert!(out.is_ok()))?;
+/// let remote = group.remote()?;
+/// // From a plain thread: the handle comes back before admission.
+/// let h = std::thread::spawn(move || remote.submit(42, 1).map_err(|e| e.error)).join().unwrap()?;
+/// group.close(CloseMode::Drain)?; // the hand-in raced nothing: it still runs
+/// lp.run()?;
+/// assert_eq!(group.stats().completed, 1);
+/// assert!(h.get() > 0);
+/// group.destroy()?;
+/// # Ok::<(), xtc::Error>(())
+/// ```
 pub struct Remote<R> {
     shared: Arc<Admission<R>>,
     resource_capacity: u64,

@@ -300,6 +300,11 @@ impl<R> Admission<R> {
     /// Hands in a submit: claims a SUBMIT record, stamps a handle, pushes.
     /// Returns the handle only once the record is on the ring (B-121).
     ///
+    /// A call that starts after close returned sees the CLOSED flag before
+    /// claiming anything, so no handle is issued (B-141). A call that races
+    /// close may stamp a handle and then lose the reservation: that number is
+    /// never returned nor reused (a gap in the monotonic space).
+    ///
     /// # Errors
     /// `Again` (counted) when the pool is exhausted or the ring closed; `Range`
     /// when the handle space is exhausted. The request comes back.
