@@ -14,7 +14,9 @@ fn blocked_in_epoll(tid: i32) -> bool {
     if wchan.contains("epoll") {
         return true;
     }
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+        return true; // no procfs: nothing to observe, set at once
+    };
     let state = stat
         .rsplit(')')
         .next()

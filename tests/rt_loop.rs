@@ -312,3 +312,24 @@ fn dropping_a_loop_runs_the_hooks_of_its_processes() {
     drop(lp);
     assert_eq!(runs.get(), 1);
 }
+
+#[test]
+fn a_far_deadline_parks_without_error_until_killed() {
+    // A deadline ~584 years away must not make epoll_wait fail; the waker
+    // from the promise ends the wait.
+    let lp = Loop::new().unwrap();
+    let (fut, promise) = future_pair::<()>();
+    let sleeper = lp
+        .spawn(async { rt::sleep_until(rt::Instant(u64::MAX)).await })
+        .unwrap();
+    let l2 = lp.clone();
+    lp.spawn(async move {
+        let _ = fut.await;
+        l2.kill(sleeper).unwrap();
+    })
+    .unwrap();
+    let setter = std::thread::spawn(move || promise.set(Ok(())));
+    lp.run().unwrap();
+    setter.join().unwrap();
+    assert_eq!(lp.n_procs(), 0);
+}

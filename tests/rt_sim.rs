@@ -61,7 +61,8 @@ fn the_same_seed_gives_the_same_trace_over_1000_seeds() {
         let (t2, l2) = workload(seed);
         assert_eq!(t1, t2, "seed {seed}");
         assert_eq!(l1, l2, "seed {seed}");
-        assert!(!t1.is_empty());
+        assert_eq!(l1.len(), 14, "seed {seed}: every log line written");
+        assert!(t1.len() > 40, "seed {seed}: {} events", t1.len());
     }
 }
 
@@ -211,4 +212,50 @@ fn step_is_false_on_an_empty_sim_and_run_steps_bounds_a_livelock() {
     })
     .unwrap();
     assert_eq!(sim.run_steps(1000), Ok(false));
+}
+
+#[test]
+fn a_killed_process_hook_spawns_a_finalizer_under_sim() {
+    struct Finalize(Rc<Cell<Option<LoopId>>>);
+    impl Drop for Finalize {
+        fn drop(&mut self) {
+            let lp = Loop::current().expect("hooks run with their loop current");
+            let (done, id) = (self.0.clone(), lp.id());
+            lp.spawn(async move {
+                rt::sleep(Duration::from_millis(1)).await;
+                done.set(Some(id));
+            })
+            .unwrap();
+        }
+    }
+    for seed in 0..50 {
+        let sim = Sim::new(seed);
+        let (a, b) = (sim.new_loop(), sim.new_loop());
+        let done = Rc::new(Cell::new(None));
+        let guard = Finalize(done.clone());
+        let (fut, _promise) = future_pair::<()>();
+        let driver = a
+            .spawn(async move {
+                let _g = guard;
+                let _ = fut.await;
+            })
+            .unwrap();
+        let a2 = a.clone();
+        b.spawn(async move { rt::yield_now().await }).unwrap();
+        a.spawn(async move { a2.kill(driver).unwrap() }).unwrap();
+        sim.run_until_idle().unwrap();
+        assert_eq!(done.get(), Some(a.id()), "seed {seed}");
+        assert!(!a.is_alive(driver));
+    }
+}
+
+#[test]
+fn a_sim_loop_budget_refuses_spawns_with_nomem() {
+    let sim = Sim::new(2);
+    let lp = sim.new_loop_with_budget(200);
+    lp.spawn(async {}).unwrap();
+    assert_eq!(lp.spawn(async {}).unwrap_err(), Error::Nomem);
+    sim.run_until_idle().unwrap();
+    assert_eq!(lp.budget().used(), 0);
+    lp.spawn(async {}).unwrap();
 }

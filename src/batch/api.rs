@@ -418,7 +418,9 @@ impl<R: 'static> Group<R> {
     }
 
     /// The finalizer's process id: parked until the driver ends; finalizes
-    /// outstanding work after an unexpected driver exit.
+    /// outstanding work after an unexpected driver exit. Exposed for
+    /// supervision and tests; killing it forfeits the exactly-once delivery
+    /// that it provides after a driver kill.
     pub fn finalizer_pid(&self) -> Pid {
         self.sh.finalizer.get().expect("set at create")
     }

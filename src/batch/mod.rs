@@ -75,6 +75,8 @@ mod driver;
 mod engine;
 mod fence;
 pub(crate) mod group;
+pub mod placement;
+pub mod router;
 mod step;
 
 // Cross-loop admission (issue 8): the lock-free ring, its pools, the loom
@@ -85,7 +87,9 @@ pub mod ring; // public only for benches/ring.rs (bench_support)
 mod sync_facade;
 
 pub use api::Group;
+pub use placement::{LoopNodes, loop_for, place};
 pub use remote::Remote;
+pub use router::Router;
 pub use step::{AsyncStep, Complete, Exec, ExecStatus, Item, Step, StepFn, StepResult, step_fn};
 
 use std::num::NonZeroU64;

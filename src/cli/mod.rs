@@ -1,6 +1,54 @@
-//! `cli` layer: the `xtc` command (`xtc probe`, `xtc decode`, ...).
+//! `cli` layer: the `xtc` command.
+//!
+//! One file per subcommand; this file only declares the subcommands and
+//! dispatches. To add one (e.g. `xtc decode`): a module with an `Args` struct
+//! and `run(&Args, &mut dyn Write) -> i32`, a variant below, and its match arm.
+
+use std::ffi::OsString;
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+
+pub mod probe;
+
+/// `xtc`: bounded continuous batching for accelerator work.
+#[derive(Debug, Parser)]
+#[command(name = "xtc", version, about)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List render and accel nodes: driver, PCI address, NUMA node, and the
+    /// executor loop each would be placed on.
+    Probe(probe::ProbeArgs),
+}
 
 /// Entry point of the `xtc` binary; returns the process exit status.
 pub fn main() -> i32 {
-    0
+    run(std::env::args_os(), &mut std::io::stdout().lock())
+}
+
+/// Parses `args` (program name first) and runs the subcommand, writing its
+/// report to `out`. Usage errors print clap's message and give status 2;
+/// `--help`/`--version` print and give 0.
+pub fn run<I, T>(args: I, out: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match &cli.command {
+        Command::Probe(args) => probe::run(args, out),
+    }
 }

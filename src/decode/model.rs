@@ -99,3 +99,142 @@ impl BatchPlan {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
     }
 }
+
+impl Config {
+    /// The default synthetic model: small enough that lavapipe on 2 cores runs
+    /// a ~32-token decode iteration in a few ms (dim 128, 4 layers, 4 query
+    /// heads over 2 KV heads, vocab 512, 256 positions).
+    pub fn tiny() -> Config {
+        Config {
+            dim: 128,
+            hidden_dim: 384,
+            n_layers: 4,
+            n_heads: 4,
+            n_kv_heads: 2,
+            vocab_size: 512,
+            seq_len: 256,
+        }
+    }
+
+    /// Checks the shape: every count > 0, `n_heads` divides `dim`,
+    /// `n_kv_heads` divides `n_heads`, an even `head_size` of at most 256
+    /// (the attention kernel's limit), and element counts that fit `u32`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Inval`] for any violation.
+    pub fn validate(&self) -> crate::Result<()> {
+        let c = self;
+        let counts = [
+            c.dim,
+            c.hidden_dim,
+            c.n_layers,
+            c.n_heads,
+            c.n_kv_heads,
+            c.vocab_size,
+            c.seq_len,
+        ];
+        let ok = counts.iter().all(|&n| n > 0 && n < (1 << 24))
+            && c.dim % c.n_heads == 0
+            && c.n_heads % c.n_kv_heads == 0
+            && c.head_size() % 2 == 0
+            && c.head_size() <= 256;
+        if ok { Ok(()) } else { Err(crate::Error::Inval) }
+    }
+}
+
+impl Weights {
+    /// Seeded synthetic weights (`fastrand`, never unseeded): matrices uniform
+    /// in `±1/sqrt(in)`, the embedding uniform in `±1`, RMSNorm weights in
+    /// `1 ± 0.1`; `wcls` is an independent matrix. Same seed, same weights.
+    ///
+    /// # Panics
+    /// If `config` fails [`Config::validate`].
+    pub fn synthetic(config: Config, seed: u64) -> Weights {
+        config.validate().expect("valid config");
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let c = &config;
+        let (l, d, h, kv) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim());
+        let mut uni = |n: usize, a: f32| -> Vec<f32> {
+            (0..n).map(|_| (rng.f32() * 2.0 - 1.0) * a).collect()
+        };
+        let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
+        Weights {
+            token_embedding: uni(c.vocab_size * d, 1.0),
+            rms_att: uni(l * d, 0.1).into_iter().map(|x| 1.0 + x).collect(),
+            wq: uni(l * d * d, s(d)),
+            wk: uni(l * kv * d, s(d)),
+            wv: uni(l * kv * d, s(d)),
+            wo: uni(l * d * d, s(d)),
+            rms_ffn: uni(l * d, 0.1).into_iter().map(|x| 1.0 + x).collect(),
+            w1: uni(l * h * d, s(d)),
+            w2: uni(l * d * h, s(h)),
+            w3: uni(l * h * d, s(d)),
+            rms_final: uni(d, 0.1).into_iter().map(|x| 1.0 + x).collect(),
+            wcls: uni(c.vocab_size * d, s(d) * 4.0),
+            config,
+        }
+    }
+
+    /// The tensors in llama2.c order with their names (for upload and checks).
+    pub fn tensors(&self) -> [(&'static str, &[f32]); 12] {
+        [
+            ("token_embedding", &self.token_embedding),
+            ("rms_att", &self.rms_att),
+            ("wq", &self.wq),
+            ("wk", &self.wk),
+            ("wv", &self.wv),
+            ("wo", &self.wo),
+            ("rms_ffn", &self.rms_ffn),
+            ("w1", &self.w1),
+            ("w2", &self.w2),
+            ("w3", &self.w3),
+            ("rms_final", &self.rms_final),
+            ("wcls", &self.wcls),
+        ]
+    }
+}
+
+/// Geometry of a paged KV cache: `n_blocks` blocks of `block_size` positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// Positions per block.
+    pub block_size: usize,
+    /// Blocks in the cache (block ids are `0..n_blocks`).
+    pub n_blocks: usize,
+}
+
+impl BatchPlan {
+    /// Checks the plan against the model and KV cache: every sequence has at
+    /// least one token, every token `< vocab_size`, positions stay below
+    /// `seq_len`, the block table covers every position run and names only
+    /// blocks `< n_blocks`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Inval`] for the first violation.
+    pub fn validate(&self, config: &Config, kv: KvGeometry) -> crate::Result<()> {
+        for s in &self.seqs {
+            let end = s
+                .start_pos
+                .checked_add(s.tokens.len())
+                .ok_or(crate::Error::Inval)?;
+            let blocks_needed = end.div_ceil(kv.block_size.max(1));
+            let ok = !s.tokens.is_empty()
+                && kv.block_size > 0
+                && end <= config.seq_len
+                && s.tokens.iter().all(|&t| (t as usize) < config.vocab_size)
+                && s.block_table.len() >= blocks_needed
+                && s.block_table[..blocks_needed]
+                    .iter()
+                    .all(|&b| (b as usize) < kv.n_blocks);
+            if !ok {
+                return Err(crate::Error::Inval);
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of sequences whose next token is sampled.
+    pub fn n_samples(&self) -> usize {
+        self.seqs.iter().filter(|s| s.sample).count()
+    }
+}

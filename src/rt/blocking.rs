@@ -1,4 +1,4 @@
-//! The blocking pool (`xtc_blocking_run`): closures run on pool threads and
+//! The blocking pool (`xtc_blocking_run`, B-078/B-079): closures run on pool threads and
 //! resolve a [`Future`](super::Future) the caller awaits on its loop.
 //!
 //! Jobs travel through a bounded `crossbeam-channel`; a full queue or a shut

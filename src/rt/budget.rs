@@ -1,6 +1,6 @@
 //! The per-loop resource accountant: a byte budget that the runtime charges
 //! its own objects against (each process's task cell, scheduling classes), and
-//! that layers above charge their storage against (`B-182`: allocation failure
+//! that layers above charge their storage against (B-185: allocation failure
 //! is `Nomem`). Tests use [`Budget::fail_after`] to inject allocation failure.
 //!
 //! Invariant: [`Budget::used`] is the sum of the live [`Charge`]s; a charge

@@ -7,14 +7,17 @@
 //! type; the backend decides where time comes from and how the loop waits.
 //!
 //! One turn of a real loop: move the inbox into the ready set, fire due timers,
-//! run the processes that were ready at the start of the turn, then (only if
+//! run as many processes as were ready at the start of the turn (each pick
+//! sees the processes woken so far), then (only if
 //! nothing is ready) park in `epoll_wait` until the nearest timer, an fd event
 //! or an eventfd wake.
 
 use super::budget::Budget;
 use super::class::{ReadySet, SchedClass};
 use super::io::Poller;
-use super::proc_table::{Inbox, ProcMeta, ProcRunnable, ProcTable};
+use super::proc_table::{
+    Inbox, LocalSaved, ProcMeta, ProcRunnable, ProcTable, local_enter, local_exit,
+};
 use super::sim::{SimCore, TraceKind};
 use super::timer::Timers;
 use super::{Instant, LoopId, Pid};
@@ -27,6 +30,10 @@ use std::sync::{Arc, OnceLock};
 
 /// Bytes charged to the loop's [`Budget`] per process, on top of the future's size.
 pub(crate) const PROC_OVERHEAD: u64 = 128;
+/// Longest single `epoll_wait` (~24.8 days, the largest millisecond timeout
+/// plain `epoll_pwait` takes; kernels before 5.11 lack `epoll_pwait2`). A
+/// farther deadline just parks again.
+const MAX_PARK: std::time::Duration = std::time::Duration::from_millis(i32::MAX as u64);
 /// Bytes charged per scheduling class.
 pub(crate) const CLASS_COST: u64 = 64;
 
@@ -36,20 +43,38 @@ thread_local! {
     static CURRENT: RefCell<Option<Loop>> = const { RefCell::new(None) };
 }
 
-/// Makes a loop current for its lifetime; restores the previous one on drop.
+/// Makes a loop current for its lifetime (and owner of the thread-local wake
+/// queue); restores the previous one on drop, moving the wakes still queued
+/// locally into the loop's ready set.
 pub(crate) struct CurrentGuard {
+    lp: Loop,
     prev: Option<Loop>,
+    prev_local: Option<LocalSaved>,
 }
 
 impl CurrentGuard {
     pub(crate) fn enter(lp: &Loop) -> CurrentGuard {
         let prev = CURRENT.with(|c| c.replace(Some(lp.clone())));
-        CurrentGuard { prev }
+        let prev_local = Some(local_enter(&lp.inner.inbox));
+        CurrentGuard {
+            lp: lp.clone(),
+            prev,
+            prev_local,
+        }
     }
 }
 
 impl Drop for CurrentGuard {
     fn drop(&mut self) {
+        let left = local_exit(self.prev_local.take().unwrap_or_default());
+        if !left.is_empty() {
+            match self.lp.inner.ready.try_borrow_mut() {
+                Ok(mut ready) => left.into_iter().for_each(|r| ready.push(r)),
+                // Never drop a wake: the inbox takes it (the local queue has
+                // its previous owner back, so this is the locked path).
+                Err(_) => left.into_iter().for_each(|r| self.lp.inner.inbox.push(r)),
+            }
+        }
         let prev = self.prev.take();
         let _ = CURRENT.try_with(|c| c.replace(prev));
     }
@@ -69,7 +94,6 @@ pub(crate) struct LoopInner {
     backend: Backend,
     budget: Budget,
     has_run: Cell<bool>,
-    running: Cell<bool>,
     stopped: Cell<bool>,
     /// Spare buffer swapped with the inbox's queue.
     spare: RefCell<Vec<ProcRunnable>>,
@@ -152,7 +176,6 @@ impl Loop {
                 backend,
                 budget: Budget::new(bytes),
                 has_run: Cell::new(false),
-                running: Cell::new(false),
                 stopped: Cell::new(false),
                 spare: RefCell::new(Vec::new()),
                 polling: Cell::new(None),
@@ -220,6 +243,12 @@ impl Loop {
         }
     }
 
+    /// Fds registered for readiness on this loop (0 for a `Sim` loop);
+    /// diagnostics: a dropped or killed waiter leaves no registration behind.
+    pub fn n_fds(&self) -> usize {
+        self.inner.poller().map_or(0, Poller::n_fds)
+    }
+
     /// Processes in the table (killed ones count until their future is dropped).
     pub fn n_procs(&self) -> usize {
         self.inner.procs.borrow().len()
@@ -266,9 +295,13 @@ impl Loop {
         let charge = self.inner.budget.charge(cost)?;
         let seq = self.inner.procs.borrow_mut().next_seq();
         let inbox = self.inner.inbox.clone();
+        let table = self.weak();
         let fut = async move {
             let _charge = charge;
-            f.await
+            f.await;
+            if let Some(lp) = table.upgrade() {
+                lp.procs.borrow_mut().note_finished(seq);
+            }
         };
         let (runnable, task) = async_task::Builder::new()
             .metadata(ProcMeta { seq, class })
@@ -337,25 +370,22 @@ impl Loop {
     /// one or another), or on a `Sim` loop (use [`Sim::step`](super::Sim::step));
     /// `Internal` if `epoll_wait` fails.
     pub fn run(&self) -> Result<()> {
-        if Loop::current().is_some() || self.inner.running.get() {
+        if Loop::current().is_some() {
             return Err(Error::Inval);
         }
         let Some(poller) = self.inner.poller() else {
             return Err(Error::Inval);
         };
         self.inner.stopped.set(false);
-        self.inner.running.set(true);
         self.mark_run();
         let _current = CurrentGuard::enter(self);
-        let res = self.run_turns(poller);
-        self.inner.running.set(false);
-        res
+        self.run_turns(poller)
     }
 
     fn run_turns(&self, poller: &Poller) -> Result<()> {
         loop {
             self.drain_inbox();
-            self.fire_timers(self.now());
+            self.fire_due_timers();
             if self.inner.stopped.get() {
                 return Ok(());
             }
@@ -367,7 +397,12 @@ impl Loop {
                 self.park(poller)?;
                 continue;
             }
-            for _ in 0..n {
+            for i in 0..n {
+                // Processes woken by the previous one compete for this pick,
+                // so class weights hold even for processes that just yielded.
+                if i > 0 {
+                    self.drain_inbox();
+                }
                 let Some(r) = self.inner.ready.borrow_mut().pop() else {
                     break;
                 };
@@ -389,7 +424,7 @@ impl Loop {
             .timers
             .borrow()
             .next_deadline()
-            .map(|d| d.saturating_duration_since(self.now()));
+            .map(|d| d.saturating_duration_since(self.now()).min(MAX_PARK));
         if !self.inner.inbox.try_park() {
             return Ok(());
         }
@@ -411,6 +446,16 @@ impl Loop {
         }
     }
 
+    /// Real loop: fires due timers, reading the clock only if a timer is armed.
+    fn fire_due_timers(&self) {
+        let next = self.inner.timers.borrow().next_deadline();
+        if let Some(next) = next
+            && next <= self.now()
+        {
+            self.fire_timers(self.now());
+        }
+    }
+
     /// Wakes every timer due at `now` (in deadline order).
     pub(crate) fn fire_timers(&self, now: Instant) {
         let due = self.inner.timers.borrow_mut().take_due(now);
@@ -428,9 +473,9 @@ impl Loop {
         let outer = self.inner.polling.replace(Some(seq));
         r.run();
         self.inner.polling.set(outer);
-        let (gone, task) = self.inner.procs.borrow_mut().reap(seq);
-        drop(task);
-        if gone {
+        let gone = self.inner.procs.borrow_mut().reap_after_run(seq);
+        for (seq, task) in gone {
+            drop(task);
             self.trace(TraceKind::Exit, seq);
         }
     }

@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 pub struct Topology {
     nodes: Vec<(u32, Vec<usize>)>,
     fixed_cpu: Option<usize>,
+    pin: bool,
 }
 
 impl Topology {
@@ -57,6 +58,7 @@ impl Topology {
         Ok(Topology {
             nodes,
             fixed_cpu: None,
+            pin: false,
         })
     }
 
@@ -65,6 +67,7 @@ impl Topology {
         Topology {
             nodes,
             fixed_cpu: None,
+            pin: false,
         }
     }
 
@@ -72,6 +75,29 @@ impl Topology {
     pub fn with_fixed_cpu(mut self, cpu: usize) -> Topology {
         self.fixed_cpu = Some(cpu);
         self
+    }
+
+    /// Carriers pin themselves (best effort) to the CPUs of node
+    /// `loop index % n_nodes` before recording their node.
+    pub fn with_pinning(mut self) -> Topology {
+        self.pin = true;
+        self
+    }
+
+    /// Pins the calling thread to the CPUs of the `idx % n_nodes`-th node;
+    /// a refusal (e.g. CPUs outside this process's cgroup) leaves it unpinned.
+    fn pin_carrier(&self, idx: usize) {
+        if !self.pin || self.nodes.is_empty() {
+            return;
+        }
+        let cpus = &self.nodes[idx % self.nodes.len()].1;
+        let mut set = rustix::thread::CpuSet::new();
+        cpus.iter()
+            .filter(|c| **c < rustix::thread::CpuSet::MAX_CPU)
+            .for_each(|c| set.set(*c));
+        if set.count() > 0 {
+            let _ = rustix::thread::sched_setaffinity(None, &set);
+        }
     }
 
     /// Nodes in the topology.
@@ -236,7 +262,7 @@ fn start_carrier(idx: usize, topo: Topology) -> Result<Carrier> {
     let (init_tx, init_rx) = cb::bounded::<Result<Option<u32>>>(1);
     let thread = std::thread::Builder::new()
         .name(format!("xtc-loop-{idx}"))
-        .spawn(move || carrier_main(&topo, &cmd_rx, &init_tx))
+        .spawn(move || carrier_main(idx, &topo, &cmd_rx, &init_tx))
         .map_err(|_| Error::Internal)?;
     let node = init_rx.recv().map_err(|_| Error::Internal)??;
     Ok(Carrier {
@@ -247,6 +273,7 @@ fn start_carrier(idx: usize, topo: Topology) -> Result<Carrier> {
 }
 
 fn carrier_main(
+    idx: usize,
     topo: &Topology,
     cmds: &cb::Receiver<Cmd>,
     init: &cb::Sender<Result<Option<u32>>>,
@@ -258,6 +285,7 @@ fn carrier_main(
             return Err(e);
         }
     };
+    topo.pin_carrier(idx);
     let _ = init.send(Ok(topo.node_of_this_thread()));
     while let Ok(cmd) = cmds.recv() {
         match cmd {

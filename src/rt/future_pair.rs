@@ -1,5 +1,6 @@
 //! [`future_pair`]: a one-shot future/promise pair (`xtc_future_new_pair`,
-//! `xtc_promise_set`).
+//! `xtc_promise_set`; B-126 requests carry one; on the FUTURE exec path a failed or dropped promise is
+//! seen as its error code, B-085).
 //!
 //! The two halves share a mutex-guarded slot. [`Promise::set`] stores the
 //! value and wakes the waker the future left there; if the future is awaited on

@@ -77,6 +77,10 @@ impl Poller {
         Ok((poller, wake))
     }
 
+    pub(crate) fn n_fds(&self) -> usize {
+        self.fds.borrow().len()
+    }
+
     /// Whether any fd is registered (the run loop then also polls epoll between turns).
     pub(crate) fn has_fds(&self) -> bool {
         !self.fds.borrow().is_empty()
@@ -211,7 +215,7 @@ fn map_fd_err(e: Errno) -> Error {
 }
 
 /// Waits until `fd` is readable on the current loop (`xtc_accel_wait_fence`,
-/// the FENCE path of B-0xx: sync_file, dma-fence, eventfd, pipe...).
+/// the FENCE path of B-066..B-070: sync_file, dma-fence, eventfd, pipe...).
 ///
 /// The fd stays the caller's: it is neither dup'ed nor closed. Dropping the
 /// future (or killing the process) removes the registration.

@@ -1,4 +1,5 @@
-//! Cross-loop mailboxes: a `crossbeam-channel` whose [`Sender`] is `Send +
+//! Cross-loop mailboxes (B-129: "send commands to an owner process using
+//! existing messaging APIs"): a `crossbeam-channel` whose [`Sender`] is `Send +
 //! Clone` and whose [`Receiver`] is awaited on its owner loop.
 //!
 //! The receiver parks by leaving its waker in a shared slot; a send (from any

@@ -26,16 +26,19 @@
 //!    with [`Loop::current`] naming that loop, so `Drop` guards are the exit
 //!    hooks and may spawn new processes (async finalizers). A process stays in
 //!    the table (is [`alive`](Loop::is_alive), counts in
-//!    [`n_procs`](Loop::n_procs)) until its future has been dropped.
+//!    [`n_procs`](Loop::n_procs)) until its future has been dropped (B-148:
+//!    "absent from the table" is the quiescence test, not a hook flag). A
+//!    process parked on a timer, a [`Future`], or fd readiness is woken to die
+//!    (B-068, B-102).
 //! 2. **No hidden polling thread, periodic wake, real clock read, or unseeded
-//!    randomness**: a real loop blocks in `epoll_wait` with the nearest timer as
+//!    randomness** (B-155): a real loop blocks in `epoll_wait` with the nearest timer as
 //!    its only timeout and is woken from other threads through its eventfd; a
 //!    [`Sim`] loop never reads the real clock, never blocks and never starts a
 //!    thread; its only randomness is the seeded RNG of its [`Sim`].
-//! 3. **A physical thread identity is not a loop identity**: [`Loop::current`]
+//! 3. **A physical thread identity is not a loop identity** (B-130): [`Loop::current`]
 //!    reports the loop whose process is being polled (under [`Sim`] many loops
 //!    share one thread), never a per-thread guess.
-//! 4. **Has-run**: [`Loop::has_run`] becomes true at the first [`Loop::run`] or
+//! 4. **Has-run** (B-015): [`Loop::has_run`] becomes true at the first [`Loop::run`] or
 //!    the first [`Sim::step`] that polls one of the loop's processes; layers
 //!    above use it for "create only before the loop's first run or simulation
 //!    step".
@@ -57,7 +60,7 @@ mod timer;
 
 pub use blocking::{BlockingPool, blocking_run};
 pub use budget::{Budget, Charge};
-pub use class::SchedClass;
+pub use class::{DEFAULT_WEIGHT, SchedClass};
 pub use event_loop::Loop;
 pub use executor::{Executor, Topology};
 pub use future_pair::{Future, Promise, future_pair};

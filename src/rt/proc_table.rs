@@ -10,12 +10,55 @@
 //! in `epoll_wait`, the push also writes the loop's eventfd. The parked flag and
 //! the queue share one mutex, so a wake is never lost between "queue empty"
 //! and "parked".
+//!
+//! Fast path: a wake issued on the thread where the woken process's loop is
+//! current (a process waking another of its loop, or itself in `yield_now`)
+//! goes to a thread-local queue without touching the mutex; the loop drains
+//! it with its inbox, and the current-loop guard hands whatever is left to the
+//! loop's ready set when the loop stops being current.
 
 use async_task::{Runnable, Task};
 use rustix::fd::OwnedFd;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+thread_local! {
+    /// Wakes for the loop current on this thread: (its inbox's address, queue).
+    static LOCAL: RefCell<(usize, Vec<ProcRunnable>)> = const { RefCell::new((0, Vec::new())) };
+}
+
+/// The thread-local wake queue's owner and contents saved by a nested
+/// current-loop guard.
+pub(crate) type LocalSaved = (usize, Vec<ProcRunnable>);
+
+/// Makes `inbox` the owner of this thread's local wake queue; returns the
+/// previous owner and its queued wakes, for [`local_exit`].
+pub(crate) fn local_enter(inbox: &Inbox) -> LocalSaved {
+    let addr = inbox as *const Inbox as usize;
+    LOCAL.with(|l| std::mem::replace(&mut *l.borrow_mut(), (addr, Vec::new())))
+}
+
+/// Restores `saved`; returns the wakes queued for the owner that is leaving.
+pub(crate) fn local_exit(saved: LocalSaved) -> Vec<ProcRunnable> {
+    LOCAL
+        .try_with(|l| std::mem::replace(&mut *l.borrow_mut(), saved).1)
+        .unwrap_or_default()
+}
+
+/// Appends the local wakes of `inbox` (if it owns the local queue) to `out`.
+fn local_drain(inbox: &Inbox, out: &mut Vec<ProcRunnable>) {
+    let addr = inbox as *const Inbox as usize;
+    let _ = LOCAL.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut()
+            && l.0 == addr
+        {
+            out.append(&mut l.1);
+        }
+    });
+}
 
 /// What a task cell carries: its pid sequence and scheduling-class index.
 #[derive(Debug, Clone, Copy)]
@@ -57,6 +100,10 @@ struct Entry {
 pub(crate) struct ProcTable {
     entries: HashMap<u64, Entry, BuildHasherDefault<SeqHasher>>,
     next_seq: u64,
+    /// Processes whose future completed since the last reap (reap hint).
+    finished: Vec<u64>,
+    /// Killed processes still in the table (reap hint).
+    killed_pending: usize,
 }
 
 impl ProcTable {
@@ -81,14 +128,43 @@ impl ProcTable {
     /// Kill: takes the task handle out (the caller drops it, which closes the
     /// cell). `None` for an unknown pid; `Some(None)` when already killed.
     pub(crate) fn take_for_kill(&mut self, seq: u64) -> Option<Option<ProcTask>> {
-        self.entries.get_mut(&seq).map(|e| e.task.take())
+        let taken = self.entries.get_mut(&seq).map(|e| e.task.take());
+        if let Some(Some(_)) = &taken {
+            self.killed_pending += 1;
+        }
+        taken
+    }
+
+    /// Called by a process's future as it completes.
+    pub(crate) fn note_finished(&mut self, seq: u64) {
+        self.finished.push(seq);
+    }
+
+    /// After a run of `seq`: reaps it and every process noted finished, if
+    /// the hints say any may be gone (the common case, a process that just
+    /// parked or yielded, costs no table lookup). Returns the removed pids'
+    /// sequence numbers with their handles, for the caller to drop outside
+    /// any borrow.
+    pub(crate) fn reap_after_run(&mut self, seq: u64) -> Vec<(u64, Option<ProcTask>)> {
+        let mut gone = Vec::new();
+        if self.killed_pending == 0 && self.finished.is_empty() {
+            return gone;
+        }
+        let mut candidates = std::mem::take(&mut self.finished);
+        candidates.push(seq);
+        for s in candidates {
+            if let (true, task) = self.reap(s) {
+                gone.push((s, task));
+            }
+        }
+        gone
     }
 
     /// After a run of `seq`: removes the entry if its future is gone (finished,
     /// or killed: a killed cell's future is dropped by the run). Returns the
     /// removed handle for the caller to drop outside any borrow, and whether an
     /// entry was removed.
-    pub(crate) fn reap(&mut self, seq: u64) -> (bool, Option<ProcTask>) {
+    fn reap(&mut self, seq: u64) -> (bool, Option<ProcTask>) {
         let done = match self.entries.get(&seq) {
             None => return (false, None),
             Some(e) => e.task.as_ref().is_none_or(|t| t.is_finished()),
@@ -97,6 +173,9 @@ impl ProcTable {
             return (false, None);
         }
         let task = self.entries.remove(&seq).and_then(|e| e.task);
+        if task.is_none() {
+            self.killed_pending -= 1;
+        }
         (true, task)
     }
 
@@ -121,6 +200,8 @@ struct InboxState {
 /// Woken processes waiting to be moved into the loop's ready set.
 pub(crate) struct Inbox {
     state: Mutex<InboxState>,
+    /// Set (under the lock) by a push; lets a drain skip the lock when clear.
+    maybe_queued: AtomicBool,
     /// The real loop's eventfd (written when a push finds the loop parked).
     wake_fd: Option<OwnedFd>,
 }
@@ -132,6 +213,7 @@ impl Inbox {
                 runnables: Vec::new(),
                 parked: false,
             }),
+            maybe_queued: AtomicBool::new(false),
             wake_fd,
         }
     }
@@ -143,9 +225,13 @@ impl Inbox {
 
     /// Queues a woken process; wakes the loop if it is parked.
     pub(crate) fn push(&self, r: ProcRunnable) {
+        let Some(r) = self.push_local(r) else {
+            return;
+        };
         let was_parked = {
             let mut s = self.lock();
             s.runnables.push(r);
+            self.maybe_queued.store(true, Ordering::Release);
             std::mem::replace(&mut s.parked, false)
         };
         if was_parked && let Some(fd) = &self.wake_fd {
@@ -155,10 +241,30 @@ impl Inbox {
         }
     }
 
-    /// Moves every queued runnable into `out` (swapping buffers, no allocation).
+    /// The local fast path: queues `r` thread-locally if this inbox's loop is
+    /// current on this thread, else hands it back.
+    fn push_local(&self, r: ProcRunnable) -> Option<ProcRunnable> {
+        let addr = self as *const Inbox as usize;
+        let mut r = Some(r);
+        let _ = LOCAL.try_with(|l| {
+            if let Ok(mut l) = l.try_borrow_mut()
+                && l.0 == addr
+            {
+                l.1.extend(r.take());
+            }
+        });
+        r
+    }
+
+    /// Moves every queued runnable (thread-local wakes first) into `out`,
+    /// which must be empty (swapping buffers, no allocation).
     pub(crate) fn drain_into(&self, out: &mut Vec<ProcRunnable>) {
-        let mut s = self.lock();
-        std::mem::swap(&mut s.runnables, out);
+        if self.maybe_queued.load(Ordering::Acquire) {
+            let mut s = self.lock();
+            self.maybe_queued.store(false, Ordering::Relaxed);
+            std::mem::swap(&mut s.runnables, out);
+        }
+        local_drain(self, out);
     }
 
     /// Marks the loop parked unless something is queued; returns whether it may park.

@@ -1,0 +1,50 @@
+// argmax: greedy next token for each sampled row: out[s] = argmax_i logits[s, i]
+// (the lowest index wins a tie), one workgroup per row.
+//
+// Shapes / layouts:
+//   act[logits_off ..]         logits [n_rows, vocab] f32
+//   out[out_off ..] (written)  token ids [n_rows] u32
+// Bindings (group 0): 1 act f32 (read_write), 4 out u32 (read_write).
+// Workgroup: 64; grid (n_rows, 1, 1).
+
+struct Params { n_rows: u32, vocab: u32, logits_off: u32, out_off: u32 }
+var<immediate> p: Params;
+
+@group(0) @binding(1) var<storage, read_write> act: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;
+
+var<workgroup> best_v: array<f32, 64>;
+var<workgroup> best_i: array<u32, 64>;
+
+@compute @workgroup_size(64)
+fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = wg.x;
+    let base = p.logits_off + r * p.vocab;
+    var bv = -3.4028235e38;
+    var bi = 0xffffffffu;
+    for (var i = li; i < p.vocab; i += 64u) {
+        let v = act[base + i];
+        if (bi == 0xffffffffu || v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+    best_v[li] = bv;
+    best_i[li] = bi;
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {
+        if (li < k) {
+            let ov = best_v[li + k];
+            let oi = best_i[li + k];
+            let mine = best_i[li];
+            if (oi != 0xffffffffu && (mine == 0xffffffffu || ov > best_v[li] || (ov == best_v[li] && oi < mine))) {
+                best_v[li] = ov;
+                best_i[li] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (li == 0u) {
+        out[p.out_off + r] = best_i[0];
+    }
+}

@@ -1,0 +1,319 @@
+//! The decode kernels' push constants and dispatch grids (`kernels/*.wgsl`).
+//!
+//! Every kernel uses the [`crate::vk::pipeline`] ABI: binding 0 = weights
+//! (f32), 1 = activations (f32), 2 = KV cache (f32), 3 = per-iteration
+//! metadata (u32), 4 = sampled tokens (u32). Offsets are in elements of their
+//! buffer. Each struct below is the kernel's `var<immediate>` block field for
+//! field (`#[repr(C)]`, all 4-byte fields), so it is uploaded as is.
+//!
+//! Row records in the metadata buffer are `[n_rows][4]` u32:
+//! `(token, sequence index, position, block-table offset)`.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::model::BatchPlan;
+use crate::vk::{Kernel, Kernels, Recorder, VkResult};
+
+/// Packs one iteration's metadata into `out` (cleared first): the row records
+/// `[n_tokens][4]` at offset 0 (token, sequence index, position, offset of the
+/// sequence's block table), then each sequence's block table (the blocks its
+/// positions `0..start_pos + len` use), then the list of sampled rows (the last
+/// row of each sequence with `sample`). Returns the offset of that list.
+/// `plan` must have passed [`BatchPlan::validate`].
+pub fn pack_metadata(plan: &BatchPlan, block_size: usize, out: &mut Vec<u32>) -> u32 {
+    let n_rows = plan.n_tokens();
+    out.clear();
+    out.resize(4 * n_rows, 0);
+    let mut row = 0;
+    for (si, s) in plan.seqs.iter().enumerate() {
+        let bt_off = out.len() as u32;
+        let blocks = (s.start_pos + s.tokens.len()).div_ceil(block_size);
+        out.extend_from_slice(&s.block_table[..blocks]);
+        for (i, &tok) in s.tokens.iter().enumerate() {
+            out[4 * row..4 * row + 4].copy_from_slice(&[
+                tok,
+                si as u32,
+                (s.start_pos + i) as u32,
+                bt_off,
+            ]);
+            row += 1;
+        }
+    }
+    let samples = out.len() as u32;
+    let mut row = 0u32;
+    for s in &plan.seqs {
+        row += s.tokens.len() as u32;
+        if s.sample {
+            out.push(row - 1);
+        }
+    }
+    samples
+}
+
+/// A kernel invocation: its entry point and grid.
+pub trait Op: Pod {
+    /// Entry point name in `kernels/`.
+    const KERNEL: &'static str;
+    /// Workgroups in x, y, z.
+    fn grid(&self) -> [u32; 3];
+}
+
+fn groups(n: u32, per: u32) -> u32 {
+    n.div_ceil(per).max(1)
+}
+
+/// `embed.wgsl`: `x[r] = embedding[token[r]]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Embed {
+    /// Token rows.
+    pub n_rows: u32,
+    /// Row width.
+    pub dim: u32,
+    /// Row records in the metadata buffer.
+    pub rows_off: u32,
+    /// Embedding table in weights.
+    pub emb_off: u32,
+    /// Output `[n_rows, dim]` in activations.
+    pub x_off: u32,
+}
+
+impl Op for Embed {
+    const KERNEL: &'static str = "embed";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.dim, 64), self.n_rows, 1]
+    }
+}
+
+/// `rmsnorm.wgsl`: `out[r] = w * x[src(r)] / rms(x[src(r)])`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct RmsNorm {
+    /// Output rows.
+    pub n_rows: u32,
+    /// Row width.
+    pub dim: u32,
+    /// Input rows in activations.
+    pub in_off: u32,
+    /// Output `[n_rows, dim]` in activations.
+    pub out_off: u32,
+    /// `w [dim]` in weights.
+    pub w_off: u32,
+    /// Metadata offset of a row-index list, or `u32::MAX` for identity.
+    pub row_list: u32,
+    /// Epsilon (1e-5).
+    pub eps: f32,
+}
+
+impl Op for RmsNorm {
+    const KERNEL: &'static str = "rmsnorm";
+    fn grid(&self) -> [u32; 3] {
+        [self.n_rows, 1, 1]
+    }
+}
+
+/// `matmul.wgsl`: `y[m, n] (+)= sum_k x[m, k] W[n, k]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Matmul {
+    /// Rows of x and y (token rows).
+    pub m: u32,
+    /// Outputs per row (rows of W).
+    pub n: u32,
+    /// Inputs per row (columns of W).
+    pub k: u32,
+    /// x `[m, k]` in activations.
+    pub x_off: u32,
+    /// W `[n, k]` in weights.
+    pub w_off: u32,
+    /// y `[m, n]` in activations.
+    pub y_off: u32,
+    /// 1: add to y (residual add), 0: overwrite.
+    pub accumulate: u32,
+}
+
+impl Op for Matmul {
+    const KERNEL: &'static str = "matmul";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.n, 16), groups(self.m, 16), 1]
+    }
+}
+
+/// `rope.wgsl`: rotary embedding of q and k in place at each row's position.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Rope {
+    /// Token rows.
+    pub n_rows: u32,
+    /// Width of q.
+    pub dim: u32,
+    /// Width of k.
+    pub kv_dim: u32,
+    /// Head size.
+    pub head_size: u32,
+    /// Row records in metadata.
+    pub rows_off: u32,
+    /// q `[n_rows, dim]` in activations.
+    pub q_off: u32,
+    /// k `[n_rows, kv_dim]` in activations.
+    pub k_off: u32,
+}
+
+impl Op for Rope {
+    const KERNEL: &'static str = "rope";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.dim / 2, 64), self.n_rows, 1]
+    }
+}
+
+/// `kv_append.wgsl`: k, v rows into the paged KV cache.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct KvAppend {
+    /// Token rows.
+    pub n_rows: u32,
+    /// Width of k and v.
+    pub kv_dim: u32,
+    /// Positions per block.
+    pub block_size: u32,
+    /// Row records in metadata.
+    pub rows_off: u32,
+    /// k `[n_rows, kv_dim]` in activations.
+    pub k_off: u32,
+    /// v `[n_rows, kv_dim]` in activations.
+    pub v_off: u32,
+    /// This layer's K cache in the KV buffer.
+    pub kc_off: u32,
+    /// This layer's V cache in the KV buffer.
+    pub vc_off: u32,
+}
+
+impl Op for KvAppend {
+    const KERNEL: &'static str = "kv_append";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.kv_dim, 64), self.n_rows, 1]
+    }
+}
+
+/// `attention.wgsl`: causal GQA attention per (row, head) over the paged cache.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Attention {
+    /// Token rows.
+    pub n_rows: u32,
+    /// Query heads.
+    pub n_heads: u32,
+    /// KV heads.
+    pub n_kv_heads: u32,
+    /// Head size (<= 256).
+    pub head_size: u32,
+    /// Positions per block.
+    pub block_size: u32,
+    /// Row records in metadata.
+    pub rows_off: u32,
+    /// q `[n_rows, dim]` in activations.
+    pub q_off: u32,
+    /// Output `[n_rows, dim]` in activations.
+    pub out_off: u32,
+    /// This layer's K cache in the KV buffer.
+    pub kc_off: u32,
+    /// This layer's V cache in the KV buffer.
+    pub vc_off: u32,
+    /// `n_kv_heads * head_size`.
+    pub kv_dim: u32,
+    /// `n_heads * head_size`.
+    pub dim: u32,
+}
+
+impl Op for Attention {
+    const KERNEL: &'static str = "attention";
+    fn grid(&self) -> [u32; 3] {
+        [self.n_heads, self.n_rows, 1]
+    }
+}
+
+/// `swiglu.wgsl`: `h1 = silu(h1) * h3`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct SwiGlu {
+    /// Token rows.
+    pub n_rows: u32,
+    /// Hidden width.
+    pub hidden_dim: u32,
+    /// h1 `[n_rows, hidden_dim]` in activations (in place).
+    pub h1_off: u32,
+    /// h3 `[n_rows, hidden_dim]` in activations.
+    pub h3_off: u32,
+}
+
+impl Op for SwiGlu {
+    const KERNEL: &'static str = "swiglu";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.hidden_dim, 64), self.n_rows, 1]
+    }
+}
+
+/// `argmax.wgsl`: greedy token of each logits row.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Argmax {
+    /// Logits rows.
+    pub n_rows: u32,
+    /// Vocabulary size.
+    pub vocab: u32,
+    /// Logits `[n_rows, vocab]` in activations.
+    pub logits_off: u32,
+    /// Output token ids in the tokens buffer.
+    pub out_off: u32,
+}
+
+impl Op for Argmax {
+    const KERNEL: &'static str = "argmax";
+    fn grid(&self) -> [u32; 3] {
+        [self.n_rows, 1, 1]
+    }
+}
+
+/// The decode kernels looked up once from [`Kernels`].
+#[derive(Debug, Clone)]
+pub struct Ops {
+    table: Vec<(&'static str, Kernel)>,
+}
+
+impl Ops {
+    /// Looks up every decode kernel.
+    ///
+    /// # Errors
+    /// `Inval` if a kernel is missing from the build.
+    pub fn new(k: &Kernels) -> VkResult<Ops> {
+        let names = [
+            Embed::KERNEL,
+            RmsNorm::KERNEL,
+            Matmul::KERNEL,
+            Rope::KERNEL,
+            KvAppend::KERNEL,
+            Attention::KERNEL,
+            SwiGlu::KERNEL,
+            Argmax::KERNEL,
+        ];
+        let table = names
+            .iter()
+            .map(|n| Ok((*n, k.get(n)?)))
+            .collect::<VkResult<_>>()?;
+        Ok(Ops { table })
+    }
+
+    /// Records `op` (no barrier: call [`Recorder::barrier`] before a dependent op).
+    ///
+    /// # Errors
+    /// As [`Recorder::dispatch`].
+    pub fn run<O: Op>(&self, rec: &mut Recorder<'_>, op: &O) -> VkResult<()> {
+        let k = self
+            .table
+            .iter()
+            .find(|(n, _)| *n == O::KERNEL)
+            .map(|(_, k)| *k);
+        let k = k.expect("every Op's kernel is in the table");
+        rec.dispatch(k, op, op.grid())
+    }
+}

@@ -1,0 +1,602 @@
+//! The dispatch scheduler: task graphs, run options, the scheduler loop, the
+//! orchestrator, and the two drivers (real threads, deterministic stepper).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use super::drain::handle_drain;
+use super::emu::{CoreEvent, CoreStep, EmuCore, Regs};
+use super::metrics::{PopRecord, Summary, summarize};
+use super::profile::DeviceProfile;
+use super::publish::dispatch_ready;
+use super::state::Shared;
+use super::step::{Clock, Hang, Point, Stepper, View, Yielder};
+use super::watermark::{PUBLISH_INTERVAL_K, REQUEST_AFTER_NS};
+use crate::{Error, Result};
+
+/// Task shape: which cores of a cluster one SPMD block uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Shape {
+    /// One AIC (cube) core per block.
+    Aic,
+    /// One AIV (vector) core per block.
+    Aiv,
+    /// A whole cluster per block: AIC + AIV0 + AIV1 (3 subtasks).
+    Mix,
+}
+
+impl Shape {
+    /// Subtasks (cores) per block: 3 for MIX, else 1.
+    pub fn subtasks(self) -> u32 {
+        if self == Shape::Mix { 3 } else { 1 }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One task of a graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskSpec {
+    /// Shape of each block.
+    pub shape: Shape,
+    /// SPMD blocks (`>= 1`).
+    pub block_num: u32,
+    /// All blocks must start together (drain mode when one thread cannot
+    /// place them; rejected at submit when the device cannot, D-15).
+    pub sync_start: bool,
+    /// Task ids this task waits for (each smaller than its own id).
+    pub deps: Vec<usize>,
+    /// Emulated run time of each subtask, ns.
+    pub duration_ns: u64,
+    /// Test hook: the kernel faults (the run latches a fatal error).
+    pub fail: bool,
+}
+
+impl TaskSpec {
+    /// A task of `block_num` blocks of `shape`, 1 µs each, no dependencies.
+    pub fn new(shape: Shape, block_num: u32) -> TaskSpec {
+        TaskSpec {
+            shape,
+            block_num,
+            sync_start: false,
+            deps: Vec::new(),
+            duration_ns: 1000,
+            fail: false,
+        }
+    }
+
+    /// Marks the task sync_start.
+    pub fn sync(mut self) -> TaskSpec {
+        self.sync_start = true;
+        self
+    }
+
+    /// Sets the dependencies.
+    pub fn after(mut self, deps: &[usize]) -> TaskSpec {
+        self.deps = deps.to_vec();
+        self
+    }
+
+    /// Sets the subtask run time, ns.
+    pub fn lasting(mut self, ns: u64) -> TaskSpec {
+        self.duration_ns = ns;
+        self
+    }
+
+    /// Makes the kernel fault (test hook).
+    pub fn failing(mut self) -> TaskSpec {
+        self.fail = true;
+        self
+    }
+}
+
+/// One orchestrator action, in submission order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrchStep {
+    /// Submit a task (its id is its rank among the `Task` steps).
+    Task(TaskSpec),
+    /// Open a scope: tasks submitted until the matching close stay alive
+    /// (not reclaimable) until the close.
+    OpenScope,
+    /// Close the innermost open scope.
+    CloseScope,
+}
+
+/// A task graph as the orchestrator submits it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Graph {
+    steps: Vec<OrchStep>,
+    tasks: usize,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    /// Appends a task; returns its id.
+    pub fn add(&mut self, t: TaskSpec) -> usize {
+        self.steps.push(OrchStep::Task(t));
+        self.tasks += 1;
+        self.tasks - 1
+    }
+
+    /// Appends a scope open.
+    pub fn open_scope(&mut self) {
+        self.steps.push(OrchStep::OpenScope);
+    }
+
+    /// Appends a scope close.
+    pub fn close_scope(&mut self) {
+        self.steps.push(OrchStep::CloseScope);
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> usize {
+        self.tasks
+    }
+
+    /// True without tasks.
+    pub fn is_empty(&self) -> bool {
+        self.tasks == 0
+    }
+}
+
+/// Publication mode of normal (non-sync) pops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum PublishMode {
+    /// One fence per task of the pop (D-01).
+    PerTask,
+    /// One fence per pop (D-02).
+    CrossTask,
+}
+
+/// The completed-latch escapes of the drain spins (D-06). All on by default;
+/// turning one off is a test-only switch that re-creates the upstream hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Escapes {
+    /// Sentinel wait (`pending == -1`).
+    pub sentinel: bool,
+    /// Ack barrier.
+    pub ack_barrier: bool,
+    /// Non-elected wait.
+    pub follower: bool,
+    /// Elected worker's wait for every thread's staging.
+    pub stage_done: bool,
+}
+
+impl Escapes {
+    /// Every escape on (the shipped protocol).
+    pub const ALL: Escapes = Escapes {
+        sentinel: true,
+        ack_barrier: true,
+        follower: true,
+        stage_done: true,
+    };
+    /// Every escape off (test only).
+    pub const NONE: Escapes = Escapes {
+        sentinel: false,
+        ack_barrier: false,
+        follower: false,
+        stage_done: false,
+    };
+}
+
+/// Options of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOpts {
+    /// Publication of normal pops (default cross-task).
+    pub publish: PublishMode,
+    /// D-04 exclusion: pops carrying a sync_start task flush per task.
+    pub sync_exclusion: bool,
+    /// D-06 escapes.
+    pub escapes: Escapes,
+    /// Generation-tagged drain attempts (the retry-ABA fix).
+    pub generation_tags: bool,
+    /// Task window (ring slots) of the orchestrator; `None` = unbounded.
+    pub window: Option<usize>,
+    /// D-09/D-10 pressure handshake.
+    pub handshake: bool,
+    /// Watermark publication interval K (D-08).
+    pub watermark_k: u64,
+    /// Consumer wait before requesting publication, ns (D-09).
+    pub request_after_ns: u64,
+    /// Consumer backstop, ns: after it the orchestrator reads the scheduler's
+    /// local head directly (and fails with [`Error::Range`] if still stuck).
+    pub backstop_ns: u64,
+    /// Scheduler-loop watchdog: no progress for this long while this thread
+    /// runs a task (or nobody does while tasks remain) latches
+    /// [`Error::Internal`]. It cannot see drain spins.
+    pub watchdog_ns: u64,
+}
+
+impl Default for RunOpts {
+    fn default() -> RunOpts {
+        RunOpts {
+            publish: PublishMode::CrossTask,
+            sync_exclusion: true,
+            escapes: Escapes::ALL,
+            generation_tags: true,
+            window: None,
+            handshake: true,
+            watermark_k: PUBLISH_INTERVAL_K,
+            request_after_ns: REQUEST_AFTER_NS,
+            backstop_ns: 100_000_000,
+            watchdog_ns: 2_000_000_000,
+        }
+    }
+}
+
+/// How a blocked orchestrator got its credit back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum StallEnd {
+    /// A normal (batched) publication.
+    Published,
+    /// An acknowledged forced publication (the handshake).
+    Acked,
+    /// The backstop read the scheduler-local head.
+    Backstop,
+}
+
+/// One orchestrator stall on task-window credit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Stall {
+    /// Task that waited for a slot.
+    pub task: usize,
+    /// Stall start, ns.
+    pub start_ns: u64,
+    /// Stall end, ns.
+    pub end_ns: u64,
+    /// How it ended.
+    pub how: StallEnd,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// Final value of every output slot.
+    pub outputs: Vec<u64>,
+    /// Expected value of every slot.
+    pub expected: Vec<u64>,
+    /// Fatal error latched by the run (kernel fault, watchdog, deadlock verdict).
+    pub fault: Option<Error>,
+    /// Every pop's record.
+    pub pops: Vec<PopRecord>,
+    /// Every finished subtask.
+    pub events: Vec<CoreEvent>,
+    /// Summary figures.
+    pub summary: Summary,
+    /// Orchestrator stalls on window credit.
+    pub stalls: Vec<Stall>,
+    /// Watermark (publications, local advances).
+    pub watermark: (u64, u64),
+    /// Structural deadlock verdicts (from acknowledged heads only, D-12).
+    pub verdicts: u32,
+    /// Drains abandoned under the completed latch.
+    pub drains_abandoned: u64,
+    /// Run's end time, ns.
+    pub end_ns: u64,
+}
+
+impl RunReport {
+    /// True when every output slot holds exactly its expected value.
+    pub fn outputs_exact(&self) -> bool {
+        self.outputs == self.expected
+    }
+}
+
+/// Read-only view of a stepped run for schedule policies.
+pub struct Probe(Arc<Shared>);
+
+impl Probe {
+    /// Drain retries so far.
+    pub fn drain_retries(&self) -> u64 {
+        self.0.m.c.drain_retries.load(Ordering::Relaxed)
+    }
+    /// The drain's `pending` word (0 idle, -1 initialising, > 0 block_num).
+    pub fn drain_pending(&self) -> i64 {
+        self.0.drain.pending.load(Ordering::Acquire)
+    }
+    /// True once `task` completed (retired by its owner).
+    pub fn task_completed(&self, task: usize) -> bool {
+        self.0.tasks[task].completed.load(Ordering::Acquire)
+    }
+    /// Scheduler thread whose cores run `task` now.
+    pub fn task_thread(&self, task: usize) -> Option<usize> {
+        self.0.task_thread(task)
+    }
+    /// True when a core running `task` wrote FIN (not yet retired).
+    pub fn task_finished_on_core(&self, task: usize) -> bool {
+        self.0.task_finished_on_core(task)
+    }
+    /// True once the run's completed latch is set.
+    pub fn completed(&self) -> bool {
+        self.0.is_completed()
+    }
+}
+
+/// A stepped-run schedule constraint: `(view, probe, pid) -> may poll pid`.
+/// Process ids: scheduler threads `0..sched_threads`, then the core host,
+/// then the orchestrator.
+pub type ProbePolicy = Box<dyn FnMut(&View<'_>, &Probe, usize) -> bool>;
+
+/// Options of a stepped run.
+pub struct StepOpts {
+    /// Schedule seed.
+    pub seed: u64,
+    /// Virtual ns per step.
+    pub tick_ns: u64,
+    /// Step bound: reaching it is a detected hang.
+    pub max_steps: u64,
+    /// Optional schedule constraint.
+    pub policy: Option<ProbePolicy>,
+}
+
+impl StepOpts {
+    /// Seeded, 100 ns per step, 5 M steps, no policy.
+    pub fn seeded(seed: u64) -> StepOpts {
+        StepOpts {
+            seed,
+            tick_ns: 100,
+            max_steps: 5_000_000,
+            policy: None,
+        }
+    }
+}
+
+/// Why a run did not produce a report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError {
+    /// The graph or options were rejected before the run.
+    Invalid(Error),
+    /// The stepped run hit its bound: the harness detected a hang.
+    Hang(Hang),
+}
+
+impl From<Error> for RunError {
+    fn from(e: Error) -> RunError {
+        RunError::Invalid(e)
+    }
+}
+
+/// The scheduler of one emulated device.
+pub struct Scheduler {
+    prof: DeviceProfile,
+    regs: Arc<Regs>,
+}
+
+impl Scheduler {
+    /// Maps the device's register region. Errors: [`Error::Inval`] for an
+    /// invalid profile, [`Error::Nomem`] when the mapping fails.
+    pub fn new(prof: DeviceProfile) -> Result<Scheduler> {
+        prof.validate()?;
+        let regs = Arc::new(Regs::new(prof.cores())?);
+        Ok(Scheduler { prof, regs })
+    }
+
+    /// The device profile.
+    pub fn profile(&self) -> &DeviceProfile {
+        &self.prof
+    }
+
+    /// Admission check of a graph (the orchestrator's submit rule).
+    ///
+    /// Errors ([`Error::Inval`]): `block_num == 0`; a sync_start task with
+    /// `block_num` above the device limit (clusters for MIX/AIC, AIV cores for
+    /// AIV: the cohort could never start together); a dependency on a task
+    /// not submitted before it; unbalanced scopes.
+    pub fn validate(&self, g: &Graph) -> Result<()> {
+        let mut id = 0;
+        let mut depth = 0i64;
+        for s in &g.steps {
+            match s {
+                OrchStep::Task(t) => {
+                    let limit = match t.shape {
+                        Shape::Aiv => 2 * self.prof.clusters,
+                        _ => self.prof.clusters,
+                    } as u32;
+                    if t.block_num == 0
+                        || (t.sync_start && t.block_num > limit)
+                        || t.deps.iter().any(|&d| d >= id)
+                    {
+                        return Err(Error::Inval);
+                    }
+                    id += 1;
+                }
+                OrchStep::OpenScope => depth += 1,
+                OrchStep::CloseScope => {
+                    depth -= 1;
+                    if depth < 0 {
+                        return Err(Error::Inval);
+                    }
+                }
+            }
+        }
+        if depth == 0 {
+            Ok(())
+        } else {
+            Err(Error::Inval)
+        }
+    }
+
+    fn shared(&self, g: &Graph, opts: RunOpts, clock: Clock) -> Result<Arc<Shared>> {
+        self.validate(g)?;
+        if opts.window == Some(0) || opts.watermark_k == 0 {
+            return Err(Error::Inval);
+        }
+        Ok(Arc::new(Shared::new(
+            self.prof.clone(),
+            opts,
+            self.regs.clone(),
+            clock,
+            g.steps.clone(),
+        )))
+    }
+
+    /// Runs `g` on real OS threads: one per scheduler thread, one core host
+    /// for every emulated core, one orchestrator. Metrics are meaningful here.
+    /// Errors: [`Error::Inval`] for a rejected graph or options.
+    pub fn run_threads(&self, g: &Graph, opts: RunOpts) -> Result<RunReport> {
+        let sh = self.shared(g, opts, Clock::Real(std::time::Instant::now()))?;
+        std::thread::scope(|s| {
+            for t in 0..self.prof.sched_threads {
+                let sh = sh.clone();
+                s.spawn(move || block_on(sched_loop(sh, t, Yielder::real())));
+            }
+            let sh2 = sh.clone();
+            s.spawn(move || block_on(core_host(sh2, Yielder::real())));
+            block_on(orchestrator(sh.clone(), Yielder::real()));
+        });
+        Ok(report(&sh))
+    }
+
+    /// Runs `g` under the deterministic stepper: every process is a future
+    /// polled one step at a time in a seeded order, time is virtual, and a
+    /// hang is reported as [`RunError::Hang`] when `max_steps` is reached.
+    pub fn run_stepped(
+        &self,
+        g: &Graph,
+        opts: RunOpts,
+        so: StepOpts,
+    ) -> std::result::Result<RunReport, RunError> {
+        let mut st = Stepper::new(so.seed, so.tick_ns);
+        let sh = self.shared(g, opts, st.clock())?;
+        for t in 0..self.prof.sched_threads {
+            let y = st.yielder();
+            st.spawn(y.clone(), sched_loop(sh.clone(), t, y));
+        }
+        let y = st.yielder();
+        st.spawn(y.clone(), core_host(sh.clone(), y));
+        let y = st.yielder();
+        st.spawn(y.clone(), orchestrator(sh.clone(), y));
+        if let Some(mut pol) = so.policy {
+            let probe = Probe(sh.clone());
+            st.set_policy(Box::new(move |v, pid| pol(v, &probe, pid)));
+        }
+        st.run(so.max_steps).map_err(RunError::Hang)?;
+        drop(st);
+        Ok(report(&sh))
+    }
+}
+
+fn block_on(f: impl std::future::Future<Output = ()>) {
+    futures_lite::future::block_on(f)
+}
+
+fn report(sh: &Shared) -> RunReport {
+    let pops = sh.m.pops.lock().unwrap().clone();
+    let events = sh.m.events.lock().unwrap().clone();
+    let summary = summarize(&pops, &events, &sh.m.c);
+    RunReport {
+        outputs: sh.out.iter().map(|v| v.load(Ordering::Acquire)).collect(),
+        expected: sh.expected(),
+        fault: *sh.fault.lock().unwrap(),
+        stalls: sh.stalls.lock().unwrap().clone(),
+        watermark: sh.wm.counts(),
+        verdicts: sh.verdicts.load(Ordering::Relaxed),
+        drains_abandoned: sh.m.c.drains_abandoned.load(Ordering::Relaxed),
+        end_ns: sh.now(),
+        pops,
+        events,
+        summary,
+    }
+}
+
+/// One scheduler thread: completion, drain, dispatch, watermark duties,
+/// watchdog. Leaves the instant the completed latch is seen.
+async fn sched_loop(sh: Arc<Shared>, t: usize, y: Yielder) {
+    let mut last_progress = sh.now();
+    loop {
+        if sh.is_completed() {
+            break;
+        }
+        let mut progress = sh.poll_completions(t);
+        if sh.is_completed() {
+            break;
+        }
+        if sh.drain.pending.load(Ordering::Acquire) != 0 {
+            handle_drain(&sh, t, &y).await;
+            last_progress = sh.now();
+            y.pause(Point::Loop).await;
+            continue;
+        }
+        let (p, _) = dispatch_ready(&sh, t);
+        progress |= p;
+        if t == 0 {
+            // D-10: productive and idle iterations alike.
+            progress |= sh.service_requests();
+        }
+        if progress {
+            last_progress = sh.now();
+        } else {
+            // D-11: only idle loops drain the deferred mask.
+            let _ = sh.wm.drain_deferred(|i| sh.consumed(i), sh.submitted_u64());
+            sh.maybe_finish();
+            if sh.now() - last_progress > sh.opts.watchdog_ns && sh.watchdog_should_fire(t) {
+                sh.latch_fatal(Error::Internal);
+            }
+        }
+        y.pause(Point::Loop).await;
+    }
+    y.done();
+}
+
+/// The host of every emulated core: polls each core once per iteration.
+async fn core_host(sh: Arc<Shared>, y: Yielder) {
+    let mut cores: Vec<EmuCore> = (0..sh.prof.cores()).map(EmuCore::new).collect();
+    let mut done = Vec::new();
+    while !sh.is_completed() {
+        for c in &mut cores {
+            if let CoreStep::Finished(ev) = c.poll(&sh.regs, &sh.out, || sh.now()) {
+                done.push(ev);
+            }
+        }
+        if !done.is_empty() {
+            sh.m.events.lock().unwrap().append(&mut done);
+        }
+        y.pause(Point::CoreHost).await;
+    }
+    y.done();
+}
+
+/// The orchestrator: submits the graph in order, waiting for task-window
+/// credit (the published watermark) with the pressure handshake.
+async fn orchestrator(sh: Arc<Shared>, y: Yielder) {
+    let mut id = 0usize;
+    let mut scopes: Vec<usize> = Vec::new();
+    for step in sh.script.clone() {
+        match step {
+            OrchStep::OpenScope => scopes.push(id),
+            OrchStep::CloseScope => {
+                let from = scopes.pop().unwrap_or(0);
+                if scopes.is_empty() {
+                    // The outermost scope closed: its tasks become reclaimable.
+                    for t in &sh.tasks[from..id] {
+                        t.scope_open.store(false, Ordering::Release);
+                    }
+                    sh.wm.defer();
+                }
+            }
+            OrchStep::Task(_) => {
+                if !sh.wait_credit(id, scopes.first().copied(), &y).await {
+                    break;
+                }
+                sh.submit(id, !scopes.is_empty());
+                id += 1;
+                if sh.clock.is_virtual() {
+                    // Stepped runs interleave every submission; a real
+                    // orchestrator submits while it has credit.
+                    y.pause(Point::Orch).await;
+                }
+            }
+        }
+    }
+    sh.orch_done.store(true, Ordering::Release);
+    sh.maybe_finish();
+    y.done();
+}

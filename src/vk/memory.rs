@@ -1,0 +1,209 @@
+//! [`Buffer`]: a storage buffer in memory from `gpu-allocator`.
+//!
+//! # Safety
+//! Raw Vulkan calls on buffers of the owning [`Device`]: a buffer is bound to
+//! its allocation once, right after creation, and destroyed (then its memory
+//! freed) only after every submission on the device has completed.
+#![allow(unsafe_code)]
+
+use ash::vk;
+use gpu_allocator::MemoryLocation;
+use gpu_allocator::vulkan::{Allocation, AllocationCreateDesc, AllocationScheme};
+
+use super::device::Device;
+use super::pipeline::CommandPool;
+use super::{VkError, VkResult, call};
+
+/// Where a buffer's memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// Device-local (weights, activations, KV cache); host access only where
+    /// the memory happens to be mappable (lavapipe), else through staging.
+    Device,
+    /// Host-visible, written by the CPU each iteration (per-token metadata).
+    Upload,
+    /// Host-visible, read back by the CPU (sampled tokens, logits).
+    Readback,
+}
+
+/// A storage buffer (also a transfer source and destination). Frees its memory
+/// on drop, after waiting for the device's submitted work.
+pub struct Buffer {
+    dev: Device,
+    raw: vk::Buffer,
+    alloc: Option<Allocation>,
+    size: u64,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("size", &self.size)
+            .field("mapped", &self.is_mapped())
+            .finish()
+    }
+}
+
+impl Buffer {
+    /// A buffer of `size` bytes at `loc`; `name` labels the allocation.
+    ///
+    /// # Errors
+    /// `Inval` for size 0, `Alloc` when memory runs out, `Call` otherwise.
+    pub fn new(dev: &Device, size: u64, loc: Location, name: &str) -> VkResult<Buffer> {
+        if size == 0 {
+            return Err(VkError::Inval(format!("buffer {name}: size 0")));
+        }
+        let d = &dev.0.device;
+        let usage = vk::BufferUsageFlags::STORAGE_BUFFER
+            | vk::BufferUsageFlags::TRANSFER_SRC
+            | vk::BufferUsageFlags::TRANSFER_DST;
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(usage)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        // SAFETY: valid create info for this device.
+        let raw = unsafe { d.create_buffer(&info, None) }.map_err(call("vkCreateBuffer"))?;
+        let mut buf = Buffer {
+            dev: dev.clone(),
+            raw,
+            alloc: None,
+            size,
+        };
+        // SAFETY: `raw` is a buffer of this device.
+        let requirements = unsafe { d.get_buffer_memory_requirements(raw) };
+        let location = match loc {
+            Location::Device => MemoryLocation::GpuOnly,
+            Location::Upload => MemoryLocation::CpuToGpu,
+            Location::Readback => MemoryLocation::GpuToCpu,
+        };
+        let desc = AllocationCreateDesc {
+            name,
+            requirements,
+            location,
+            linear: true,
+            allocation_scheme: AllocationScheme::GpuAllocatorManaged,
+        };
+        let alloc = dev
+            .0
+            .allocator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allocate(&desc);
+        let alloc = buf
+            .alloc
+            .insert(alloc.map_err(|e| VkError::Alloc(e.to_string()))?);
+        // SAFETY: the allocation satisfies `requirements`; the buffer is unbound.
+        unsafe { d.bind_buffer_memory(raw, alloc.memory(), alloc.offset()) }
+            .map_err(call("vkBindBufferMemory"))?;
+        Ok(buf)
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> vk::Buffer {
+        self.raw
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the host can read and write it directly.
+    pub fn is_mapped(&self) -> bool {
+        self.alloc
+            .as_ref()
+            .is_some_and(|a| a.mapped_ptr().is_some())
+    }
+
+    fn range(&self, offset: u64, len: usize) -> VkResult<std::ops::Range<usize>> {
+        let end = offset.checked_add(len as u64).filter(|e| *e <= self.size);
+        let end = end.ok_or_else(|| {
+            VkError::Inval(format!(
+                "range {offset}+{len} outside a {}-byte buffer",
+                self.size
+            ))
+        })?;
+        Ok(offset as usize..end as usize)
+    }
+
+    /// Writes `data` at byte `offset` through the mapping.
+    ///
+    /// # Errors
+    /// `Inval` if the buffer is not mapped or the range is outside it.
+    pub fn write<T: bytemuck::Pod>(&mut self, offset: u64, data: &[T]) -> VkResult<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let r = self.range(offset, bytes.len())?;
+        let map = self.alloc.as_mut().and_then(|a| a.mapped_slice_mut());
+        let map = map.ok_or_else(|| VkError::Inval("buffer is not host-mapped".into()))?;
+        map[r].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Reads `out.len()` elements at byte `offset` through the mapping. Call it
+    /// after the submission that wrote them completed (its command buffer
+    /// ending with a host barrier).
+    ///
+    /// # Errors
+    /// `Inval` if the buffer is not mapped or the range is outside it.
+    pub fn read<T: bytemuck::Pod>(&self, offset: u64, out: &mut [T]) -> VkResult<()> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        let r = self.range(offset, bytes.len())?;
+        let map = self.alloc.as_ref().and_then(|a| a.mapped_slice());
+        let map = map.ok_or_else(|| VkError::Inval("buffer is not host-mapped".into()))?;
+        bytes.copy_from_slice(&map[r]);
+        Ok(())
+    }
+
+    /// Writes `data` at byte `offset`: directly when mapped, else through a
+    /// staging buffer and a copy on the queue ([`upload_staged`](Self::upload_staged)).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write) / [`upload_staged`](Self::upload_staged).
+    pub fn upload<T: bytemuck::Pod>(&mut self, offset: u64, data: &[T]) -> VkResult<()> {
+        if self.is_mapped() {
+            self.write(offset, data)
+        } else {
+            self.upload_staged(offset, data)
+        }
+    }
+
+    /// Writes `data` at byte `offset` through a host-visible staging buffer and
+    /// a `vkCmdCopyBuffer` on the queue; returns after the copy completed.
+    ///
+    /// # Errors
+    /// `Inval` for a range outside the buffer; allocation or submit errors.
+    pub fn upload_staged<T: bytemuck::Pod>(&mut self, offset: u64, data: &[T]) -> VkResult<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        self.range(offset, bytes.len())?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut staging = Buffer::new(&self.dev, bytes.len() as u64, Location::Upload, "staging")?;
+        staging.write(0, bytes)?;
+        let mut pool = CommandPool::new(&self.dev)?;
+        let mut rec = pool.record_plain()?;
+        rec.copy(&staging, 0, self, offset, bytes.len() as u64);
+        let done = rec.finish()?;
+        let sub = pool.submit(vec![done])?;
+        sub.wait(None)?;
+        Ok(())
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let _ = self.dev.wait_submitted();
+        // SAFETY: no submitted work uses the buffer any more (waited above);
+        // it is destroyed before its memory is freed.
+        unsafe { self.dev.0.device.destroy_buffer(self.raw, None) };
+        if let Some(a) = self.alloc.take() {
+            let _ = self
+                .dev
+                .0
+                .allocator
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .free(a);
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! Compute pipelines ([`Kernels`]), their buffer bindings ([`BindingSet`]),
+//! command pools ([`CommandPool`], one per loop) and recording ([`Recorder`]).
+//!
+//! Kernel ABI (shared by every `kernels/*.wgsl`): descriptor set 0 with
+//! [`BINDINGS`] storage buffers and a push-constant block of at most
+//! [`PUSH_BYTES`] bytes, so one pipeline layout and one descriptor set serve
+//! every kernel and a whole iteration binds its buffers once.
+//!
+//! # Safety
+//! Raw Vulkan calls. Invariants: a command buffer is recorded only through a
+//! [`Recorder`], which borrows its [`CommandPool`] mutably (pools are
+//! externally synchronized; `CommandPool` is `!Sync`); a pool is reset or
+//! destroyed only after its last submission completed (it remembers the
+//! timeline value); pipelines, layouts and descriptor sets are destroyed only
+//! after the device's submitted work completed.
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+
+use ash::vk;
+
+use super::device::{Device, c_name};
+use super::memory::Buffer;
+use super::queue::Submission;
+use super::{VkError, VkResult, call, kernels::KERNELS};
+
+/// Storage-buffer bindings of the kernel ABI (set 0, bindings `0..BINDINGS`).
+pub const BINDINGS: u32 = 5;
+/// Size of the push-constant range of the kernel ABI, in bytes.
+pub const PUSH_BYTES: u32 = 64;
+
+/// One compute pipeline (a kernel entry point). `Copy`; valid while its
+/// [`Kernels`] lives.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernel {
+    pipeline: vk::Pipeline,
+}
+
+/// Every kernel compiled from `kernels/` as a pipeline, with the shared
+/// descriptor-set and pipeline layouts.
+pub struct Kernels {
+    dev: Device,
+    set_layout: vk::DescriptorSetLayout,
+    layout: vk::PipelineLayout,
+    pipelines: Vec<(&'static str, vk::Pipeline)>,
+}
+
+impl Kernels {
+    /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`.
+    ///
+    /// # Errors
+    /// `Call` if a layout, shader module or pipeline cannot be created.
+    pub fn new(dev: &Device) -> VkResult<Kernels> {
+        let d = dev.raw();
+        let bindings: Vec<_> = (0..BINDINGS)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        // SAFETY: valid create info; the array lives across the call.
+        let set_layout = unsafe { d.create_descriptor_set_layout(&info, None) }
+            .map_err(call("vkCreateDescriptorSetLayout"))?;
+        let mut me = Kernels {
+            dev: dev.clone(),
+            set_layout,
+            layout: vk::PipelineLayout::null(),
+            pipelines: vec![],
+        };
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .size(PUSH_BYTES)];
+        let layouts = [set_layout];
+        let info = vk::PipelineLayoutCreateInfo::default()
+            .set_layouts(&layouts)
+            .push_constant_ranges(&ranges);
+        // SAFETY: valid create info; arrays live across the call.
+        me.layout = unsafe { d.create_pipeline_layout(&info, None) }
+            .map_err(call("vkCreatePipelineLayout"))?;
+        for (name, spv) in KERNELS {
+            let p = me.build(name, spv)?;
+            me.pipelines.push((name, p));
+        }
+        Ok(me)
+    }
+
+    fn build(&self, name: &str, spv: &[u8]) -> VkResult<vk::Pipeline> {
+        let d = self.dev.raw();
+        let words = ash::util::read_spv(&mut std::io::Cursor::new(spv))?;
+        let info = vk::ShaderModuleCreateInfo::default().code(&words);
+        // SAFETY: `words` is SPIR-V from naga (magic checked by read_spv).
+        let module =
+            unsafe { d.create_shader_module(&info, None) }.map_err(call("vkCreateShaderModule"))?;
+        let entry = c_name(name)?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(&entry);
+        let info = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(self.layout)];
+        // SAFETY: module and layout are live; the shader's interface matches the
+        // layout (kernel ABI above); `info` lives across the call. The module
+        // may be destroyed once the pipeline exists.
+        let made = unsafe {
+            let r = d.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            d.destroy_shader_module(module, None);
+            r
+        };
+        made.map(|v| v[0]).map_err(|(_, e)| VkError::Call {
+            call: "vkCreateComputePipelines",
+            result: e,
+        })
+    }
+
+    /// The kernel whose entry point is `name` (e.g. `"matmul"`).
+    ///
+    /// # Errors
+    /// `Inval` for an unknown name.
+    pub fn get(&self, name: &str) -> VkResult<Kernel> {
+        let p = self.pipelines.iter().find(|(n, _)| *n == name);
+        p.map(|&(_, pipeline)| Kernel { pipeline })
+            .ok_or_else(|| VkError::Inval(format!("no kernel named {name:?}")))
+    }
+
+    /// Entry point names of all kernels.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.pipelines.iter().map(|(n, _)| *n)
+    }
+
+    /// The device these pipelines belong to.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        let _ = self.dev.wait_submitted();
+        let d = self.dev.raw();
+        // SAFETY: no submitted work uses these objects any more (waited above).
+        unsafe {
+            for (_, p) in self.pipelines.drain(..) {
+                d.destroy_pipeline(p, None);
+            }
+            d.destroy_pipeline_layout(self.layout, None);
+            d.destroy_descriptor_set_layout(self.set_layout, None);
+        }
+    }
+}
+
+/// A descriptor set binding [`BINDINGS`] buffers (binding `i` = `bufs[i]`,
+/// whole size) for use with every kernel.
+pub struct BindingSet {
+    dev: Device,
+    pool: vk::DescriptorPool,
+    set: vk::DescriptorSet,
+}
+
+impl BindingSet {
+    /// Binds `bufs` (exactly [`BINDINGS`] of them, in binding order). The
+    /// buffers must outlive every command buffer recorded with this set.
+    ///
+    /// # Errors
+    /// `Inval` for a wrong count or a buffer of another device; `Call` otherwise.
+    pub fn new(kernels: &Kernels, bufs: &[&Buffer]) -> VkResult<BindingSet> {
+        if bufs.len() != BINDINGS as usize {
+            return Err(VkError::Inval(format!(
+                "{} buffers for {BINDINGS} bindings",
+                bufs.len()
+            )));
+        }
+        let d = kernels.dev.raw();
+        let sizes = [vk::DescriptorPoolSize::default()
+            .ty(vk::DescriptorType::STORAGE_BUFFER)
+            .descriptor_count(BINDINGS)];
+        let info = vk::DescriptorPoolCreateInfo::default()
+            .max_sets(1)
+            .pool_sizes(&sizes);
+        // SAFETY: valid create info.
+        let pool = unsafe { d.create_descriptor_pool(&info, None) }
+            .map_err(call("vkCreateDescriptorPool"))?;
+        let mut me = BindingSet {
+            dev: kernels.dev.clone(),
+            pool,
+            set: vk::DescriptorSet::null(),
+        };
+        let layouts = [kernels.set_layout];
+        let info = vk::DescriptorSetAllocateInfo::default()
+            .descriptor_pool(pool)
+            .set_layouts(&layouts);
+        // SAFETY: the pool has room for one set of this layout.
+        me.set = unsafe { d.allocate_descriptor_sets(&info) }
+            .map_err(call("vkAllocateDescriptorSets"))?[0];
+        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = bufs
+            .iter()
+            .map(|b| {
+                [vk::DescriptorBufferInfo::default()
+                    .buffer(b.raw())
+                    .range(vk::WHOLE_SIZE)]
+            })
+            .collect();
+        let writes: Vec<_> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(me.set)
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(info)
+            })
+            .collect();
+        // SAFETY: the set is not in use by any command buffer yet; buffers are live.
+        unsafe { d.update_descriptor_sets(&writes, &[]) };
+        Ok(me)
+    }
+}
+
+impl Drop for BindingSet {
+    fn drop(&mut self) {
+        let _ = self.dev.wait_submitted();
+        // SAFETY: no submitted work uses the set any more; destroying the pool frees it.
+        unsafe { self.dev.raw().destroy_descriptor_pool(self.pool, None) };
+    }
+}
+
+/// A command pool: one per loop (or thread). `Send`, not `Sync`: Vulkan
+/// command pools are externally synchronized.
+pub struct CommandPool {
+    dev: Device,
+    pool: vk::CommandPool,
+    free: Vec<vk::CommandBuffer>,
+    used: Vec<vk::CommandBuffer>,
+    last_value: u64,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+/// A fully recorded command buffer of a [`CommandPool`], ready for
+/// [`CommandPool::submit`] (once).
+#[derive(Debug)]
+pub struct Recorded(vk::CommandBuffer);
+
+impl CommandPool {
+    /// A new pool on the device's compute queue family.
+    ///
+    /// # Errors
+    /// `Call` if the pool cannot be created.
+    pub fn new(dev: &Device) -> VkResult<CommandPool> {
+        let info = vk::CommandPoolCreateInfo::default().queue_family_index(dev.queue_family());
+        // SAFETY: valid create info.
+        let pool = unsafe { dev.raw().create_command_pool(&info, None) }
+            .map_err(call("vkCreateCommandPool"))?;
+        Ok(CommandPool {
+            dev: dev.clone(),
+            pool,
+            free: vec![],
+            used: vec![],
+            last_value: 0,
+            _not_sync: PhantomData,
+        })
+    }
+
+    fn take(&mut self) -> VkResult<vk::CommandBuffer> {
+        let cmd = match self.free.pop() {
+            Some(c) => c,
+            None => {
+                let info = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(self.pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                // SAFETY: the pool is ours and borrowed mutably.
+                unsafe { self.dev.raw().allocate_command_buffers(&info) }
+                    .map_err(call("vkAllocateCommandBuffers"))?[0]
+            }
+        };
+        self.used.push(cmd);
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // SAFETY: `cmd` is in the initial state (fresh or after a pool reset).
+        unsafe { self.dev.raw().begin_command_buffer(cmd, &begin) }
+            .map_err(call("vkBeginCommandBuffer"))?;
+        Ok(cmd)
+    }
+
+    /// Begins recording a command buffer that dispatches `kernels` with `set`.
+    ///
+    /// # Errors
+    /// `Call` if allocation or `vkBeginCommandBuffer` fails.
+    pub fn record<'a>(
+        &'a mut self,
+        kernels: &'a Kernels,
+        set: &'a BindingSet,
+    ) -> VkResult<Recorder<'a>> {
+        let cmd = self.take()?;
+        // SAFETY: `cmd` is recording; set and layout are live and compatible.
+        unsafe {
+            self.dev.raw().cmd_bind_descriptor_sets(
+                cmd,
+                vk::PipelineBindPoint::COMPUTE,
+                kernels.layout,
+                0,
+                &[set.set],
+                &[],
+            );
+        }
+        Ok(Recorder {
+            pool: self,
+            cmd,
+            layout: kernels.layout,
+        })
+    }
+
+    /// Begins recording a command buffer for transfers only (no kernels).
+    ///
+    /// # Errors
+    /// As [`record`](Self::record).
+    pub fn record_plain(&mut self) -> VkResult<Recorder<'_>> {
+        let cmd = self.take()?;
+        Ok(Recorder {
+            pool: self,
+            cmd,
+            layout: vk::PipelineLayout::null(),
+        })
+    }
+
+    /// Submits `cmds` (recorded from this pool) in ONE `vkQueueSubmit`.
+    ///
+    /// # Errors
+    /// `Inval` for a command buffer of another pool; submit errors.
+    pub fn submit(&mut self, cmds: Vec<Recorded>) -> VkResult<Submission> {
+        if cmds.iter().any(|c| !self.used.contains(&c.0)) {
+            return Err(VkError::Inval("command buffer of another pool".into()));
+        }
+        let raw: Vec<vk::CommandBuffer> = cmds.iter().map(|c| c.0).collect();
+        // SAFETY: each buffer was fully recorded from this pool (a `Recorded`
+        // exists only after vkEndCommandBuffer) and is consumed here, so it is
+        // submitted once; the pool is borrowed mutably during the call.
+        let sub = unsafe { self.dev.submit(&raw) }?;
+        self.last_value = sub.value();
+        Ok(sub)
+    }
+
+    /// Waits for this pool's last submission, then resets every command buffer
+    /// for reuse.
+    ///
+    /// # Errors
+    /// Device lost.
+    pub fn reset(&mut self) -> VkResult<()> {
+        self.dev.wait_value(self.last_value)?;
+        // SAFETY: no command buffer of the pool is pending (waited above).
+        unsafe {
+            self.dev
+                .raw()
+                .reset_command_pool(self.pool, vk::CommandPoolResetFlags::empty())
+        }
+        .map_err(call("vkResetCommandPool"))?;
+        self.free.append(&mut self.used);
+        Ok(())
+    }
+}
+
+impl Drop for CommandPool {
+    fn drop(&mut self) {
+        let _ = self.dev.wait_value(self.last_value);
+        // SAFETY: no command buffer of the pool is pending (waited above).
+        unsafe { self.dev.raw().destroy_command_pool(self.pool, None) };
+    }
+}
+
+/// Records one command buffer: kernel dispatches, barriers and copies.
+pub struct Recorder<'a> {
+    pool: &'a mut CommandPool,
+    cmd: vk::CommandBuffer,
+    layout: vk::PipelineLayout,
+}
+
+impl Recorder<'_> {
+    /// Dispatches `kernel` over `groups` workgroups with `push` as its
+    /// push constants (at most [`PUSH_BYTES`] bytes, a multiple of 4).
+    ///
+    /// # Errors
+    /// `Inval` for a bad push-constant size, a zero or too large grid, or a
+    /// transfer-only recorder.
+    pub fn dispatch<P: bytemuck::Pod>(
+        &mut self,
+        kernel: Kernel,
+        push: &P,
+        groups: [u32; 3],
+    ) -> VkResult<()> {
+        let bytes = bytemuck::bytes_of(push);
+        if bytes.len() > PUSH_BYTES as usize
+            || bytes.len() % 4 != 0
+            || self.layout == vk::PipelineLayout::null()
+        {
+            return Err(VkError::Inval(format!(
+                "push constants of {} bytes",
+                bytes.len()
+            )));
+        }
+        let max = self.pool.dev.0.limits.max_compute_work_group_count;
+        if groups.iter().zip(max).any(|(g, m)| *g == 0 || *g > m) {
+            return Err(VkError::Inval(format!("grid {groups:?} (limit {max:?})")));
+        }
+        let d = self.pool.dev.raw();
+        // SAFETY: recording state; pipeline and layout are live and compatible.
+        unsafe {
+            d.cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, kernel.pipeline);
+            d.cmd_push_constants(
+                self.cmd,
+                self.layout,
+                vk::ShaderStageFlags::COMPUTE,
+                0,
+                bytes,
+            );
+            d.cmd_dispatch(self.cmd, groups[0], groups[1], groups[2]);
+        }
+        Ok(())
+    }
+
+    fn memory_barrier(
+        &mut self,
+        src: vk::PipelineStageFlags,
+        dst: vk::PipelineStageFlags,
+        dst_access: vk::AccessFlags,
+    ) {
+        let b = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(dst_access)];
+        // SAFETY: recording state; the barrier array lives across the call.
+        unsafe {
+            self.pool.dev.raw().cmd_pipeline_barrier(
+                self.cmd,
+                src,
+                dst,
+                vk::DependencyFlags::empty(),
+                &b,
+                &[],
+                &[],
+            )
+        };
+    }
+
+    /// Makes all earlier compute and transfer writes visible to later
+    /// dispatches and copies (between dependent kernels).
+    pub fn barrier(&mut self) {
+        let stages = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+        let access = vk::AccessFlags::SHADER_READ
+            | vk::AccessFlags::SHADER_WRITE
+            | vk::AccessFlags::TRANSFER_READ
+            | vk::AccessFlags::TRANSFER_WRITE;
+        self.memory_barrier(stages, stages, access);
+    }
+
+    /// Makes all earlier writes visible to the host once the submission's
+    /// fence signals (end every command buffer whose results the CPU reads).
+    pub fn host_barrier(&mut self) {
+        let src = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+        self.memory_barrier(
+            src,
+            vk::PipelineStageFlags::HOST,
+            vk::AccessFlags::HOST_READ,
+        );
+    }
+
+    /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`.
+    /// Ranges must lie inside the buffers (checked by the validation layer).
+    pub fn copy(&mut self, src: &Buffer, src_off: u64, dst: &Buffer, dst_off: u64, len: u64) {
+        let region = [vk::BufferCopy::default()
+            .src_offset(src_off)
+            .dst_offset(dst_off)
+            .size(len)];
+        // SAFETY: recording state; buffers are live and outlive the submission
+        // (their Drop waits for submitted work).
+        unsafe {
+            self.pool
+                .dev
+                .raw()
+                .cmd_copy_buffer(self.cmd, src.raw(), dst.raw(), &region)
+        };
+    }
+
+    /// Ends recording.
+    ///
+    /// # Errors
+    /// `Call` if `vkEndCommandBuffer` fails (out of memory).
+    pub fn finish(self) -> VkResult<Recorded> {
+        // SAFETY: recording state.
+        unsafe { self.pool.dev.raw().end_command_buffer(self.cmd) }
+            .map_err(call("vkEndCommandBuffer"))?;
+        Ok(Recorded(self.cmd))
+    }
+}
