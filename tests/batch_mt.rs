@@ -389,6 +389,82 @@ fn owner_cancel_of_an_unadmitted_mt_handle_never_runs_it() {
     g.destroy().unwrap();
 }
 
+/// Under `rt::Sim` (deterministic, one thread): a process of another loop
+/// submits through a `Remote` and awaits reply futures; every seed ends with
+/// all twenty answers and no stall.
+#[test]
+fn remote_between_sim_loops_with_reply_futures() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    for seed in 0..20 {
+        let sim = rt::Sim::new(seed);
+        let (owner, other) = (sim.new_loop(), sim.new_loop());
+        let complete = |_: Handle, (x, p): (u64, rt::Promise<u64>), o: Result<(), Error>| {
+            p.set(o.map(|()| x + 1));
+        };
+        struct Once;
+        impl AsyncStep<(u64, rt::Promise<u64>)> for Once {
+            async fn submit(
+                &mut self,
+                _: &mut [Item<'_, (u64, rt::Promise<u64>)>],
+            ) -> xtc::Result<Exec> {
+                Ok(Exec::Inline)
+            }
+            async fn collect(
+                &mut self,
+                _: &mut [Item<'_, (u64, rt::Promise<u64>)>],
+                results: &mut [StepResult],
+                _: ExecStatus,
+            ) -> xtc::Result<()> {
+                results.fill(StepResult::Done);
+                Ok(())
+            }
+        }
+        let g = Group::create_async(&owner, mt_opts(2, 2), Once, complete).unwrap();
+        let remote = g.remote().unwrap();
+        let answered = Rc::new(Cell::new(0));
+        let a2 = answered.clone();
+        other
+            .spawn(async move {
+                for x in 0..20u64 {
+                    let (f, p) = rt::future_pair();
+                    let mut req = (x, p);
+                    loop {
+                        match remote.submit(req, 1) {
+                            Ok(_) => break,
+                            Err(e) => {
+                                assert_eq!(e.error, Error::Again);
+                                req = e.into_inner();
+                                rt::yield_now().await;
+                            }
+                        }
+                    }
+                    assert_eq!(f.await.unwrap(), x + 1);
+                    a2.set(a2.get() + 1);
+                }
+            })
+            .unwrap();
+        let (g2, a3) = (g.clone(), answered.clone());
+        owner
+            .spawn(async move {
+                while a3.get() < 20 {
+                    rt::yield_now().await;
+                }
+                g2.close(CloseMode::Drain).unwrap();
+            })
+            .unwrap();
+        if let Err(stall) = sim.run_until_idle() {
+            panic!("seed {seed}: {stall}");
+        }
+        assert_eq!(
+            (answered.get(), g.stats().completed),
+            (20, 20),
+            "seed {seed}"
+        );
+        g.destroy().unwrap();
+    }
+}
+
 /// An operation that only ends when the cancel hint fires.
 struct Hinted {
     promise: Option<rt::Promise<()>>,
