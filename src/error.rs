@@ -64,20 +64,21 @@ impl Error {
     /// The error whose [`code`](Error::code) is `code`, or `None` for a value
     /// that is no `XTC_E_*` code (0 and positive values included).
     pub fn from_code(code: i32) -> Option<Error> {
-        [
-            Error::Inval,
-            Error::Version,
-            Error::Range,
-            Error::Again,
-            Error::Deadlk,
-            Error::Nomem,
-            Error::Nosys,
-            Error::Aborted,
-            Error::Internal,
-        ]
-        .into_iter()
-        .find(|e| e.code() == code)
+        Error::ALL.into_iter().find(|e| e.code() == code)
     }
+
+    /// Every error code, in the manual page's order.
+    pub const ALL: [Error; 9] = [
+        Error::Inval,
+        Error::Version,
+        Error::Range,
+        Error::Again,
+        Error::Deadlk,
+        Error::Nomem,
+        Error::Nosys,
+        Error::Aborted,
+        Error::Internal,
+    ];
 }
 
 /// `Result` with [`Error`].
@@ -89,17 +90,7 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_are_negative() {
-        for e in [
-            Error::Inval,
-            Error::Version,
-            Error::Range,
-            Error::Again,
-            Error::Deadlk,
-            Error::Nomem,
-            Error::Nosys,
-            Error::Aborted,
-            Error::Internal,
-        ] {
+        for e in Error::ALL {
             assert!(e.code() < 0);
             assert_eq!(Error::from_code(e.code()), Some(e));
         }
