@@ -17,19 +17,31 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rustix::event::{EventfdFlags, eventfd};
-use xtc::batch::{AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult, SyncOpts, step_fn};
+use xtc::batch::{
+    AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult, SyncOpts,
+    step_fn,
+};
 use xtc::rt::{self, Loop, Promise};
 
 /// The trivial step both sides run: count down, DONE at zero.
 fn trivial(items: &mut [Item<'_, u64>], results: &mut [StepResult]) {
     for (it, r) in items.iter_mut().zip(results.iter_mut()) {
         *it.request -= 1;
-        *r = if *it.request == 0 { StepResult::Done } else { StepResult::Continue };
+        *r = if *it.request == 0 {
+            StepResult::Done
+        } else {
+            StepResult::Continue
+        };
     }
 }
 
 fn sync_opts(n: usize) -> SyncOpts {
-    SyncOpts { capacity: n, max_active: n, resource_capacity: n as u64, sched_class: None }
+    SyncOpts {
+        capacity: n,
+        max_active: n,
+        resource_capacity: n as u64,
+        sched_class: None,
+    }
 }
 
 /// Runs `n` members for `iters` iterations each through a group.
@@ -39,7 +51,13 @@ fn engine_run(n: usize, iters: u64) -> Duration {
         trivial(items, res);
         Ok(())
     });
-    let g = Group::create(&lp, sync_opts(n), step, |_: Handle, _: u64, _: xtc::Result<()>| {}).unwrap();
+    let g = Group::create(
+        &lp,
+        sync_opts(n),
+        step,
+        |_: Handle, _: u64, _: xtc::Result<()>| {},
+    )
+    .unwrap();
     for _ in 0..n {
         g.submit(iters.max(1), 1).unwrap();
     }
@@ -51,18 +69,32 @@ fn engine_run(n: usize, iters: u64) -> Duration {
     d
 }
 
-/// The same step over a plain `Vec`, rebuilding the item vector and the
-/// result words each iteration as any batcher must.
+/// Reuses a vector's storage for another lifetime (keeps the allocation).
+fn recycle<'a, 'b>(mut v: Vec<Item<'a, u64>>) -> Vec<Item<'b, u64>> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!()).collect()
+}
+
+/// The same step over a plain `Vec`: rebuild the item vector (in reused
+/// storage) and the result words each iteration, as any batcher must, then
+/// drop the members that finished.
 fn bare_run(n: usize, iters: u64) -> Duration {
-    let mut reqs: Vec<(Handle, u64)> = (1..=n as u64).map(|i| (Handle::new(i).unwrap(), iters.max(1))).collect();
+    let mut reqs: Vec<(Handle, u64)> = (1..=n as u64)
+        .map(|i| (Handle::new(i).unwrap(), iters.max(1)))
+        .collect();
     let mut results = Vec::with_capacity(n);
+    let mut buf: Vec<Item<'static, u64>> = Vec::with_capacity(n);
     let t = Instant::now();
     while !reqs.is_empty() {
-        let mut items: Vec<Item<'_, u64>> = reqs.iter_mut().map(|(h, r)| Item { handle: *h, request: r }).collect();
+        let mut items = recycle(std::mem::take(&mut buf));
+        items.extend(reqs.iter_mut().map(|(h, r)| Item {
+            handle: *h,
+            request: r,
+        }));
         results.clear();
         results.resize(items.len(), StepResult::Unset);
         trivial(&mut items, &mut results);
-        drop(items);
+        buf = recycle(items);
         let mut i = 0;
         reqs.retain(|_| {
             i += 1;
@@ -77,8 +109,12 @@ fn member_iteration(c: &mut Criterion) {
     let mut grp = c.benchmark_group("member_iteration");
     for n in [1usize, 32, 256] {
         grp.throughput(Throughput::Elements(n as u64));
-        grp.bench_with_input(BenchmarkId::new("group", n), &n, |b, &n| b.iter_custom(|iters| engine_run(n, iters)));
-        grp.bench_with_input(BenchmarkId::new("bare_vec", n), &n, |b, &n| b.iter_custom(|iters| bare_run(n, iters)));
+        grp.bench_with_input(BenchmarkId::new("group", n), &n, |b, &n| {
+            b.iter_custom(|iters| engine_run(n, iters))
+        });
+        grp.bench_with_input(BenchmarkId::new("bare_vec", n), &n, |b, &n| {
+            b.iter_custom(|iters| bare_run(n, iters))
+        });
     }
     grp.finish();
 }
@@ -130,7 +166,12 @@ impl AsyncStep<u64> for Offload {
         Ok(Exec::Future(f))
     }
 
-    async fn collect(&mut self, items: &mut [Item<'_, u64>], res: &mut [StepResult], _: ExecStatus) -> xtc::Result<()> {
+    async fn collect(
+        &mut self,
+        items: &mut [Item<'_, u64>],
+        res: &mut [StepResult],
+        _: ExecStatus,
+    ) -> xtc::Result<()> {
         trivial(items, res);
         Ok(())
     }
@@ -146,10 +187,25 @@ fn promise_setter() -> crossbeam_channel::Sender<Promise<()>> {
     tx
 }
 
-fn async_run(future: bool, n: usize, iters: u64, tx: &crossbeam_channel::Sender<Promise<()>>) -> Duration {
+fn async_run(
+    future: bool,
+    n: usize,
+    iters: u64,
+    tx: &crossbeam_channel::Sender<Promise<()>>,
+) -> Duration {
     let lp = Loop::new().unwrap();
-    let o = AsyncOpts { capacity: n, max_active: n, resource_capacity: n as u64, exec_timeout: None, sched_class: None, mt_queue_cap: 0 };
-    let app = Offload { future, to_thread: tx.clone() };
+    let o = AsyncOpts {
+        capacity: n,
+        max_active: n,
+        resource_capacity: n as u64,
+        exec_timeout: None,
+        sched_class: None,
+        mt_queue_cap: 0,
+    };
+    let app = Offload {
+        future,
+        to_thread: tx.clone(),
+    };
     let g = Group::create_async(&lp, o, app, |_: Handle, _: u64, _: xtc::Result<()>| {}).unwrap();
     for _ in 0..n {
         g.submit(iters.max(1), 1).unwrap();
@@ -163,8 +219,12 @@ fn async_run(future: bool, n: usize, iters: u64, tx: &crossbeam_channel::Sender<
 fn async_iteration(c: &mut Criterion) {
     let tx = promise_setter();
     let mut grp = c.benchmark_group("async_iteration_32");
-    grp.bench_function("inline", |b| b.iter_custom(|iters| async_run(false, 32, iters, &tx)));
-    grp.bench_function("future_other_thread", |b| b.iter_custom(|iters| async_run(true, 32, iters, &tx)));
+    grp.bench_function("inline", |b| {
+        b.iter_custom(|iters| async_run(false, 32, iters, &tx))
+    });
+    grp.bench_function("future_other_thread", |b| {
+        b.iter_custom(|iters| async_run(true, 32, iters, &tx))
+    });
     grp.finish();
 }
 
@@ -186,9 +246,19 @@ impl AsyncStep<u64> for Fence {
         Ok(Exec::Fence(raw))
     }
 
-    async fn collect(&mut self, items: &mut [Item<'_, u64>], res: &mut [StepResult], _: ExecStatus) -> xtc::Result<()> {
+    async fn collect(
+        &mut self,
+        items: &mut [Item<'_, u64>],
+        res: &mut [StepResult],
+        _: ExecStatus,
+    ) -> xtc::Result<()> {
         let at = Instant::now();
-        let stamp = self.stamp.lock().unwrap().take().expect("stamped before the write");
+        let stamp = self
+            .stamp
+            .lock()
+            .unwrap()
+            .take()
+            .expect("stamped before the write");
         self.total.set(self.total.get() + at.duration_since(stamp));
         self.current = None;
         trivial(items, res);
@@ -210,8 +280,20 @@ fn fence_latency(iters: u64) -> Duration {
     });
     let lp = Loop::new().unwrap();
     let total = Rc::new(Cell::new(Duration::ZERO));
-    let app = Fence { to_thread: tx, stamp, current: None, total: total.clone() };
-    let o = AsyncOpts { capacity: 1, max_active: 1, resource_capacity: 1, exec_timeout: None, sched_class: None, mt_queue_cap: 0 };
+    let app = Fence {
+        to_thread: tx,
+        stamp,
+        current: None,
+        total: total.clone(),
+    };
+    let o = AsyncOpts {
+        capacity: 1,
+        max_active: 1,
+        resource_capacity: 1,
+        exec_timeout: None,
+        sched_class: None,
+        mt_queue_cap: 0,
+    };
     let g = Group::create_async(&lp, o, app, |_: Handle, _: u64, _: xtc::Result<()>| {}).unwrap();
     g.submit(iters.max(1), 1).unwrap();
     g.close(CloseMode::Drain).unwrap();
@@ -226,7 +308,9 @@ fn fence_latency(iters: u64) -> Duration {
 fn fence_wake(c: &mut Criterion) {
     let mut grp = c.benchmark_group("fence_wake_latency");
     grp.sample_size(20);
-    grp.bench_function("eventfd_other_thread_to_collect", |b| b.iter_custom(fence_latency));
+    grp.bench_function("eventfd_other_thread_to_collect", |b| {
+        b.iter_custom(fence_latency)
+    });
     grp.finish();
 }
 

@@ -114,20 +114,29 @@ impl<R> Drop for InCallback<'_, R> {
 
 /// Records a finished synchronous step (or OK collect): `Err(e)` fails the
 /// whole vector with `e` (B-037), otherwise each word applies (B-034..B-036).
+///
+/// CONTINUE members stay where they are and the vector becomes the ready
+/// list again (no per-member move on the hot path); only leaving or blocked
+/// members are extracted.
 pub(crate) fn record<R>(
     core: &mut Core<R>,
     members: &mut Vec<Member<R>>,
     results: &[StepResult],
     ret: Result<()>,
 ) {
-    match ret {
-        Ok(()) => {
-            for (m, r) in members.drain(..).zip(results) {
-                core.apply(m, *r);
-            }
-        }
-        Err(e) => fail_vector(core, members, e),
+    if let Err(e) = ret {
+        return fail_vector(core, members, e);
     }
+    let mut idx = 0;
+    let mut leaving = results.iter().filter(|r| **r != StepResult::Continue);
+    let moved = members.extract_if(.., |_| {
+        idx += 1;
+        results[idx - 1] != StepResult::Continue
+    });
+    for m in moved {
+        core.apply(m, *leaving.next().expect("one word per extracted member"));
+    }
+    core.keep_ready(members);
 }
 
 /// Fails every member of a vector with `err` (`Aborted` if cancelled).
@@ -332,6 +341,35 @@ pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
         Err(e) => {
             let _ = lp.kill(fin_pid);
             Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Handle;
+
+    #[test]
+    fn recycled_item_vectors_keep_their_storage() {
+        let mut members: Vec<Member<u32>> = (1..=64)
+            .map(|i| Member {
+                handle: Handle::new(i).unwrap(),
+                charge: 1,
+                request: i as u32,
+            })
+            .collect();
+        let mut bufs = Bufs::<u32> {
+            results: Vec::new(),
+            items: Vec::with_capacity(64),
+        };
+        let ptr = bufs.items.as_ptr() as usize;
+        for _ in 0..3 {
+            let items = bufs.items(&mut members);
+            assert_eq!(items.len(), 64);
+            assert_eq!(items.as_ptr() as usize, ptr, "no reallocation");
+            bufs.give_back(items);
+            assert_eq!(bufs.items.capacity(), 64);
         }
     }
 }

@@ -417,6 +417,16 @@ impl<R> Core<R> {
         }
     }
 
+    /// Puts CONTINUE members back into the ready list, leaving `members`
+    /// empty (a swap when the list is empty, as it is after a step).
+    pub(crate) fn keep_ready(&mut self, members: &mut Vec<Member<R>>) {
+        if self.ready.is_empty() {
+            std::mem::swap(&mut self.ready, members);
+        } else {
+            self.ready.append(members);
+        }
+    }
+
     /// The outcome of an in-flight member that failed with `err`: `Aborted`
     /// when its cancel was recorded (B-039, B-096).
     pub(crate) fn fail_outcome(&self, handle: Handle, err: Error) -> Error {
