@@ -20,6 +20,41 @@ use xtc::batch::{
 };
 use xtc::rt::{self, Loop, Promise, Sim};
 
+/// Counts heap allocations per thread, so a test can check that a window of
+/// engine code allocates nothing (B-017: all storage allocated at create).
+struct CountingAlloc;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; the counter
+// is a const-initialized thread-local `Cell` that never allocates.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same layout contract as the caller's.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: `p` came from `alloc` above with layout `l`.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: as the caller's contract.
+        unsafe { std::alloc::System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+fn allocs() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
 /// A request: an id and how many iterations it still needs before DONE.
 #[derive(Debug)]
 struct Rq {
@@ -1375,4 +1410,94 @@ fn b148_destroy_is_again_while_finalizer_parked_on_blocking_teardown() {
     assert_eq!(*c.collects.borrow(), vec![(vec![h], ExecStatus::Aborted)]);
     assert_eq!(c.outcome(h), vec![Err(Error::Aborted)]);
     g.destroy().unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// B-017, B-155: no storage allocated after create; determinism
+// ---------------------------------------------------------------------------
+
+/// Submitting into a group that is kept full and churned must not allocate:
+/// every container was sized at create (B-017; `Core::new`: "later pushes
+/// never allocate"). The handle map's tombstones must not force a regrowth.
+#[test]
+fn b017_steady_state_submits_allocate_nothing() {
+    let before = allocs();
+    let probe_box = std::hint::black_box(Box::new(7u64));
+    assert!(allocs() > before, "the counting allocator counts");
+    drop(probe_box);
+    let sim = Sim::new(140);
+    let lp = sim.new_loop();
+    let (g, c) = sync_group(&lp, sync_opts(8, 8, 8));
+    let grown = Rc::new(RefCell::new(Vec::new()));
+    let (g2, gr) = (g.clone(), grown.clone());
+    lp.spawn(async move {
+        // Phase 1: fill and drain in rounds. Phase 2: keep the group full,
+        // one submit as soon as a slot frees, members of varied lengths.
+        let mut id = 0u32;
+        while id < 2000 {
+            let before = allocs();
+            let r = g2.submit(rq(id, 1 + id % 7), 1);
+            let n = allocs() - before;
+            if n > 0 {
+                gr.borrow_mut().push((id, n));
+            }
+            match r {
+                Ok(_) => id += 1,
+                Err(e) => {
+                    assert_eq!(e.error, Error::Again);
+                    rt::yield_now().await;
+                }
+            }
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    run(&sim);
+    assert_eq!(c.done.borrow().len(), 2000);
+    assert_eq!(
+        *grown.borrow(),
+        vec![],
+        "(request id, allocations) inside submit"
+    );
+    g.destroy().unwrap();
+}
+
+/// The same seed gives the same trace and the same completion order (B-155:
+/// no unseeded randomness, no real clock read).
+#[test]
+fn b155_same_seed_same_schedule() {
+    let once = || {
+        let sim = Sim::new(141);
+        let lp = sim.new_loop();
+        let (g, c) = async_group(
+            &lp,
+            async_opts(16, 4, Some(Duration::from_micros(3))),
+            Kind::Future,
+        );
+        c.yields_step.set(2);
+        for i in 0..12 {
+            g.submit(rq(i, 1 + i % 3), 1).unwrap();
+        }
+        let c2 = c.clone();
+        let (lp2, pid) = (lp.clone(), g.driver_pid());
+        lp.spawn(async move {
+            let mut n = 0u32;
+            while lp2.is_alive(pid) {
+                n += 1;
+                let p = c2.promises.borrow_mut().pop();
+                match p {
+                    Some(p) if n % 3 != 0 => p.set(Ok(())),
+                    Some(p) => c2.promises.borrow_mut().insert(0, p), // let it time out
+                    None => rt::yield_now().await,
+                }
+                rt::yield_now().await;
+            }
+        })
+        .unwrap();
+        close_later(&lp, &g, CloseMode::Drain, || true);
+        run(&sim);
+        let order: Vec<_> = c.done.borrow().iter().map(|d| (d.1, d.2)).collect();
+        (sim.trace().len(), sim.now(), order)
+    };
+    assert_eq!(once(), once());
 }
