@@ -1080,7 +1080,8 @@ fn b097_close_cancel_ends_future_wait_aborted_and_drain_does_not_downgrade() {
     let sim = Sim::new(121);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Future);
-    let hs: Vec<_> = (0..2).map(|i| g.submit(rq(i, 3), 1).unwrap()).collect();
+    // left 1: collect writes DONE, which ABORTED must override (B-090).
+    let hs: Vec<_> = (0..2).map(|i| g.submit(rq(i, 1), 1).unwrap()).collect();
     let kept = Rc::new(RefCell::new(None));
     let (g2, c2, k2) = (g.clone(), c.clone(), kept.clone());
     lp.spawn(async move {
@@ -1407,6 +1408,11 @@ fn b148_destroy_is_again_while_finalizer_parked_on_blocking_teardown() {
     .unwrap();
     run_with_pool(&sim, &lp);
     assert_eq!(*seen.borrow(), vec![(true, Err(Error::Again))]);
+    assert_eq!(
+        *c.hints.borrow(),
+        vec![h],
+        "forced teardown hints every member"
+    );
     assert_eq!(*c.collects.borrow(), vec![(vec![h], ExecStatus::Aborted)]);
     assert_eq!(c.outcome(h), vec![Err(Error::Aborted)]);
     g.destroy().unwrap();
@@ -1500,4 +1506,87 @@ fn b155_same_seed_same_schedule() {
         (sim.trace().len(), sim.now(), order)
     };
     assert_eq!(once(), once());
+}
+
+// ---------------------------------------------------------------------------
+// BLOCKING (B-078, B-094, B-097) and BLOCKED after an OK collect (B-088)
+// ---------------------------------------------------------------------------
+
+/// A cancel during a BLOCKING operation fires the hint while the closure
+/// still runs; close(CANCEL) does not end a BLOCKING wait (the status stays
+/// OK), and every member still ends ABORTED exactly once.
+#[test]
+fn b078_blocking_wait_hints_on_cancel_but_close_cancel_does_not_end_it() {
+    let sim = Sim::new(142);
+    let lp = sim.new_loop();
+    let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Blocking);
+    let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
+    let (ran_tx, ran_rx) = crossbeam_channel::bounded::<()>(1);
+    *c.gate.borrow_mut() = Some(gate_rx);
+    *c.ran.borrow_mut() = Some(ran_tx);
+    let hs: Vec<_> = (0..2).map(|i| g.submit(rq(i, 1), 1).unwrap()).collect();
+    let (g2, c2, hs2) = (g.clone(), c.clone(), hs.clone());
+    lp.spawn(async move {
+        while ran_rx.try_recv().is_err() {
+            rt::yield_now().await;
+        }
+        g2.cancel(hs2[0]).unwrap();
+        while c2.hints.borrow().is_empty() {
+            rt::yield_now().await;
+        }
+        assert!(c2.collects.borrow().is_empty(), "closure still running");
+        g2.close(CloseMode::Cancel).unwrap();
+        while c2.hints.borrow().len() < 2 {
+            rt::yield_now().await;
+        }
+        yields(10).await;
+        assert!(
+            c2.collects.borrow().is_empty(),
+            "close(CANCEL) ended a BLOCKING wait"
+        );
+        gate_tx.send(()).unwrap();
+    })
+    .unwrap();
+    run_with_pool(&sim, &lp);
+    assert_eq!(*c.hints.borrow(), hs);
+    assert_eq!(*c.collects.borrow(), vec![(hs.clone(), ExecStatus::Ok)]);
+    for h in &hs {
+        assert_eq!(c.outcome(*h), vec![Err(Error::Aborted)]);
+    }
+    g.destroy().unwrap();
+}
+
+#[test]
+fn b088_blocked_after_ok_collect_keeps_charge_until_resumed() {
+    let sim = Sim::new(143);
+    let lp = sim.new_loop();
+    let o = AsyncOpts {
+        resource_capacity: 5,
+        ..async_opts(4, 2, None)
+    };
+    let (g, c) = async_group(&lp, o, Kind::Inline);
+    let a = g.submit(rq(1, 1), 4).unwrap();
+    c.script(a, &[StepResult::Blocked]);
+    let b = g.submit(rq(2, 1), 2).unwrap(); // 4 + 2 > 5: waits behind blocked a
+    let (g2, c2) = (g.clone(), c.clone());
+    lp.spawn(async move {
+        while g2.stats().blocked == 0 {
+            rt::yield_now().await;
+        }
+        yields(10).await;
+        let st = g2.stats();
+        assert_eq!((st.blocked, st.reserved_units, st.queued), (1, 4, 1));
+        assert_eq!(c2.in_vectors(b), 0);
+        assert_eq!(g2.resume(b), Err(Error::Inval), "WAITING not resumable");
+        g2.resume(a).unwrap();
+        assert_eq!(g2.stats().reserved_units, 4);
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    run(&sim);
+    assert_eq!(c.outcome(a), vec![Ok(())]);
+    assert_eq!(c.outcome(b), vec![Ok(())]);
+    assert_eq!(*c.vectors.borrow(), vec![vec![a], vec![a], vec![b]]);
+    assert_eq!(g.async_stats().offloads, 3);
+    g.destroy().unwrap();
 }
