@@ -1015,10 +1015,11 @@ fn b041_deadlk_from_peer_during_async_submit_collect_and_cancel_hint() {
                 assert!(turns < 100_000, "never saw {want}");
                 if want == "hint" && c2.in_cb.get().is_empty() && !c2.promises.borrow().is_empty() {
                     g2.cancel(h1).unwrap(); // operation outstanding: ask for a hint
-                } else if want == "collect" && c2.in_cb.get().is_empty() {
-                    if let Some(p) = c2.promises.borrow_mut().pop() {
-                        p.set(Ok(()));
-                    }
+                } else if want == "collect"
+                    && c2.in_cb.get().is_empty()
+                    && let Some(p) = c2.promises.borrow_mut().pop()
+                {
+                    p.set(Ok(()));
                 }
                 rt::yield_now().await;
             }
@@ -1492,7 +1493,7 @@ fn b155_same_seed_same_schedule() {
                 n += 1;
                 let p = c2.promises.borrow_mut().pop();
                 match p {
-                    Some(p) if n % 3 != 0 => p.set(Ok(())),
+                    Some(p) if !n.is_multiple_of(3) => p.set(Ok(())),
                     Some(p) => c2.promises.borrow_mut().insert(0, p), // let it time out
                     None => rt::yield_now().await,
                 }
