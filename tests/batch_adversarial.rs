@@ -108,6 +108,8 @@ struct Ctl {
     /// Step calls after which a non-yielding step gives up (livelock guard).
     give_up_after: Cell<u64>,
     calls: Cell<u64>,
+    /// Loop clock at each submit / collect entry (ns).
+    times: RefCell<Vec<(&'static str, u64)>>,
 }
 
 type C = Rc<Ctl>;
@@ -217,6 +219,10 @@ struct A(C);
 impl AsyncStep<Rq> for A {
     async fn submit(&mut self, items: &mut [Item<'_, Rq>]) -> xtc::Result<Exec> {
         self.0.vectors.borrow_mut().push(handles(items));
+        self.0
+            .times
+            .borrow_mut()
+            .push(("submit", rt::now().as_nanos()));
         self.0.suspend("submit", self.0.yields_submit.get()).await;
         Ok(match self.0.kind.get().expect("kind set") {
             Kind::Inline => Exec::Inline,
@@ -245,6 +251,10 @@ impl AsyncStep<Rq> for A {
     ) -> xtc::Result<()> {
         assert!(res.iter().all(|r| *r == StepResult::Unset), "B-033");
         self.0.collects.borrow_mut().push((handles(items), status));
+        self.0
+            .times
+            .borrow_mut()
+            .push(("collect", rt::now().as_nanos()));
         self.0.fill(items, res);
         self.0.suspend("collect", self.0.yields_step.get()).await;
         Ok(())
@@ -1589,5 +1599,47 @@ fn b088_blocked_after_ok_collect_keeps_charge_until_resumed() {
     assert_eq!(c.outcome(b), vec![Ok(())]);
     assert_eq!(*c.vectors.borrow(), vec![vec![a], vec![a], vec![b]]);
     assert_eq!(g.async_stats().offloads, 3);
+    g.destroy().unwrap();
+}
+
+/// The wait ends at the exec_timeout deadline even when mutators keep waking
+/// the driver (a member cancel, close(DRAIN), resume of a READY member), and
+/// the cancelled in-flight member is hinted once and ends ABORTED (B-085,
+/// B-089, B-094).
+#[test]
+fn b085_timeout_deadline_holds_across_spurious_wakes() {
+    let sim = Sim::new(144);
+    let lp = sim.new_loop();
+    let t = Duration::from_micros(10);
+    let (g, c) = async_group(&lp, async_opts(4, 3, Some(t)), Kind::Future);
+    let hs: Vec<_> = (0..3).map(|i| g.submit(rq(i, 5), 1).unwrap()).collect();
+    let (g2, hs2) = (g.clone(), hs.clone());
+    lp.spawn(async move {
+        for i in 0..9u32 {
+            rt::sleep(Duration::from_micros(1)).await;
+            match i % 3 {
+                0 => g2.resume(hs2[1]).unwrap(),
+                1 => g2.cancel(hs2[0]).unwrap(),
+                _ => g2.close(CloseMode::Drain).unwrap(),
+            }
+        }
+    })
+    .unwrap();
+    run(&sim);
+    assert_eq!(
+        *c.collects.borrow(),
+        vec![(hs.clone(), ExecStatus::Timeout)]
+    );
+    let times = c.times.borrow();
+    assert_eq!(
+        times[1].1 - times[0].1,
+        10_000,
+        "wait ended at the deadline: {times:?}"
+    );
+    assert_eq!(*c.hints.borrow(), vec![hs[0]]);
+    assert_eq!(c.outcome(hs[0]), vec![Err(Error::Aborted)]);
+    assert_eq!(c.outcome(hs[1]), vec![Err(Error::Again)]);
+    assert_eq!(c.outcome(hs[2]), vec![Err(Error::Again)]);
+    assert_eq!(g.async_stats().offload_timeouts, 1);
     g.destroy().unwrap();
 }
