@@ -1643,3 +1643,84 @@ fn b085_timeout_deadline_holds_across_spurious_wakes() {
     assert_eq!(g.async_stats().offload_timeouts, 1);
     g.destroy().unwrap();
 }
+
+/// A cancel (or close(CANCEL)) that reaches a member whose DONE is recorded
+/// but not yet delivered -- here between a driver kill and the finalizer's
+/// delivery -- is harmless and DONE wins (B-049, B-051).
+#[test]
+fn b049_cancel_after_recorded_done_before_delivery_keeps_done() {
+    let mut hits = 0;
+    for seed in 0..32 {
+        let sim = Sim::new(1000 + seed);
+        let lp = sim.new_loop();
+        let (g, c) = sync_group(&lp, sync_opts(4, 4, 4));
+        c.yields_complete.set(Y);
+        let x = g.submit(rq(1, 1), 1).unwrap();
+        let y = g.submit(rq(2, 1), 1).unwrap();
+        let c2 = c.clone();
+        kill_when(&lp, &g, move || c2.in_cb.get() == "complete");
+        let res = Rc::new(RefCell::new(None));
+        let (g3, c3, r3, lp3) = (g.clone(), c.clone(), res.clone(), lp.clone());
+        let drv = g.driver_pid();
+        when(
+            &lp,
+            move || !lp3.is_alive(drv),
+            move || {
+                if c3.started.borrow().len() == 1 && c3.in_cb.get().is_empty() {
+                    // The finalizer has not delivered y yet.
+                    *r3.borrow_mut() = Some((g3.cancel(y), g3.close(CloseMode::Cancel)));
+                }
+            },
+        );
+        run(&sim);
+        assert_eq!(c.invocations(x), 1);
+        assert_eq!(c.invocations(y), 1);
+        if let Some(r) = res.borrow_mut().take() {
+            hits += 1;
+            assert_eq!(r, (Ok(()), Ok(())), "seed {seed}");
+            assert_eq!(c.outcome(y), vec![Ok(())], "seed {seed}: DONE must win");
+        }
+        g.destroy().unwrap();
+    }
+    assert!(hits > 0, "no seed reached the window");
+}
+
+/// Real loop: stopping is not draining; close routed through an existing
+/// owner process after the stopped run, then run again (B-136..B-139, B-149).
+#[test]
+fn b138_stopped_run_then_close_through_owner_process() {
+    let lp = Loop::new().unwrap();
+    let (g, c) = sync_group(&lp, sync_opts(4, 1, 1));
+    let a = g.submit(rq(1, 1), 1).unwrap();
+    c.script(a, &[StepResult::Blocked]);
+    let stopper = lp.clone();
+    let gs = g.clone();
+    lp.spawn(async move {
+        while gs.stats().blocked == 0 {
+            rt::yield_now().await;
+        }
+        stopper.stop();
+    })
+    .unwrap();
+    let (cmd, cmd_p) = rt::future_pair::<CloseMode>();
+    let owner = g.clone();
+    lp.spawn(async move {
+        let mode = cmd.await.unwrap();
+        owner.close(mode).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    assert_eq!(g.stats().blocked, 1);
+    assert_eq!(g.destroy(), Err(Error::Again), "stopped, driver present");
+    assert_eq!(
+        g.close(CloseMode::Cancel),
+        Err(Error::Inval),
+        "not from outside the loop"
+    );
+    assert_eq!(g.destroy(), Err(Error::Again));
+    cmd_p.set(Ok(CloseMode::Cancel));
+    lp.run().unwrap();
+    assert_eq!(c.outcome(a), vec![Err(Error::Aborted)]);
+    assert_eq!(lp.n_procs(), 0);
+    g.destroy().unwrap();
+}
