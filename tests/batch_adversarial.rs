@@ -1724,3 +1724,59 @@ fn b138_stopped_run_then_close_through_owner_process() {
     assert_eq!(lp.n_procs(), 0);
     g.destroy().unwrap();
 }
+
+/// After a NORMAL driver exit the finalizer may still be in the process table:
+/// destroy must say Again until it is gone, then succeed (B-147, B-148).
+#[test]
+fn b148_destroy_after_normal_exit_waits_for_the_finalizer() {
+    let mut hits = 0;
+    for seed in 0..32 {
+        let sim = Sim::new(2000 + seed);
+        let lp = sim.new_loop();
+        let (g, c) = sync_group(&lp, sync_opts(2, 1, 1));
+        let h = g.submit(rq(1, 2), 1).unwrap();
+        g.close(CloseMode::Drain).unwrap();
+        let res = Rc::new(RefCell::new(None));
+        let (g2, r2, lp2) = (g.clone(), res.clone(), lp.clone());
+        let (drv, fin) = (g.driver_pid(), g.finalizer_pid());
+        when(
+            &lp,
+            move || !lp2.is_alive(drv),
+            move || {
+                if g2.owner_loop().is_alive(fin) {
+                    *r2.borrow_mut() = Some(g2.destroy());
+                }
+            },
+        );
+        run(&sim);
+        if let Some(r) = res.borrow_mut().take() {
+            hits += 1;
+            assert_eq!(r, Err(Error::Again), "seed {seed}: finalizer still present");
+        }
+        assert_eq!(c.outcome(h), vec![Ok(())]);
+        g.destroy().unwrap();
+    }
+    assert!(hits > 0, "no seed reached the window");
+}
+
+/// A destroy that fails keeps the class registration (B-014): before the
+/// first run a second group still cannot take the class.
+#[test]
+fn b014_failed_destroy_keeps_the_class_registration() {
+    let sim = Sim::new(145);
+    let lp = sim.new_loop();
+    let class = lp.new_class(2).unwrap();
+    let o = SyncOpts {
+        sched_class: Some(class),
+        ..sync_opts(2, 1, 1)
+    };
+    let c = C::default();
+    let g = Group::create(&lp, o.clone(), S(c.clone()), Fin(c.clone())).unwrap();
+    assert_eq!(g.destroy(), Err(Error::Again), "not closed");
+    g.close(CloseMode::Drain).unwrap();
+    assert_eq!(g.destroy(), Err(Error::Again), "driver present");
+    let r = Group::create(&lp, o, S(c.clone()), Fin(c));
+    assert_eq!(r.err(), Some(Error::Inval), "class still registered to g");
+    run(&sim);
+    g.destroy().unwrap();
+}
