@@ -1,10 +1,8 @@
 //! Model-based randomized test of sync and async groups under `rt::Sim`.
 //!
-//! Each seed builds a group with random limits, then a client process issues
-//! random submits (random charges, some invalid), cancels, resumes, closes
-//! (both modes, escalation) and maybe a driver kill, while the step / submit
-//! / collect / complete callbacks pick random results, yield, and probe the
-//! mutators. Async seeds mix INLINE, FUTURE (resolved late, early, failed,
+//! Each seed: a group with random limits; a client issues random submits
+//! (some charges invalid), cancels, resumes, closes (both modes, escalation),
+//! maybe a driver kill; callbacks pick random results, yield, probe mutators. Async seeds mix INLINE, FUTURE (resolved late, early, failed,
 //! dropped or never), BLOCKING and FENCE (`Nosys` under Sim) operations with
 //! an optional exec timeout. After the run the model checks: exactly one
 //! completion per accepted submit; FCFS admission; reserved units and active
@@ -33,7 +31,6 @@ type Req = u64; // a serial number, checked when the request comes back
 
 #[derive(Default)]
 struct Model {
-    seed: u64,
     units: u64,
     max_active: usize,
     /// Accepted submits in order: handle, charge.
@@ -510,7 +507,6 @@ fn run_seed(seed: u64, is_async: bool, cover: &mut Cover) {
     let max_active = rng.usize(1..=capacity);
     let units = rng.u64(1..10);
     let m: M = Rc::new(RefCell::new(Model {
-        seed,
         units,
         max_active,
         ..Model::default()
@@ -674,7 +670,6 @@ fn final_checks(g: &Group<Req>, m: &M) {
     if kept.iter().any(|p| !p.is_abandoned()) {
         mm.fail("a FUTURE was not consumed (still held by the engine)".into());
     }
-    let _ = mm.seed;
 }
 
 fn seeds() -> u64 {

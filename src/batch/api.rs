@@ -77,7 +77,7 @@ pub(crate) struct Shared<R> {
 }
 
 impl<R> Shared<R> {
-    /// Signals boundary work to the driver and wakes it (B-131).
+    /// Signals boundary work to the driver and wakes it (B-135).
     pub(crate) fn signal(&self) {
         self.signal.set(true);
         if let Some(w) = self.waker.take() {
@@ -96,7 +96,7 @@ impl<R> Shared<R> {
     }
 
     /// Mutation is allowed during pre-run setup and, once the loop has run,
-    /// only from a process of the owner loop (B-140..B-142).
+    /// only from a process of the owner loop (B-128, B-130).
     fn check_owner(&self) -> Result<()> {
         if !self.lp.has_run() {
             return Ok(());
@@ -135,7 +135,7 @@ fn feature_gate() -> Result<()> {
 /// step) or [`Group::create_async`] (submit / collect); requests go in with
 /// [`Group::submit`] and come back by value through the `complete` callback.
 /// Lifetime: [`close`](Group::close), run the loop until the driver ends,
-/// [`destroy`](Group::destroy) (B-132..B-135).
+/// [`destroy`](Group::destroy) (B-136..B-139).
 pub struct Group<R: 'static> {
     sh: Rc<Shared<R>>,
 }
@@ -321,7 +321,7 @@ impl<R: 'static> Group<R> {
 
     /// `xtc_batch_close`: stops admission; `Cancel` also cancels every
     /// nonterminal member. Idempotent; escalates, never downgrades; always
-    /// signals boundary work (B-128..B-131).
+    /// signals boundary work (B-131..B-135).
     ///
     /// # Errors
     /// The mutator errors of [`Group::submit`].
@@ -408,5 +408,44 @@ impl<R: 'static> Group<R> {
     #[allow(dead_code)]
     pub(crate) fn shared(&self) -> &Rc<Shared<R>> {
         &self.sh
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{Item, StepResult, step_fn};
+    use crate::rt::Sim;
+
+    #[test]
+    fn class_registration_is_released_by_successful_destroy_only() {
+        let sim = Sim::new(1);
+        let lp = sim.new_loop();
+        let class = lp.new_class(3).unwrap();
+        let key = (lp.id(), class.id());
+        let step = step_fn(|_: &mut [Item<'_, u32>], r: &mut [StepResult]| {
+            r.fill(StepResult::Done);
+            Ok(())
+        });
+        let opts = SyncOpts {
+            capacity: 2,
+            max_active: 1,
+            resource_capacity: 1,
+            sched_class: Some(class),
+        };
+        let g = Group::create(&lp, opts, step, |_: Handle, _: u32, _: Result<()>| {}).unwrap();
+        assert!(classes().contains(&key));
+        g.close(CloseMode::Drain).unwrap();
+        assert_eq!(g.destroy(), Err(Error::Again));
+        assert!(
+            classes().contains(&key),
+            "a failed destroy keeps the registration"
+        );
+        sim.run_until_idle().unwrap();
+        g.destroy().unwrap();
+        assert!(
+            !classes().contains(&key),
+            "released by the successful destroy"
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! recorded cancels, delivers recorded outcomes, and admits waiting members;
 //! then it hands the whole ready vector to the engine (one step, or one
 //! submit + wait + collect) and records the results. It parks when there is
-//! no ready member and wakes on any mutator's signal (B-131).
+//! no ready member and wakes on any mutator's signal (B-135).
 //!
 //! Exactly once across a kill (B-039, B-099..B-103): the driver future owns
 //! its callbacks and the frozen vector inside [`Driver`]; killing the driver
@@ -241,12 +241,16 @@ impl<R: 'static, E, C> Drop for Driver<R, E, C> {
 /// drained (ring hook), then cancels consumed (B-048), recorded outcomes
 /// delivered (B-039) and waiting members admitted FCFS (B-021).
 async fn boundary<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
-    // Ring hook: drain the cross-loop admission ring into `Core::hand_in` and
-    // apply its controls here, before cancels are consumed.
+    drain_ring(sh);
     sh.core.borrow_mut().consume_cancels();
     deliver_all(sh, complete).await;
     sh.core.borrow_mut().admit();
 }
+
+/// The ring hook of the boundary: drains the cross-loop admission ring into
+/// `Core::hand_in` and applies its cancel/resume controls, before cancels are
+/// consumed (B-117, B-121, B-122). No ring yet: nothing to drain.
+fn drain_ring<R>(_sh: &Shared<R>) {}
 
 /// Delivers every recorded outcome, recording each invocation first.
 async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {

@@ -290,7 +290,7 @@ impl<R> Core<R> {
         }
     }
 
-    /// Close (B-128..B-131): DRAIN stops admission; CANCEL also cancels every
+    /// Close (B-131..B-135): DRAIN stops admission; CANCEL also cancels every
     /// nonterminal member; idempotent, escalates, never downgrades.
     pub(crate) fn close(&mut self, mode: CloseMode) {
         if self.closed != Some(CloseMode::Cancel) {

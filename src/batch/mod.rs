@@ -58,7 +58,7 @@
 //! - a callback counter in the core makes every mutator return `Deadlk` while
 //!   any callback of the group is in flight, from any process (B-041);
 //! - mutators run on the owner loop only once it has run (`Inval` from
-//!   elsewhere, B-140), and before the first run from the setup thread;
+//!   elsewhere, B-128, B-130), and before the first run from the setup thread;
 //! - the driver alone moves members between lists; mutators only record
 //!   (cancel flag, close mode) or move BLOCKED → READY (resume), then signal
 //!   the driver's boundary.
@@ -150,7 +150,7 @@ impl HandleAlloc {
     }
 }
 
-/// `xtc_batch_close` modes (B-128..B-131). `Cancel` > `Drain`: close may
+/// `xtc_batch_close` modes (B-131..B-135). `Cancel` > `Drain`: close may
 /// escalate, never downgrade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CloseMode {

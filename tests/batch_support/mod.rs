@@ -81,3 +81,18 @@ pub fn run_idle(sim: &xtc::rt::Sim) {
         panic!("sim stalled: {stall}");
     }
 }
+
+/// A completion that yields, so peers run while it is in flight.
+pub struct SlowComplete {
+    pub log: Log,
+    pub yields: u32,
+}
+
+impl xtc::batch::Complete<Req> for SlowComplete {
+    async fn complete(&mut self, h: Handle, r: Req, o: xtc::Result<()>) {
+        self.log.0.borrow_mut().push((h, r, o)); // logs the invocation
+        for _ in 0..self.yields {
+            xtc::rt::yield_now().await;
+        }
+    }
+}
