@@ -762,3 +762,27 @@ fn b014_failed_destroy_keeps_the_class_registration() {
     run(&sim);
     g.destroy().unwrap();
 }
+
+/// Continuous batching: a finished member leaves and the next waiting member
+/// joins at the very next boundary while the others continue (B-002, B-003).
+#[test]
+fn b003_waiting_members_refill_at_the_next_boundary() {
+    let sim = Sim::new(146);
+    let lp = sim.new_loop();
+    let (g, c) = sync_group(&lp, sync_opts(4, 2, 2));
+    let a = g.submit(rq(1, 1), 1).unwrap();
+    let b = g.submit(rq(2, 3), 1).unwrap();
+    let d = g.submit(rq(3, 2), 1).unwrap();
+    let e = g.submit(rq(4, 1), 1).unwrap();
+    g.close(CloseMode::Drain).unwrap();
+    run(&sim);
+    let mut v = c.vectors.borrow().clone();
+    v.iter_mut().for_each(|x| x.sort());
+    assert_eq!(v, vec![vec![a, b], vec![b, d], vec![b, d], vec![e]]);
+    for h in [a, b, d, e] {
+        assert_eq!(c.outcome(h), vec![Ok(())]);
+    }
+    let s = g.stats();
+    assert_eq!((s.iterations, s.total_members, s.max_vector), (4, 7, 2));
+    g.destroy().unwrap();
+}
