@@ -786,3 +786,45 @@ fn b003_waiting_members_refill_at_the_next_boundary() {
     assert_eq!((s.iterations, s.total_members, s.max_vector), (4, 7, 2));
     g.destroy().unwrap();
 }
+
+/// Deadlk is per group: a completion of one group may submit to another
+/// group of the same loop (a pipeline), and that group runs it (B-041).
+#[test]
+fn b041_callback_of_one_group_may_mutate_another_group() {
+    let sim = Sim::new(147);
+    let lp = sim.new_loop();
+    let (g2, c2) = sync_group(&lp, sync_opts(8, 4, 4));
+    let forwarded = Rc::new(RefCell::new(Vec::new()));
+    let (to, fw) = (g2.clone(), forwarded.clone());
+    let c1 = C::default();
+    let g1 = Group::create(
+        &lp,
+        sync_opts(8, 4, 4),
+        S(c1.clone()),
+        move |_h: Handle, r: Rq, o: xtc::Result<()>| {
+            assert_eq!(o, Ok(()));
+            let r = to.submit(r, 1).map_err(|e| e.error);
+            fw.borrow_mut().push(r);
+        },
+    )
+    .unwrap();
+    for i in 0..4 {
+        g1.submit(rq(i, 1 + i), 1).unwrap();
+    }
+    g1.close(CloseMode::Drain).unwrap();
+    let (g1b, g2b) = (g1.clone(), g2.clone());
+    lp.spawn(async move {
+        while g1b.owner_loop().is_alive(g1b.driver_pid()) {
+            rt::yield_now().await;
+        }
+        g2b.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    run(&sim);
+    let fw = forwarded.borrow();
+    assert_eq!(fw.len(), 4);
+    assert!(fw.iter().all(|r| r.is_ok()), "{fw:?}");
+    assert_eq!(c2.done.borrow().len(), 4);
+    g1.destroy().unwrap();
+    g2.destroy().unwrap();
+}
