@@ -660,7 +660,12 @@ fn b049_cancel_after_recorded_done_before_delivery_keeps_done() {
             move || {
                 if c3.started.borrow().len() == 1 && c3.in_cb.get().is_empty() {
                     // The finalizer has not delivered y yet.
-                    *r3.borrow_mut() = Some((g3.cancel(y), g3.close(CloseMode::Cancel)));
+                    *r3.borrow_mut() = Some((
+                        g3.cancel(y),
+                        g3.close(CloseMode::Cancel),
+                        g3.resume(y), // B-056: terminal is not resumable
+                        g3.cancel(x), // B-050: invocation recorded: stale
+                    ));
                 }
             },
         );
@@ -669,7 +674,11 @@ fn b049_cancel_after_recorded_done_before_delivery_keeps_done() {
         assert_eq!(c.invocations(y), 1);
         if let Some(r) = res.borrow_mut().take() {
             hits += 1;
-            assert_eq!(r, (Ok(()), Ok(())), "seed {seed}");
+            assert_eq!(
+                r,
+                (Ok(()), Ok(()), Err(Error::Inval), Err(Error::Inval)),
+                "seed {seed}"
+            );
             assert_eq!(c.outcome(y), vec![Ok(())], "seed {seed}: DONE must win");
         }
         g.destroy().unwrap();
