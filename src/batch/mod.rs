@@ -57,8 +57,9 @@
 //!   await, so [`Group::stats`] always reads committed state (B-043);
 //! - a callback counter in the core makes every mutator return `Deadlk` while
 //!   any callback of the group is in flight, from any process (B-041);
-//! - mutators run on the owner loop only once it has run (`Inval` from
-//!   elsewhere, B-128, B-130), and before the first run from the setup thread;
+//! - mutators run from a process of the owner loop, or from outside every
+//!   loop during setup before the owner's first run; a process of any other
+//!   loop gets `Inval`, before the owner's first run too (B-128, B-130);
 //! - the driver alone moves members between lists; mutators only record
 //!   (cancel flag, close mode) or move BLOCKED → READY (resume), then signal
 //!   the driver's boundary.
