@@ -303,8 +303,11 @@ async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
     remote::finish(&sh);
 }
 
-/// Spawns the driver and its finalizer (B-001); on failure nothing stays
-/// published: a spawned driver is killed again.
+/// Spawns the driver and its finalizer (B-001) as one unit
+/// ([`Loop::spawn_pair`](crate::rt::Loop::spawn_pair)): on failure neither
+/// process was published, both futures (and their `Rc<Shared>`: class
+/// registration, storage charge) are already dropped, and the table holds
+/// nothing of the group (B-017). Returns (driver, finalizer).
 pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
     sh: &Rc<Shared<R>>,
     engine: E,
@@ -338,23 +341,9 @@ pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
         normal: false,
     };
     let fin = finalizer(sh.clone(), slot);
-    let lp = &sh.lp;
-    let fin_pid = match class {
-        Some(c) => lp.spawn_in(c, fin)?,
-        None => lp.spawn(fin)?,
-    };
     let body = async move { drv.run().await };
-    let res = match class {
-        Some(c) => lp.spawn_in(c, body),
-        None => lp.spawn(body),
-    };
-    match res {
-        Ok(pid) => Ok((pid, fin_pid)),
-        Err(e) => {
-            let _ = lp.kill(fin_pid);
-            Err(e)
-        }
-    }
+    let (fin_pid, pid) = sh.lp.spawn_pair(class, fin, body)?;
+    Ok((pid, fin_pid))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! nothing is ready) park in `epoll_wait` until the nearest timer, an fd event
 //! or an eventfd wake.
 
-use super::budget::Budget;
+use super::budget::{Budget, Charge};
 use super::class::{ReadySet, SchedClass};
 use super::io::Poller;
 use super::proc_table::{
@@ -287,12 +287,53 @@ impl Loop {
         self.spawn_class(class.id(), f)
     }
 
+    /// Spawns two processes into one class as a unit: both or neither (a
+    /// batch group's driver and its finalizer, B-017). Both charges are taken
+    /// before either process exists, so on error the table and the budget are
+    /// as before and both futures have been dropped. `a` gets the lower pid
+    /// and is scheduled first; `None` is the default class.
+    ///
+    /// # Errors
+    /// `Inval` when `class` belongs to another loop; `Again` while the loop is
+    /// stopped; `Nomem` when the budget refuses either charge.
+    pub fn spawn_pair<A, B>(&self, class: Option<&SchedClass>, a: A, b: B) -> Result<(Pid, Pid)>
+    where
+        A: Future<Output = ()> + 'static,
+        B: Future<Output = ()> + 'static,
+    {
+        let class = match class {
+            None => 0,
+            Some(c) if c.loop_id() == self.id() => c.id(),
+            Some(_) => return Err(Error::Inval),
+        };
+        let charge_a = self.reserve::<A>()?;
+        let charge_b = self.reserve::<B>()?;
+        let pa = self.spawn_charged(class, a, charge_a);
+        let pb = self.spawn_charged(class, b, charge_b);
+        Ok((pa, pb))
+    }
+
     fn spawn_class<F: Future<Output = ()> + 'static>(&self, class: u32, f: F) -> Result<Pid> {
+        let charge = self.reserve::<F>()?;
+        Ok(self.spawn_charged(class, f, charge))
+    }
+
+    /// The charge of a process running `F` (`Again` while stopped).
+    fn reserve<F>(&self) -> Result<Charge> {
         if self.inner.stopped.get() {
             return Err(Error::Again);
         }
         let cost = PROC_OVERHEAD + std::mem::size_of::<F>() as u64;
-        let charge = self.inner.budget.charge(cost)?;
+        self.inner.budget.charge(cost)
+    }
+
+    /// Spawns `f` holding `charge` (infallible once charged).
+    fn spawn_charged<F: Future<Output = ()> + 'static>(
+        &self,
+        class: u32,
+        f: F,
+        charge: Charge,
+    ) -> Pid {
         let seq = self.inner.procs.borrow_mut().next_seq();
         let inbox = self.inner.inbox.clone();
         let table = self.weak();
@@ -309,7 +350,7 @@ impl Loop {
         self.inner.procs.borrow_mut().insert(seq, task);
         self.trace(TraceKind::Spawn, seq);
         runnable.schedule();
-        Ok(Pid::new(self.id(), seq))
+        Pid::new(self.id(), seq)
     }
 
     /// Kills `pid`: its future is dropped at its next suspension point (a
