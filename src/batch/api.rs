@@ -180,7 +180,8 @@ impl<R: 'static> Group<R> {
     /// `Nosys` without the `sched-policy` feature; `Again` once `lp` has run
     /// (B-015); `Inval` for `capacity < max_active`, a zero limit, a class of
     /// another loop or one registered to another group; `Range` when the
-    /// storage size overflows (B-018); `Nomem` when the loop's budget refuses
+    /// storage size overflows (B-018) or every group handle range (2^32 - 1
+    /// groups per OS process) was taken (B-028, B-182); `Nomem` when the loop's budget refuses
     /// the storage or a process (nothing is published then, B-017).
     pub fn create(
         lp: &Loop,
@@ -249,7 +250,7 @@ impl<R: 'static> Group<R> {
         let bytes = (bytes.checked_add(remote::bytes_for::<R>(&l)?)).ok_or(Error::Range)?;
         let charge = lp.budget().charge(bytes)?;
         let core = Core::new(l)?;
-        let handles = HandleAlloc::new();
+        let handles = HandleAlloc::new()?;
         let mt = remote::create(&l, &handles)?;
         let sh = Rc::new(Shared {
             core: RefCell::new(core),
