@@ -55,7 +55,8 @@ pub(crate) struct CurrentGuard {
 impl CurrentGuard {
     pub(crate) fn enter(lp: &Loop) -> CurrentGuard {
         let prev = CURRENT.with(|c| c.replace(Some(lp.clone())));
-        let prev_local = Some(local_enter(&lp.inner.inbox));
+        let buf = std::mem::take(&mut *lp.inner.local_buf.borrow_mut());
+        let prev_local = Some(local_enter(&lp.inner.inbox, buf));
         CurrentGuard {
             lp: lp.clone(),
             prev,
@@ -66,14 +67,20 @@ impl CurrentGuard {
 
 impl Drop for CurrentGuard {
     fn drop(&mut self) {
-        let left = local_exit(self.prev_local.take().unwrap_or_default());
+        let mut left = local_exit(self.prev_local.take().unwrap_or_default());
         if !left.is_empty() {
             match self.lp.inner.ready.try_borrow_mut() {
-                Ok(mut ready) => left.into_iter().for_each(|r| ready.push(r)),
+                Ok(mut ready) => left.drain(..).for_each(|r| ready.push(r)),
                 // Never drop a wake: the inbox takes it (the local queue has
                 // its previous owner back, so this is the locked path).
-                Err(_) => left.into_iter().for_each(|r| self.lp.inner.inbox.push(r)),
+                Err(_) => left.drain(..).for_each(|r| self.lp.inner.inbox.push(r)),
             }
+        }
+        // Keep the (now empty) buffer for the next time the loop is current.
+        if let Ok(mut keep) = self.lp.inner.local_buf.try_borrow_mut()
+            && keep.capacity() < left.capacity()
+        {
+            *keep = left;
         }
         let prev = self.prev.take();
         let _ = CURRENT.try_with(|c| c.replace(prev));
@@ -97,6 +104,9 @@ pub(crate) struct LoopInner {
     stopped: Cell<bool>,
     /// Spare buffer swapped with the inbox's queue.
     spare: RefCell<Vec<ProcRunnable>>,
+    /// The thread-local wake queue's buffer while the loop is not current
+    /// (kept so that a same-loop wake allocates nothing in steady state).
+    local_buf: RefCell<Vec<ProcRunnable>>,
     /// Sequence number of the process being polled.
     polling: Cell<Option<u64>>,
 }
@@ -178,6 +188,7 @@ impl Loop {
                 has_run: Cell::new(false),
                 stopped: Cell::new(false),
                 spare: RefCell::new(Vec::new()),
+                local_buf: RefCell::new(Vec::new()),
                 polling: Cell::new(None),
             }),
             _not_send: PhantomData,
