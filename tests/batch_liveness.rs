@@ -43,8 +43,7 @@ fn polls_per_vector(seed: u64, max_active: usize, members: u32, len: u32) -> Vec
     run_idle(&sim);
     assert_eq!(log.len(), members as usize);
     g.destroy().unwrap();
-    let v = seen.borrow().clone();
-    v
+    seen.borrow().clone()
 }
 
 fn assert_one_vector_per_poll(v: &[usize]) {
