@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use xtc::batch::ring::bench_support::admission;
+use xtc::batch::{AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Item, StepResult};
+use xtc::rt::{self, Loop};
 
 /// Hand-ins timed per chunk; the consumer drains between chunks, untimed.
 const CHUNK: u64 = 256;
@@ -83,5 +85,86 @@ fn two_producers_drained(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, uncontended_submit, two_producers_drained);
+/// One INLINE operation per iteration; every member is DONE at once.
+struct Done;
+
+impl AsyncStep<u64> for Done {
+    async fn submit(&mut self, _: &mut [Item<'_, u64>]) -> xtc::Result<Exec> {
+        Ok(Exec::Inline)
+    }
+    async fn collect(
+        &mut self,
+        _: &mut [Item<'_, u64>],
+        results: &mut [StepResult],
+        _: ExecStatus,
+    ) -> xtc::Result<()> {
+        results.fill(StepResult::Done);
+        Ok(())
+    }
+}
+
+/// End to end through a real group: two producer threads `submit_mt` while
+/// the owner loop drains, admits, runs one INLINE iteration per vector and
+/// completes (the whole engine, not only the ring).
+fn two_producers_through_a_group(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ring");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    g.bench_function("group_two_producers_completed", |b| {
+        b.iter_custom(|iters| {
+            let per = iters.div_ceil(2).max(1);
+            let lp = Loop::new().unwrap();
+            let opts = AsyncOpts {
+                capacity: 1024,
+                max_active: 1024,
+                resource_capacity: 1024,
+                mt_queue_cap: 1024,
+                ..AsyncOpts::default()
+            };
+            let done = std::rc::Rc::new(std::cell::Cell::new(0u64));
+            let d = done.clone();
+            let group =
+                Group::create_async(&lp, opts, Done, move |_, _, _| d.set(d.get() + 1)).unwrap();
+            let remote = group.remote().unwrap();
+            let producers: Vec<_> = (0..2)
+                .map(|_| {
+                    let r = remote.clone();
+                    thread::spawn(move || {
+                        for i in 0..per {
+                            let mut v = i;
+                            while let Err(e) = r.submit(v, 1) {
+                                v = e.into_inner();
+                                thread::yield_now();
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let g2 = group.clone();
+            lp.spawn(async move {
+                while done.get() < 2 * per {
+                    rt::sleep(Duration::from_micros(200)).await;
+                }
+                g2.close(CloseMode::Drain).unwrap();
+            })
+            .unwrap();
+            let start = Instant::now();
+            lp.run().unwrap();
+            let elapsed = start.elapsed();
+            for p in producers {
+                p.join().unwrap();
+            }
+            group.destroy().unwrap();
+            elapsed
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    uncontended_submit,
+    two_producers_drained,
+    two_producers_through_a_group
+);
 criterion_main!(benches);

@@ -150,6 +150,35 @@ fn remote_is_nosys_without_mt_queue_cap_and_on_sync_groups() {
     lp.run().unwrap();
 }
 
+/// B-109: the ring and both record pools are charged through the loop's
+/// resource accountant at create; a budget that cannot hold them is `Nomem`
+/// and publishes nothing.
+#[test]
+fn mt_ring_and_pools_are_charged_at_create() {
+    let used = |cap: usize| {
+        let lp = Loop::new().unwrap();
+        let (g, _) = group(&lp, 4, cap);
+        let used = lp.budget().used();
+        g.close(CloseMode::Drain).unwrap();
+        lp.run().unwrap();
+        g.destroy().unwrap();
+        assert_eq!(lp.budget().used(), 0, "destroy releases the charge");
+        used
+    };
+    let (none, small, big) = (used(0), used(16), used(1024));
+    assert!(none < small && small < big, "{none} < {small} < {big}");
+    // 2 * 1024 ring slots of a Job-sized record at least.
+    assert!(big - none >= 2 * 1024 * std::mem::size_of::<Job>() as u64);
+    let lp = Loop::with_budget(small).unwrap();
+    let err = Group::create_async(&lp, mt_opts(4, 1024), Jobs, |_, _, _| {}).unwrap_err();
+    assert_eq!(err, Error::Nomem);
+    assert_eq!(
+        (lp.budget().used(), lp.n_procs()),
+        (0, 0),
+        "nothing published"
+    );
+}
+
 #[test]
 fn remote_is_send_sync_clone() {
     fn check<T: Send + Sync + Clone + 'static>() {}
@@ -240,7 +269,6 @@ fn close_refuses_submit_mt_and_controls_end_with_the_driver() {
     assert_eq!(remote.resume(h), Err(Error::Inval));
     let a = g.async_stats();
     assert_eq!((a.mt_queued, a.mt_rejections), (1, 1));
-    // An owner-loop handle comes next in the same space: no gap was issued.
     g.destroy().unwrap();
 }
 
@@ -341,7 +369,7 @@ fn stale_cancel_for_a_completed_handle_cannot_affect_a_later_request() {
     g.destroy().unwrap();
 }
 
-/// B-076: an owner-loop cancel of an mt handle not admitted yet (still on the
+/// B-052: an owner-loop cancel of an mt handle not admitted yet (still on the
 /// ring) cancels it: it never runs.
 #[test]
 fn owner_cancel_of_an_unadmitted_mt_handle_never_runs_it() {
@@ -358,6 +386,154 @@ fn owner_cancel_of_an_unadmitted_mt_handle_never_runs_it() {
         matches!(rx.try_recv(), Ok(Note::Done(..))),
         "it was never in a vector (no Blocked note first)"
     );
+    g.destroy().unwrap();
+}
+
+/// Under `rt::Sim` (deterministic, one thread): a process of another loop
+/// submits through a `Remote` and awaits reply futures; every seed ends with
+/// all twenty answers and no stall.
+#[test]
+fn remote_between_sim_loops_with_reply_futures() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    for seed in 0..20 {
+        let sim = rt::Sim::new(seed);
+        let (owner, other) = (sim.new_loop(), sim.new_loop());
+        let complete = |_: Handle, (x, p): (u64, rt::Promise<u64>), o: Result<(), Error>| {
+            p.set(o.map(|()| x + 1));
+        };
+        struct Once;
+        impl AsyncStep<(u64, rt::Promise<u64>)> for Once {
+            async fn submit(
+                &mut self,
+                _: &mut [Item<'_, (u64, rt::Promise<u64>)>],
+            ) -> xtc::Result<Exec> {
+                Ok(Exec::Inline)
+            }
+            async fn collect(
+                &mut self,
+                _: &mut [Item<'_, (u64, rt::Promise<u64>)>],
+                results: &mut [StepResult],
+                _: ExecStatus,
+            ) -> xtc::Result<()> {
+                results.fill(StepResult::Done);
+                Ok(())
+            }
+        }
+        let g = Group::create_async(&owner, mt_opts(2, 2), Once, complete).unwrap();
+        let remote = g.remote().unwrap();
+        let answered = Rc::new(Cell::new(0));
+        let a2 = answered.clone();
+        other
+            .spawn(async move {
+                for x in 0..20u64 {
+                    let (f, p) = rt::future_pair();
+                    let mut req = (x, p);
+                    loop {
+                        match remote.submit(req, 1) {
+                            Ok(_) => break,
+                            Err(e) => {
+                                assert_eq!(e.error, Error::Again);
+                                req = e.into_inner();
+                                rt::yield_now().await;
+                            }
+                        }
+                    }
+                    assert_eq!(f.await.unwrap(), x + 1);
+                    a2.set(a2.get() + 1);
+                }
+            })
+            .unwrap();
+        let (g2, a3) = (g.clone(), answered.clone());
+        owner
+            .spawn(async move {
+                while a3.get() < 20 {
+                    rt::yield_now().await;
+                }
+                g2.close(CloseMode::Drain).unwrap();
+            })
+            .unwrap();
+        if let Err(stall) = sim.run_until_idle() {
+            panic!("seed {seed}: {stall}");
+        }
+        assert_eq!(
+            (answered.get(), g.stats().completed),
+            (20, 20),
+            "seed {seed}"
+        );
+        g.destroy().unwrap();
+    }
+}
+
+/// An operation that only ends when the cancel hint fires.
+struct Hinted {
+    promise: Option<rt::Promise<()>>,
+    launched: Sender<Handle>,
+    hints: Arc<Mutex<Vec<Handle>>>,
+}
+
+impl AsyncStep<u32> for Hinted {
+    async fn submit(&mut self, items: &mut [Item<'_, u32>]) -> xtc::Result<Exec> {
+        let (f, p) = rt::future_pair();
+        self.promise = Some(p);
+        for it in items.iter() {
+            self.launched.send(it.handle).unwrap();
+        }
+        Ok(Exec::Future(f))
+    }
+    async fn collect(
+        &mut self,
+        _: &mut [Item<'_, u32>],
+        results: &mut [StepResult],
+        _: ExecStatus,
+    ) -> xtc::Result<()> {
+        results.fill(StepResult::Done);
+        Ok(())
+    }
+    async fn cancel_hint(&mut self, h: Handle) {
+        self.hints.lock().unwrap().push(h);
+        if let Some(p) = self.promise.take() {
+            p.set(Ok(()));
+        }
+    }
+}
+
+/// B-094 with cancel_mt: a cross-loop cancel of an in-flight member wakes the
+/// driver's wait, fires the hint once, and the member ends `Aborted` after
+/// collect.
+#[test]
+fn cancel_mt_of_an_in_flight_member_fires_its_hint() {
+    let lp = Loop::new().unwrap();
+    let (launched, rx) = unbounded();
+    let hints = Arc::new(Mutex::new(Vec::new()));
+    let step = Hinted {
+        promise: None,
+        launched,
+        hints: hints.clone(),
+    };
+    let done: Completions = Arc::default();
+    let d = done.clone();
+    let complete =
+        move |h: Handle, _: u32, o: Result<(), Error>| d.lock().unwrap().push((h.get(), o));
+    let g = Group::create_async(&lp, mt_opts(1, 2), step, complete).unwrap();
+    let remote = g.remote().unwrap();
+    let h = remote.submit(7, 1).unwrap();
+    let canceller = thread::spawn(move || {
+        assert_eq!(rx.recv().unwrap(), h, "the operation is outstanding");
+        retry(|| remote.cancel(h)).unwrap();
+    });
+    let (g2, d2) = (g.clone(), done.clone());
+    lp.spawn(async move {
+        while d2.lock().unwrap().is_empty() {
+            rt::yield_now().await;
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    canceller.join().unwrap();
+    assert_eq!(*hints.lock().unwrap(), vec![h]);
+    assert_eq!(*done.lock().unwrap(), vec![(h.get(), Err(Error::Aborted))]);
     g.destroy().unwrap();
 }
 

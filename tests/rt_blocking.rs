@@ -135,3 +135,19 @@ fn try_recv_reports_empty_and_closed() {
     assert_eq!(rx.try_recv(), Ok(1));
     assert_eq!(rx.try_recv(), Err(Error::Aborted));
 }
+
+#[test]
+fn a_pool_shut_down_from_its_own_closure_does_not_wait_on_itself() {
+    let pool = Arc::new(BlockingPool::new(2, 4).unwrap());
+    let p = pool.clone();
+    let fut = pool.run(move || p.shutdown()).unwrap();
+    let lp = Loop::new().unwrap();
+    let got = Rc::new(RefCell::new(None));
+    let g = got.clone();
+    lp.spawn(async move { *g.borrow_mut() = Some(fut.await) })
+        .unwrap();
+    lp.run().unwrap();
+    assert_eq!(*got.borrow(), Some(Ok(())));
+    assert!(pool.is_shut_down());
+    assert_eq!(pool.run(|| ()).unwrap_err(), Error::Again);
+}

@@ -314,7 +314,7 @@ impl<R: 'static> Group<R> {
         self.sh.check_mutator()?;
         let known = self.sh.core.borrow_mut().cancel(h);
         match known {
-            // Maybe a live mt hand-in not drained yet (B-076): `Again` if an
+            // Maybe a live mt hand-in not drained yet (B-052, B-053): `Again` if an
             // earlier one is still being written.
             Err(Error::Inval) => remote::owner_cancel(&self.sh, h)?,
             other => other?,

@@ -12,6 +12,7 @@ use super::api::Shared;
 use super::driver::{Bufs, Engine, InCallback, InFlight, Phase, fail_vector, record};
 use super::fence::borrow_fence;
 use super::group::{Core, Member};
+use super::remote;
 use super::{AsyncStep, CloseMode, Exec, ExecStatus, Item, Step, StepResult};
 use crate::error::{Error, Result};
 use crate::rt::{self, Instant};
@@ -218,6 +219,11 @@ impl<A> AsyncEngine<A> {
                     return Poll::Ready(WaitEvent::Timeout);
                 }
                 if sh.core.borrow().cancel_seq != seen {
+                    return Poll::Ready(WaitEvent::Cancel);
+                }
+                // Cross-loop hand-ins landing during the wait: drain them now
+                // so a cancel_mt of an in-flight member fires its hint.
+                if remote::drain_while_waiting(sh, cx.waker()) {
                     return Poll::Ready(WaitEvent::Cancel);
                 }
                 sh.set_waker(cx.waker());

@@ -167,14 +167,13 @@ impl<R> MtState<R> {
 
     /// Returns the SUBMIT records of drained hand-ins no longer held.
     pub(crate) fn settle(&mut self, m: &impl Members<R>) {
-        while self.unreleased > m.held_len() {
-            self.inbox.release_submit();
-            self.unreleased -= 1;
-        }
+        let gone = self.unreleased.saturating_sub(m.held_len());
+        self.inbox.release_submits(gone);
+        self.unreleased -= gone;
     }
 
     /// Owner-loop cancel of a handle the core does not know: drains the ring
-    /// and cancels it if it was an mt hand-in not admitted yet (B-076).
+    /// and cancels it if it was an mt hand-in not admitted yet (B-052, B-053).
     ///
     /// # Errors
     /// `Again` when it is not found while an earlier position is still being
@@ -255,6 +254,42 @@ impl<R> MtState<R> {
 /// [`rt::future_pair`](crate::rt::future_pair) in the request; `complete`
 /// sets it and the submitter awaits the future (B-126; see
 /// `examples/cross_loop.rs`).
+///
+/// # Examples
+///
+/// ```
+/// use xtc::batch::{AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Item, StepResult};
+/// use xtc::rt::Loop;
+///
+/// struct Done;
+/// impl AsyncStep<u64> for Done {
+///     async fn submit(&mut self, _: &mut [Item<'_, u64>]) -> xtc::Result<Exec> {
+///         Ok(Exec::Inline)
+///     }
+///     async fn collect(
+///         &mut self,
+///         _: &mut [Item<'_, u64>],
+///         results: &mut [StepResult],
+///         _: ExecStatus,
+///     ) -> xtc::Result<()> {
+///         results.fill(StepResult::Done);
+///         Ok(())
+///     }
+/// }
+///
+/// let lp = Loop::new()?;
+/// let opts = AsyncOpts { capacity: 4, max_active: 4, resource_capacity: 4, mt_queue_cap: 8, ..Default::default() };
+/// let group = Group::create_async(&lp, opts, Done, |_h, _r: u64, out: xtc::Result<()>| assert!(out.is_ok()))?;
+/// let remote = group.remote()?;
+/// // From a plain thread: the handle comes back before admission.
+/// let h = std::thread::spawn(move || remote.submit(42, 1).map_err(|e| e.error)).join().unwrap()?;
+/// group.close(CloseMode::Drain)?; // the hand-in raced nothing: it still runs
+/// lp.run()?;
+/// assert_eq!(group.stats().completed, 1);
+/// assert!(h.get() > 0);
+/// group.destroy()?;
+/// # Ok::<(), xtc::Error>(())
+/// ```
 pub struct Remote<R> {
     shared: Arc<Admission<R>>,
     resource_capacity: u64,
@@ -364,7 +399,7 @@ pub(crate) fn settle<R>(sh: &Shared<R>) {
     }
 }
 
-/// Owner-loop cancel of a handle the core does not know (B-076).
+/// Owner-loop cancel of a handle the core does not know (B-052, B-053).
 pub(crate) fn owner_cancel<R>(sh: &Shared<R>, h: Handle) -> Result<()> {
     let mt = sh.mt.as_ref().ok_or(Error::Inval)?;
     let handle = NonZeroU64::new(h.get()).expect("handles are nonzero");
@@ -394,6 +429,22 @@ pub(crate) fn finish<R>(sh: &Shared<R>) {
 /// Before the driver parks: arm the doorbell; `true` if a hand-in is ready.
 pub(crate) fn arm<R>(sh: &Shared<R>, waker: &Waker) -> bool {
     sh.mt.as_ref().is_some_and(|mt| mt.borrow().arm(waker))
+}
+
+/// During an operation wait: arms the doorbell with the wait's `waker`; if
+/// hand-ins are ready, drains them (a cancel_mt of an in-flight member is
+/// recorded at once, so its hint fires, B-094) and re-arms. Returns `true`
+/// when the drain recorded a cancel (the wait then fires hints).
+pub(crate) fn drain_while_waiting<R>(sh: &Shared<R>, waker: &Waker) -> bool {
+    if !arm(sh, waker) {
+        return false;
+    }
+    let seq = sh.core.borrow().cancel_seq;
+    drain(sh);
+    if arm(sh, waker) {
+        waker.wake_by_ref(); // more landed meanwhile: poll again
+    }
+    sh.core.borrow().cancel_seq != seq
 }
 
 /// After an unexpected driver exit: close the ring and drain every hand-in

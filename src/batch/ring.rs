@@ -35,7 +35,7 @@
 //! "still writing"; the consumer reports it as [`Pop::Busy`] (there is a
 //! reservation at or after `head`, `tail > head`, but the value is not
 //! there yet), distinct from [`Pop::Empty`]. An owner-loop cancel uses that to
-//! answer `Again` (B-076's last sentence) rather than a wrong `Inval`.
+//! answer `Again` (B-053) rather than a wrong `Inval`.
 //!
 //! # Safety
 //!
@@ -63,8 +63,6 @@
 //! or yield between reserving and committing, so this cannot happen short of
 //! a crash.
 #![allow(unsafe_code)]
-// Phase 1: the group does not use the ring yet.
-#![allow(dead_code)]
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
@@ -253,6 +251,7 @@ impl<T> Ring<T> {
     }
 
     /// Number of slots (a power of two).
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn slots(&self) -> usize {
         self.slots.len()
     }

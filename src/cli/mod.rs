@@ -9,6 +9,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
+pub mod decode;
 pub mod probe;
 
 /// `xtc`: bounded continuous batching for accelerator work.
@@ -26,6 +27,9 @@ pub enum Command {
     /// List render and accel nodes: driver, PCI address, NUMA node, and the
     /// executor loop each would be placed on.
     Probe(probe::ProbeArgs),
+    /// KV-cache continuous batching of a replayed production trace (the main
+    /// job): a llama-style model on the default Vulkan device.
+    Decode(decode::DecodeArgs),
 }
 
 /// Entry point of the `xtc` binary; returns the process exit status.
@@ -50,5 +54,6 @@ where
     };
     match &cli.command {
         Command::Probe(args) => probe::run(args, out),
+        Command::Decode(args) => decode::run(args, out),
     }
 }

@@ -7,8 +7,25 @@
 //! - [`ops`]: the kernels' push constants and how each is dispatched.
 //! - [`gpu`]: [`gpu::GpuModel`], the model on a Vulkan device: ONE command
 //!   buffer per iteration for the whole ready vector.
+//! - [`trace`]: request traces in the Azure LLM inference trace schema (an
+//!   embedded CC-BY-4.0 slice is the default workload).
+//! - [`checkpoint`], [`tokenizer`]: llama2.c checkpoints and tokenizers.
+//! - [`kv_cache`]: the paged KV cache's block allocator (the group's resource).
+//! - [`seq`]: a member's sequence state and the packing of one iteration.
+//! - [`backend`]: the device model seen by the job (one launch per iteration).
+//! - [`job`]: the `xtc decode` run; [`report`]: its figures.
+pub mod backend;
+pub mod checkpoint;
 pub mod gpu;
+pub mod grouped;
+pub mod job;
+pub mod kv_cache;
+pub mod local;
 pub mod model;
 pub mod ops;
 mod record;
 pub mod reference;
+pub mod report;
+pub mod seq;
+pub mod tokenizer;
+pub mod trace;

@@ -79,12 +79,17 @@ impl BlockingPool {
     }
 
     /// Refuses new closures, lets queued ones finish, joins the threads.
-    /// Idempotent. Must not be called from a pool thread.
+    /// Idempotent. Called from one of the pool's own threads (a closure
+    /// shutting its pool down), it joins the others and leaves its own thread
+    /// to exit after the closure returns, so it never waits on itself.
     pub fn shutdown(&self) {
         drop(self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take());
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let me = std::thread::current().id();
         for t in threads {
-            let _ = t.join();
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
     }
 

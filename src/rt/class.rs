@@ -168,3 +168,61 @@ impl ReadySet {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ready set of `weights` (class 0 is the default class) with `n`
+    /// runnable processes per class; returns how many of `picks` each got
+    /// when every picked process is requeued at once (it yielded).
+    fn picks(weights: &[u32], picks: usize) -> Vec<usize> {
+        let mut set = ReadySet::new();
+        let classes: Vec<u32> = weights.iter().map(|w| set.add_class(*w)).collect();
+        let mut tasks = Vec::new();
+        for &c in &classes {
+            let (r, t) = async_task::Builder::new()
+                .metadata(super::super::proc_table::ProcMeta { seq: 0, class: c })
+                .spawn(|_| async {}, |_| {});
+            set.push(r);
+            tasks.push(t);
+        }
+        let mut got = vec![0; weights.len()];
+        for _ in 0..picks {
+            let r = set.pop().unwrap();
+            let c = r.metadata().class as usize - 1;
+            got[c] += 1;
+            set.push(r);
+        }
+        got
+    }
+
+    #[test]
+    fn stride_gives_turns_in_proportion_to_weight() {
+        assert_eq!(picks(&[300, 100], 400), vec![300, 100]);
+        assert_eq!(picks(&[1, 1, 2], 400), vec![100, 100, 200]);
+    }
+
+    #[test]
+    fn weighted_take_follows_the_ticket() {
+        let mut set = ReadySet::new();
+        let a = set.add_class(10);
+        let b = set.add_class(30);
+        let mut tasks = Vec::new();
+        for c in [a, b] {
+            let (r, t) = async_task::Builder::new()
+                .metadata(super::super::proc_table::ProcMeta { seq: 0, class: c })
+                .spawn(|_| async {}, |_| {});
+            set.push(r);
+            tasks.push(t);
+        }
+        assert_eq!(set.weight_sum(), 40);
+        let r = set.take_weighted(9, |_| 0).unwrap();
+        assert_eq!(r.metadata().class, a);
+        assert_eq!(set.weight_sum(), 30);
+        let r2 = set.take_weighted(0, |_| 0).unwrap();
+        assert_eq!(r2.metadata().class, b);
+        assert_eq!(set.len(), 0);
+        assert!(set.take_weighted(0, |_| 0).is_none());
+    }
+}

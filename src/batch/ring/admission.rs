@@ -88,7 +88,7 @@ impl HandleSpace {
     /// Issues the next handle.
     ///
     /// # Errors
-    /// `Range` once every handle has been issued (B-020, B-120).
+    /// `Range` once every handle has been issued (B-028, B-120).
     pub(crate) fn issue(&self) -> Result<NonZeroU64> {
         let mut cur = self.next.load(Ordering::Relaxed);
         let last = self.last.load(StdOrdering::Relaxed);
@@ -180,11 +180,17 @@ impl Pool {
 
     /// Returns one claimed record.
     pub(crate) fn release(&self) {
-        let before = self.free.fetch_add(1, Ordering::Release);
-        debug_assert!(before < self.cap, "record released twice");
+        self.release_n(1);
+    }
+
+    /// Returns `n` claimed records at once (one atomic operation).
+    pub(crate) fn release_n(&self, n: usize) {
+        let before = self.free.fetch_add(n, Ordering::Release);
+        debug_assert!(before + n <= self.cap, "record released twice");
     }
 
     /// Records currently free.
+    #[cfg(test)]
     pub(crate) fn free(&self) -> usize {
         self.free.load(Ordering::Relaxed)
     }
@@ -332,6 +338,11 @@ impl<R> Admission<R> {
     /// Hands in a submit: claims a SUBMIT record, stamps a handle, pushes.
     /// Returns the handle only once the record is on the ring (B-121).
     ///
+    /// A call that starts after close returned sees the CLOSED flag before
+    /// claiming anything, so no handle is issued (B-141). A call that races
+    /// close may stamp a handle and then lose the reservation: that number is
+    /// never returned nor reused (a gap in the monotonic space).
+    ///
     /// # Errors
     /// `Again` (counted) when the pool is exhausted or the ring closed; `Range`
     /// when the handle space is exhausted. The request comes back.
@@ -396,12 +407,14 @@ impl<R> Admission<R> {
         }
     }
 
-    /// Free SUBMIT records (for tests and statistics).
+    /// Free SUBMIT records (tests).
+    #[cfg(test)]
     pub(crate) fn free_submit_records(&self) -> usize {
         self.submits.free()
     }
 
-    /// Free control records (for tests and statistics).
+    /// Free control records (tests).
+    #[cfg(test)]
     pub(crate) fn free_control_records(&self) -> usize {
         self.controls.free()
     }
@@ -419,13 +432,6 @@ pub(crate) struct PausedSubmit<'a, R> {
 
 #[cfg(test)]
 impl<R> PausedSubmit<'_, R> {
-    /// The handle the submit will return.
-    pub(crate) fn handle(&self) -> NonZeroU64 {
-        match self.record {
-            HandIn::Submit { handle, .. } | HandIn::Control { handle, .. } => handle,
-        }
-    }
-
     /// Writes the record and rings the doorbell.
     pub(crate) fn commit(self) {
         self.shared.ring.commit(self.reservation, self.record);
@@ -500,8 +506,16 @@ impl<R> Inbox<R> {
 
     /// Returns the SUBMIT record of a drained hand-in that was admitted (or
     /// ended before admission).
+    #[cfg(test)]
     pub(crate) fn release_submit(&self) {
         self.shared.submits.release();
+    }
+
+    /// Returns `n` SUBMIT records at once.
+    pub(crate) fn release_submits(&self, n: usize) {
+        if n > 0 {
+            self.shared.submits.release_n(n);
+        }
     }
 
     /// Submit hand-ins drained so far (`mt_queued`).

@@ -122,6 +122,43 @@ fn wrap_around_with_paused_producer() {
     });
 }
 
+/// Wrap-around with an explicitly paused producer: on a lapped 2-slot ring,
+/// producer A reserves a position, yields, then writes; producer B pushes
+/// concurrently. The consumer gets both values in reservation order, never
+/// B's value in A's position, and never a value twice.
+#[test]
+fn lapped_ring_paused_between_reserve_and_write() {
+    loom::model(|| {
+        let (ring, mut key) = Ring::with_capacity(2).unwrap();
+        let ring = Arc::new(ring);
+        for v in [0u32, 1] {
+            ring.push(v, Class::Submit).unwrap();
+        }
+        assert_eq!(pop_n(&ring, &mut key, 2), vec![0, 1]);
+        let ra = ring.clone();
+        let a = thread::spawn(move || {
+            let r = ra.reserve(Class::Submit).unwrap();
+            thread::yield_now(); // paused between reserving and writing
+            ra.commit(r, 20)
+        });
+        let rb = ring.clone();
+        let b = thread::spawn(move || rb.push(30u32, Class::Control).unwrap());
+        let got = pop_n(&ring, &mut key, 2);
+        let (pa, pb) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!(
+            {
+                let mut p = [pa, pb];
+                p.sort_unstable();
+                p
+            },
+            [2, 3]
+        );
+        let expected = if pa < pb { vec![20, 30] } else { vec![30, 20] };
+        assert_eq!(got, expected);
+        assert_eq!(ring.pop(&mut key), Pop::Empty);
+    });
+}
+
 /// Two producers racing for the last free slot of a lapped ring: exactly one
 /// wins it, the loser sees `Full` and gets its value back.
 #[test]

@@ -1,0 +1,400 @@
+//! `xtc decode`: KV-cache continuous batching of a trace-replayed workload.
+//!
+//! With no arguments: the seeded synthetic model ([`Config::tiny`]), the
+//! embedded slice of the Azure LLM inference conversation trace (arrivals
+//! sped up by [`DEFAULT_TIME_SCALE`], lengths scaled down on CPU devices),
+//! on the default device; prints the report. See `xtc decode --help`.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::decode::backend::{CpuModel, ToyModel, VulkanModel};
+use crate::decode::checkpoint;
+use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
+use crate::decode::model::{Config, KvGeometry, Weights};
+use crate::decode::report::{Comparison, Report, chrome_trace};
+use crate::decode::tokenizer::{self, Tokenizer};
+use crate::decode::trace::{self, Scaling, Trace};
+use crate::vk;
+
+/// Default speed-up of the trace's arrival clock.
+pub const DEFAULT_TIME_SCALE: f64 = 8.0;
+
+/// Default number of requests replayed.
+pub const DEFAULT_REQUESTS: usize = 512;
+
+/// Length scaling on CPU devices: prompt / 32 (the trace's median prompt of
+/// ~1,000 tokens becomes ~32), output / 4 (median ~240 becomes ~60), each
+/// capped at 128 tokens (half the default model's 256 positions).
+pub const CPU_SCALING: Scaling = Scaling {
+    time_scale: DEFAULT_TIME_SCALE,
+    prompt_div: 32,
+    output_div: 4,
+    max_prompt: 128,
+    max_output: 128,
+};
+
+/// Arguments of `xtc decode`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DecodeArgs {
+    /// llama2.c checkpoint to run instead of the synthetic model.
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// llama2.c tokenizer.bin: print sample outputs as text.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
+    /// Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) instead of the embedded Azure slice.
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<PathBuf>,
+    /// Requests to replay (the trace's first rows).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_REQUESTS)]
+    pub requests: usize,
+    /// Speed-up of the arrival clock (2 replays twice as fast).
+    #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE)]
+    pub time_scale: f64,
+    /// Members in the ready vector at most.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub max_active: usize,
+    /// Blocks in the KV cache (default: enough for max-active requests of the longest scaled length).
+    #[arg(long, value_name = "N")]
+    pub kv_blocks: Option<usize>,
+    /// Positions per KV block.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub block_size: usize,
+    /// Token rows per iteration (prefill chunks + one per decoding member).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub token_budget: usize,
+    /// Device: `auto` (a GPU if present, else lavapipe), a Vulkan device index, name or render node, `cpu` (the CPU reference, no Vulkan) or `toy` (no model: measures the batching alone).
+    #[arg(long, value_name = "DEV", default_value = "auto")]
+    pub device: String,
+    /// Seed of the synthetic weights, prompts and cancellations.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a Chrome trace / Perfetto JSON of iterations and requests.
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
+    /// Fraction of requests whose client cancels after a random number of tokens.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub cancel_rate: f64,
+    /// Run continuous, static and one-at-a-time batching on the same workload and print ratios.
+    #[arg(long)]
+    pub compare: bool,
+    /// Divide prompt lengths by this (default: 32 on CPU devices, 1 on GPUs).
+    #[arg(long, value_name = "N")]
+    pub prompt_div: Option<usize>,
+    /// Divide output lengths by this (default: 4 on CPU devices, 1 on GPUs).
+    #[arg(long, value_name = "N")]
+    pub output_div: Option<usize>,
+}
+
+/// Runs `xtc decode`, writing the report to `out` (progress and the banner go
+/// to stderr); returns the exit status (0 ok, 1 error).
+pub fn run(args: &DecodeArgs, out: &mut dyn Write) -> i32 {
+    match run_inner(args, out) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("xtc decode: error: {e}");
+            1
+        }
+    }
+}
+
+fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
+    check_args(args)?;
+    let trace = match &args.trace {
+        Some(p) => trace::load(p).map_err(|e| e.to_string())?,
+        None => trace::embedded(),
+    };
+    let weights = load_weights(args)?;
+    let config = weights.config;
+    let device = DeviceChoice::open(&args.device)?;
+    let scaling = scaling(args, &config, device.is_cpu());
+    let wl = job::workload(
+        &trace,
+        args.requests,
+        &scaling,
+        config.vocab_size,
+        args.seed,
+        args.cancel_rate,
+    );
+    let opts = job_opts(args, &wl, &config);
+    let tokenizer = load_tokenizer(args, &config)?;
+    let model = device.model(weights, &opts)?;
+    if !args.json {
+        eprintln!(
+            "{}",
+            banner(args, &trace, &wl, &opts, &model.borrow().describe())
+        );
+    }
+    if args.compare {
+        return compare(args, &model, &wl, &opts, w);
+    }
+    let out = run_once(&model, &wl, &opts, !args.json)?;
+    write_trace(args, &out)?;
+    let report = Report::from_run(&out, wl.requests.len());
+    let text = if args.json {
+        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
+    } else {
+        report.render() + &tokenizer.map_or(String::new(), |t| samples(&t, &out))
+    };
+    w.write_all(text.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// Where the model runs (`--device`).
+#[derive(Debug)]
+pub enum DeviceChoice {
+    /// A Vulkan device (`auto`: a GPU if present, else lavapipe).
+    Vulkan(vk::Device),
+    /// The CPU reference forward pass (no Vulkan).
+    Cpu,
+    /// The device-free toy model (measures the batching alone; tokens are hashes).
+    Toy,
+}
+
+impl DeviceChoice {
+    /// Opens `--device`: `cpu`, `toy`, or a Vulkan selector (`auto`, an
+    /// index, a render node path, or part of the device name).
+    ///
+    /// # Errors
+    /// The Vulkan backend's message (no loader, no device, no match).
+    pub fn open(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "toy" => Ok(DeviceChoice::Toy),
+            sel => {
+                let sel: vk::Selector = sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
+                let dev = vk::Device::open(&sel).map_err(|e| format!("--device {s}: {e}"))?;
+                Ok(DeviceChoice::Vulkan(dev))
+            }
+        }
+    }
+
+    /// Whether lengths are scaled down by default (everything but a GPU).
+    pub fn is_cpu(&self) -> bool {
+        match self {
+            DeviceChoice::Vulkan(d) => d.info().kind == vk::DeviceKind::Cpu,
+            _ => true,
+        }
+    }
+
+    /// Loads the model on this device with a KV cache of `opts`' shape.
+    ///
+    /// # Errors
+    /// The backend's message.
+    pub fn model(&self, weights: Weights, opts: &JobOpts) -> Result<SharedModel, String> {
+        let kv = KvGeometry {
+            block_size: opts.block_size,
+            n_blocks: opts.kv_blocks,
+        };
+        Ok(match self {
+            DeviceChoice::Toy => job::shared(ToyModel::new(
+                weights.config.vocab_size,
+                kv.n_blocks,
+                kv.block_size,
+            )),
+            DeviceChoice::Cpu => job::shared(CpuModel::new(weights, kv)),
+            DeviceChoice::Vulkan(dev) => job::shared(
+                VulkanModel::new(dev, &weights, kv, opts.token_budget, opts.max_active.max(1))
+                    .map_err(|e| e.to_string())?,
+            ),
+        })
+    }
+}
+
+fn load_weights(args: &DecodeArgs) -> Result<Weights, String> {
+    match &args.model {
+        Some(p) => checkpoint::load(p).map_err(|e| e.to_string()),
+        None => Ok(Weights::synthetic(Config::tiny(), args.seed)),
+    }
+}
+
+fn check_args(args: &DecodeArgs) -> Result<(), String> {
+    if args.requests == 0 {
+        return Err("--requests must be at least 1".into());
+    }
+    if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
+        return Err(format!(
+            "--time-scale must be a positive number, not {}",
+            args.time_scale
+        ));
+    }
+    if !(0.0..=1.0).contains(&args.cancel_rate) {
+        return Err(format!(
+            "--cancel-rate must be in 0..=1, not {}",
+            args.cancel_rate
+        ));
+    }
+    if args.tokenizer.is_some() && args.model.is_none() {
+        return Err("--tokenizer needs --model (the synthetic model has no vocabulary)".into());
+    }
+    Ok(())
+}
+
+/// The length scaling for the device: CPU devices get [`CPU_SCALING`]'s
+/// divisors unless overridden; lengths are capped so `prompt + output` fits
+/// the model's `seq_len`.
+pub fn scaling(args: &DecodeArgs, config: &Config, is_cpu: bool) -> Scaling {
+    let (pd, od) = if is_cpu {
+        (CPU_SCALING.prompt_div, CPU_SCALING.output_div)
+    } else {
+        (1, 1)
+    };
+    let max_prompt = if is_cpu {
+        CPU_SCALING.max_prompt
+    } else {
+        usize::MAX
+    };
+    let max_output = if is_cpu {
+        CPU_SCALING.max_output
+    } else {
+        usize::MAX
+    };
+    let half = (config.seq_len / 2).max(1);
+    Scaling {
+        time_scale: args.time_scale,
+        prompt_div: args.prompt_div.unwrap_or(pd).max(1),
+        output_div: args.output_div.unwrap_or(od).max(1),
+        max_prompt: max_prompt.min(config.seq_len.saturating_sub(half).max(1)),
+        max_output: max_output.min(half),
+    }
+}
+
+/// Job options from the arguments; the default KV cache holds `max_active`
+/// requests of the workload's longest length.
+pub fn job_opts(args: &DecodeArgs, wl: &Workload, config: &Config) -> JobOpts {
+    let longest = wl
+        .requests
+        .iter()
+        .map(|r| r.prompt.len() + r.output_tokens)
+        .max()
+        .unwrap_or(1)
+        .min(config.seq_len);
+    let per_req = longest.div_ceil(args.block_size.max(1));
+    JobOpts {
+        mode: Mode::Continuous,
+        max_active: args.max_active,
+        kv_blocks: args.kv_blocks.unwrap_or(per_req * args.max_active.max(1)),
+        block_size: args.block_size,
+        token_budget: args.token_budget,
+        stop_token: args.model.as_ref().map(|_| tokenizer::EOS),
+    }
+}
+
+fn load_tokenizer(args: &DecodeArgs, config: &Config) -> Result<Option<Tokenizer>, String> {
+    args.tokenizer
+        .as_ref()
+        .map(|p| Tokenizer::load(p, config.vocab_size).map_err(|e| e.to_string()))
+        .transpose()
+}
+
+fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, device: &str) -> String {
+    let name = args
+        .trace
+        .as_ref()
+        .map_or(trace::EMBEDDED_NAME.to_string(), |p| {
+            p.display().to_string()
+        });
+    let span = wl.requests.last().map_or(Duration::ZERO, |r| r.arrival);
+    format!(
+        "xtc decode: {} of {} requests from {name} (arrivals over {:.2} s at {}x), {device}\n\
+         max-active {}, KV cache {} blocks x {} positions, token budget {}",
+        wl.requests.len(),
+        trace.requests.len(),
+        span.as_secs_f64(),
+        args.time_scale,
+        o.max_active,
+        o.kv_blocks,
+        o.block_size,
+        o.token_budget
+    )
+}
+
+fn run_once(
+    model: &SharedModel,
+    wl: &Workload,
+    opts: &JobOpts,
+    show: bool,
+) -> Result<RunOutput, String> {
+    let bar = progress_bar(wl.requests.len() as u64, opts.mode, show);
+    let b = bar.clone();
+    let update = move |p: &Progress| {
+        let rate = p.generated as f64 / p.elapsed.as_secs_f64().max(1e-9);
+        b.set_position(p.done as u64);
+        b.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
+    };
+    let out = job::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
+    bar.finish_and_clear();
+    out
+}
+
+fn progress_bar(total: u64, mode: Mode, show: bool) -> ProgressBar {
+    if !show || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style =
+        ProgressStyle::with_template("{prefix:>14} [{bar:30}] {pos}/{len} requests | {msg}")
+            .expect("valid template")
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(mode.name());
+    bar
+}
+
+fn compare(
+    args: &DecodeArgs,
+    model: &SharedModel,
+    wl: &Workload,
+    opts: &JobOpts,
+    w: &mut dyn Write,
+) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mut reports = Vec::new();
+    for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
+        let o = JobOpts { mode, ..*opts };
+        let out = run_once(model, wl, &o, !args.json)?;
+        if mode == Mode::Continuous {
+            write_trace(args, &out)?;
+        }
+        reports.push(Report::from_run(&out, wl.requests.len()));
+    }
+    let one = reports.pop().expect("three runs");
+    let stat = reports.pop().expect("three runs");
+    let cont = reports.pop().expect("three runs");
+    let cmp = Comparison::new(cont, stat, one);
+    let text = if args.json {
+        serde_json::to_string_pretty(&cmp).map_err(|e| e.to_string())? + "\n"
+    } else {
+        format!(
+            "{}{}(three runs in {:.1} s)\n",
+            cmp.continuous.render(),
+            cmp.render(),
+            t0.elapsed().as_secs_f64()
+        )
+    };
+    w.write_all(text.as_bytes()).map_err(|e| e.to_string())
+}
+
+fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
+    let Some(path) = &args.trace_out else {
+        return Ok(());
+    };
+    let text = serde_json::to_string(&chrome_trace(out)).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn samples(t: &Tokenizer, out: &RunOutput) -> String {
+    let mut s = String::new();
+    for f in out.finished.iter().take(3) {
+        let prev = f.seq.prompt.last().copied().unwrap_or(tokenizer::BOS);
+        let text = t.decode(prev, &f.seq.generated);
+        s += &format!("  request {}: {text:?}\n", f.seq.id);
+    }
+    s
+}

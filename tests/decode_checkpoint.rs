@@ -1,0 +1,161 @@
+//! llama2.c checkpoints: a tiny checkpoint written in that format loads back
+//! tensor for tensor (shared and unshared classifier); truncated or
+//! inconsistent files are errors naming the offending field.
+
+use xtc::decode::checkpoint::{self, CheckpointError};
+use xtc::decode::model::{Config, Weights};
+
+const TINY: Config = Config {
+    dim: 8,
+    hidden_dim: 12,
+    n_layers: 2,
+    n_heads: 2,
+    n_kv_heads: 1,
+    vocab_size: 11,
+    seq_len: 16,
+};
+
+fn tiny(shared: bool) -> Weights {
+    let mut x = 0.0f32;
+    let mut t = |n: usize| {
+        (0..n)
+            .map(|_| {
+                x += 0.25;
+                x
+            })
+            .collect::<Vec<f32>>()
+    };
+    let c = TINY;
+    let (l, d, h, kv, v) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim(), c.vocab_size);
+    let token_embedding = t(v * d);
+    let mut w = Weights {
+        config: c,
+        rms_att: t(l * d),
+        wq: t(l * d * d),
+        wk: t(l * kv * d),
+        wv: t(l * kv * d),
+        wo: t(l * d * d),
+        rms_ffn: t(l * d),
+        w1: t(l * h * d),
+        w2: t(l * d * h),
+        w3: t(l * h * d),
+        rms_final: t(d),
+        wcls: token_embedding.clone(),
+        token_embedding,
+    };
+    if !shared {
+        w.wcls = t(v * d);
+    }
+    w
+}
+
+fn bytes(w: &Weights, shared: bool) -> Vec<u8> {
+    let mut b = Vec::new();
+    checkpoint::write(w, shared, &mut b).unwrap();
+    b
+}
+
+fn assert_same(a: &Weights, b: &Weights) {
+    assert_eq!(a.config, b.config);
+    assert_eq!(a.token_embedding, b.token_embedding);
+    assert_eq!(a.rms_att, b.rms_att);
+    assert_eq!((&a.wq, &a.wk, &a.wv, &a.wo), (&b.wq, &b.wk, &b.wv, &b.wo));
+    assert_eq!((&a.w1, &a.w2, &a.w3), (&b.w1, &b.w2, &b.w3));
+    assert_eq!(
+        (&a.rms_ffn, &a.rms_final, &a.wcls),
+        (&b.rms_ffn, &b.rms_final, &b.wcls)
+    );
+}
+
+#[test]
+fn shared_and_unshared_checkpoints_round_trip() {
+    for shared in [true, false] {
+        let w = tiny(shared);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tiny.bin");
+        std::fs::write(&p, bytes(&w, shared)).unwrap();
+        let back = checkpoint::load(&p).unwrap();
+        assert_same(&w, &back);
+        assert_eq!(back.wcls == back.token_embedding, shared);
+    }
+}
+
+#[test]
+fn header_is_seven_i32_with_negative_vocab_for_unshared() {
+    let b = bytes(&tiny(false), false);
+    let field = |i: usize| i32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!(
+        (0..7).map(field).collect::<Vec<_>>(),
+        [8, 12, 2, 2, 1, -11, 16]
+    );
+    let b = bytes(&tiny(true), true);
+    assert_eq!(i32::from_le_bytes(b[20..24].try_into().unwrap()), 11);
+}
+
+#[test]
+fn truncation_names_the_tensor_being_read() {
+    let w = tiny(false);
+    let full = bytes(&w, false);
+    let c = TINY;
+    let d = c.dim;
+    // cut inside each tensor in turn: the error names it
+    let sizes = [
+        ("token_embedding", c.vocab_size * d),
+        ("rms_att", 2 * d),
+        ("wq", 2 * d * d),
+        ("wk", 2 * c.kv_dim() * d),
+        ("wv", 2 * c.kv_dim() * d),
+        ("wo", 2 * d * d),
+        ("rms_ffn", 2 * d),
+        ("w1", 2 * c.hidden_dim * d),
+        ("w2", 2 * d * c.hidden_dim),
+        ("w3", 2 * c.hidden_dim * d),
+        ("rms_final", d),
+        ("freq_cis_real", c.seq_len * c.head_size() / 2),
+        ("freq_cis_imag", c.seq_len * c.head_size() / 2),
+        ("wcls", c.vocab_size * d),
+    ];
+    let mut off = 28;
+    for (name, n) in sizes {
+        let cut = off + 4 * n - 2;
+        match checkpoint::parse(&full[..cut]).unwrap_err() {
+            CheckpointError::Truncated { field, .. } => assert_eq!(field, name),
+            e => panic!("{name}: {e}"),
+        }
+        off += 4 * n;
+    }
+    assert_eq!(off, full.len());
+}
+
+#[test]
+fn inconsistent_headers_and_trailing_bytes_are_errors() {
+    let mut b = bytes(&tiny(true), true);
+    b.extend([0u8; 8]);
+    let e = checkpoint::parse(&b).unwrap_err();
+    assert!(
+        matches!(e, CheckpointError::Trailing { extra: 8, .. }),
+        "{e}"
+    );
+    // an unshared header on a shared file: the classifier is missing
+    let mut b = bytes(&tiny(true), true);
+    b[20..24].copy_from_slice(&(-11i32).to_le_bytes());
+    let e = checkpoint::parse(&b).unwrap_err();
+    assert!(
+        matches!(e, CheckpointError::Truncated { field: "wcls", .. }),
+        "{e}"
+    );
+    let mut b = bytes(&tiny(true), true);
+    b[24..28].copy_from_slice(&(-3i32).to_le_bytes());
+    let e = checkpoint::parse(&b).unwrap_err();
+    assert!(e.to_string().contains("seq_len"), "{e}");
+    let mut b = bytes(&tiny(true), true);
+    b[0..4].copy_from_slice(&0x616b_3432i32.to_le_bytes());
+    assert!(
+        checkpoint::parse(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("ak42")
+    );
+    let e = checkpoint::load(std::path::Path::new("/nonexistent/m.bin")).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/m.bin"), "{e}");
+}

@@ -1,0 +1,175 @@
+//! `xtc decode` end to end through the command's parser (in process): the
+//! report, `--json`, `--trace-out`, `--compare`, `--cancel-rate`, `--model`,
+//! and errors for bad input (exit status 1, or 2 for usage).
+
+use xtc::decode::checkpoint;
+use xtc::decode::model::{Config, Weights};
+
+fn xtc(args: &[&str]) -> (i32, String) {
+    let mut out = Vec::new();
+    let argv = ["xtc", "decode"].iter().chain(args).copied();
+    let code = xtc::cli::run(argv, &mut out);
+    (code, String::from_utf8(out).unwrap())
+}
+
+/// Fast flags: the toy model, a burst of arrivals.
+const FAST: [&str; 4] = ["--device", "toy", "--time-scale", "10000"];
+
+#[test]
+fn prints_the_report() {
+    let (code, out) = xtc(&[&FAST[..], &["--requests", "20"]].concat());
+    assert_eq!(code, 0);
+    for field in [
+        "requests        20 (20 done",
+        "throughput",
+        "iterations",
+        "queue time",
+        "TTFT",
+        "inter-token",
+        "KV cache peak",
+    ] {
+        assert!(out.contains(field), "missing {field:?} in\n{out}");
+    }
+}
+
+#[test]
+fn json_report_has_the_figures() {
+    let (code, out) = xtc(&[&FAST[..], &["--requests", "12", "--json"]].concat());
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["requests"], 12);
+    assert_eq!(v["completed"], 12);
+    assert!(v["generated_tokens"].as_u64().unwrap() > 0);
+    assert!(v["ttft"]["p99_ms"].is_number() && v["itl"]["p50_ms"].is_number());
+    assert!(v["kv_peak_blocks"].as_u64().unwrap() <= v["kv_blocks"].as_u64().unwrap());
+    assert_eq!(v["kv_leaked_blocks"], 0);
+}
+
+#[test]
+fn trace_out_writes_chrome_trace_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("run.json");
+    let (code, _) = xtc(&[
+        &FAST[..],
+        &["--requests", "6", "--trace-out", p.to_str().unwrap()],
+    ]
+    .concat());
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let ev = v["traceEvents"].as_array().unwrap();
+    let iters = ev.iter().filter(|e| e["cat"] == "iteration").count();
+    let running = ev.iter().filter(|e| e["name"] == "running").count();
+    assert!(iters > 0);
+    assert_eq!(running, 6);
+    assert!(
+        ev.iter()
+            .all(|e| e["ph"] == "M" || e["dur"].as_f64().unwrap() >= 0.0)
+    );
+}
+
+#[test]
+fn compare_runs_three_policies_and_prints_ratios() {
+    let (code, out) = xtc(&[&FAST[..], &["--requests", "10", "--compare", "--json"]].concat());
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for k in ["continuous", "static", "one_at_a_time"] {
+        assert_eq!(v[k]["completed"], 10, "{k}");
+    }
+    assert_eq!(v["one_at_a_time"]["mean_ready"], 1.0);
+    assert!(v["speedup_vs_one"].as_f64().unwrap() > 0.0);
+    let (code, out) = xtc(&[&FAST[..], &["--requests", "4", "--compare"]].concat());
+    assert_eq!(code, 0);
+    assert!(out.contains("continuous vs one-at-a-time"), "{out}");
+}
+
+#[test]
+fn cancel_rate_cancels_and_leaks_no_blocks() {
+    let (code, out) = xtc(&[
+        "--device",
+        "toy",
+        "--time-scale",
+        "100",
+        "--requests",
+        "30",
+        "--cancel-rate",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cancelled = v["cancelled"].as_u64().unwrap();
+    assert!(cancelled > 0);
+    assert_eq!(v["completed"].as_u64().unwrap() + cancelled, 30);
+    assert_eq!(v["kv_leaked_blocks"], 0);
+}
+
+#[test]
+fn runs_a_checkpoint_on_the_cpu_reference() {
+    let c = Config {
+        dim: 16,
+        hidden_dim: 32,
+        n_layers: 1,
+        n_heads: 2,
+        n_kv_heads: 1,
+        vocab_size: 40,
+        seq_len: 64,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.bin");
+    let mut b = Vec::new();
+    checkpoint::write(&Weights::synthetic(c, 1), true, &mut b).unwrap();
+    std::fs::write(&p, b).unwrap();
+    let m = p.to_str().unwrap();
+    let (code, out) = xtc(&[
+        "--model",
+        m,
+        "--device",
+        "cpu",
+        "--requests",
+        "3",
+        "--time-scale",
+        "1000",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["completed"].as_u64().unwrap() + v["rejected"].as_u64().unwrap(),
+        3
+    );
+    assert!(v["device"].as_str().unwrap().contains("CPU"));
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,1\n",
+    )
+    .unwrap();
+    assert_eq!(
+        xtc(&["--device", "toy", "--trace", bad.to_str().unwrap()]).0,
+        1
+    );
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    assert_eq!(
+        xtc(&["--device", "toy", "--trace", empty.to_str().unwrap()]).0,
+        1
+    );
+    let junk = dir.path().join("junk.bin");
+    std::fs::write(&junk, [1u8, 2, 3]).unwrap();
+    assert_eq!(
+        xtc(&["--device", "toy", "--model", junk.to_str().unwrap()]).0,
+        1
+    );
+    assert_eq!(xtc(&["--device", "toy", "--requests", "0"]).0, 1);
+    assert_eq!(xtc(&["--device", "toy", "--time-scale", "0"]).0, 1);
+    assert_eq!(xtc(&["--device", "toy", "--cancel-rate", "2"]).0, 1);
+    assert_eq!(xtc(&["--device", "toy", "--token-budget", "0"]).0, 1);
+    assert_eq!(xtc(&["--device", "toy", "--tokenizer", "/x"]).0, 1);
+    assert_eq!(xtc(&["--device", "no-such-gpu-name"]).0, 1);
+    assert_eq!(xtc(&["--requests", "many"]).0, 2);
+}

@@ -1,0 +1,131 @@
+//! Trace parsing: the schema, malformed rows named by line, empty traces,
+//! relative arrivals and the workload built from a trace.
+
+use std::time::Duration;
+
+use xtc::decode::job;
+use xtc::decode::trace::{self, Scaling, TraceError};
+
+const HEADER: &str = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+
+fn row_error(text: &str) -> (u64, String) {
+    match trace::parse(text).unwrap_err() {
+        TraceError::Row { line, msg } => (line, msg),
+        e => panic!("expected a row error, got {e}"),
+    }
+}
+
+#[test]
+fn arrivals_are_relative_to_the_first_row() {
+    let t = trace::parse(&format!(
+        "{HEADER}2023-11-16 23:59:59.5,10,2\n2023-11-17 00:00:01.0000001,20,3\n"
+    ))
+    .unwrap();
+    assert_eq!(t.requests.len(), 2);
+    assert_eq!(t.requests[0].arrival, Duration::ZERO);
+    assert_eq!(t.requests[1].arrival, Duration::from_nanos(1_500_000_100));
+    assert_eq!(
+        (t.requests[1].prompt_tokens, t.requests[1].output_tokens),
+        (20, 3)
+    );
+}
+
+#[test]
+fn columns_may_come_in_any_order() {
+    let t =
+        trace::parse("GeneratedTokens,TIMESTAMP,ContextTokens\r\n4,2023-11-16 18:15:46.68,9\r\n")
+            .unwrap();
+    assert_eq!(
+        (t.requests[0].prompt_tokens, t.requests[0].output_tokens),
+        (9, 4)
+    );
+}
+
+#[test]
+fn malformed_rows_name_their_line() {
+    let ok = "2023-11-16 18:15:46.6805900,374,44\n";
+    let (line, msg) = row_error(&format!("{HEADER}{ok}{ok}2023-11-16 18:15:47,abc,3\n"));
+    assert_eq!(line, 4);
+    assert!(
+        msg.contains("ContextTokens") && msg.contains("abc"),
+        "{msg}"
+    );
+    let (line, msg) = row_error(&format!("{HEADER}{ok}not a time,1,1\n"));
+    assert_eq!(line, 3);
+    assert!(msg.contains("TIMESTAMP"), "{msg}");
+    let (line, _) = row_error(&format!("{HEADER}{ok}2023-11-16 18:15:47,5\n"));
+    assert_eq!(line, 3);
+    let (line, msg) = row_error(&format!("{HEADER}2023-11-16 18:15:47,5,0\n"));
+    assert_eq!(line, 2);
+    assert!(msg.contains("GeneratedTokens"), "{msg}");
+    let (line, msg) = row_error(&format!("{HEADER}{ok}2023-11-16 18:15:40,5,5\n"));
+    assert_eq!(line, 3);
+    assert!(msg.contains("earlier"), "{msg}");
+    let e = trace::parse(&format!("{HEADER}{ok}x,-1,2\n")).unwrap_err();
+    assert!(e.to_string().starts_with("trace line 3:"), "{e}");
+}
+
+#[test]
+fn empty_traces_and_wrong_headers_are_errors() {
+    assert_eq!(trace::parse(""), Err(TraceError::Empty));
+    assert_eq!(trace::parse(HEADER), Err(TraceError::Empty));
+    assert_eq!(
+        trace::parse("TIMESTAMP,Context,GeneratedTokens\n2023-11-16 18:15:47,5,5\n"),
+        Err(TraceError::MissingColumn {
+            column: "ContextTokens"
+        })
+    );
+    let e = trace::load(std::path::Path::new("/nonexistent/trace.csv")).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/trace.csv"), "{e}");
+}
+
+#[test]
+fn loads_a_file_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.csv");
+    std::fs::write(&p, format!("{HEADER}2023-11-16 18:15:46,3,4\n")).unwrap();
+    assert_eq!(trace::load(&p).unwrap().requests.len(), 1);
+}
+
+#[test]
+fn workload_is_seeded_scaled_and_sorted() {
+    let t = trace::embedded();
+    let s = Scaling {
+        time_scale: 10.0,
+        prompt_div: 16,
+        output_div: 8,
+        max_prompt: 64,
+        max_output: 32,
+    };
+    let a = job::workload(&t, 50, &s, 512, 7, 0.0);
+    let b = job::workload(&t, 50, &s, 512, 7, 0.0);
+    let c = job::workload(&t, 50, &s, 512, 8, 0.0);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(a.requests.len(), 50);
+    assert!(a.requests.windows(2).all(|w| w[0].arrival <= w[1].arrival));
+    let r0 = a.requests.iter().find(|r| r.id == 0).unwrap();
+    assert_eq!(r0.prompt.len(), 374usize.div_ceil(16));
+    assert_eq!(r0.output_tokens, 44usize.div_ceil(8));
+    assert!(
+        a.requests
+            .iter()
+            .all(|r| r.prompt.len() <= 64 && r.output_tokens <= 32)
+    );
+    assert!(
+        a.requests
+            .iter()
+            .flat_map(|r| &r.prompt)
+            .all(|&t| (3..512).contains(&t))
+    );
+    // the 50th row arrives about 26 s after the first: /10
+    assert!(a.requests.last().unwrap().arrival < Duration::from_secs(4));
+    let cancel = job::workload(&t, 200, &s, 512, 7, 0.5);
+    let n = cancel
+        .requests
+        .iter()
+        .filter(|r| r.cancel_after.is_some())
+        .count();
+    assert!((50..150).contains(&n), "{n}");
+    assert!(job::workload(&t, 5000, &s, 512, 7, 0.0).requests.len() == 1500);
+}
