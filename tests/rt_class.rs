@@ -104,6 +104,61 @@ fn injected_allocation_failure_fails_exactly_that_spawn() {
     assert_eq!(lp.new_class(5).unwrap_err(), Error::Nomem);
 }
 
+/// Drops its flag when dropped (the future was dropped, not leaked).
+struct DropFlag(Rc<std::cell::Cell<bool>>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.set(true);
+    }
+}
+
+#[test]
+fn spawn_pair_spawns_both_or_neither() {
+    let sim = Sim::new(3);
+    let lp = sim.new_loop();
+    let class = lp.new_class(2).unwrap();
+    let used = lp.budget().used();
+    for n in 0..=1 {
+        // The first (n = 0) or the second (n = 1) process charge fails.
+        let (da, db) = (Rc::default(), Rc::default());
+        let (fa, fb) = (DropFlag(Rc::clone(&da)), DropFlag(Rc::clone(&db)));
+        lp.budget().fail_after(n);
+        let r = lp.spawn_pair(
+            Some(&class),
+            async move { drop(fa) },
+            async move { drop(fb) },
+        );
+        assert_eq!(r, Err(Error::Nomem), "charge {n}");
+        assert_eq!(lp.n_procs(), 0, "nothing published");
+        assert_eq!(lp.budget().used(), used, "nothing charged");
+        assert!(da.get() && db.get(), "both futures dropped at once");
+    }
+    let ran = Rc::new(RefCell::new(String::new()));
+    let (r1, r2) = (ran.clone(), ran.clone());
+    let (a, b) = lp
+        .spawn_pair(
+            Some(&class),
+            async move { r1.borrow_mut().push('a') },
+            async move { r2.borrow_mut().push('b') },
+        )
+        .unwrap();
+    assert!(a.seq() < b.seq());
+    assert_eq!(lp.n_procs(), 2);
+    sim.run_until_idle().unwrap();
+    assert_eq!(ran.borrow().len(), 2);
+    assert_eq!(lp.budget().used(), used);
+    let other = sim.new_loop().new_class(1).unwrap();
+    assert_eq!(
+        lp.spawn_pair(Some(&other), async {}, async {}),
+        Err(Error::Inval),
+        "class of another loop"
+    );
+    lp.stop();
+    assert_eq!(lp.spawn_pair(None, async {}, async {}), Err(Error::Again));
+    assert_eq!(lp.n_procs(), 0);
+}
+
 #[test]
 fn a_killed_process_returns_its_charge() {
     let lp = Loop::new().unwrap();

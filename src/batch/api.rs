@@ -98,15 +98,17 @@ impl<R> Shared<R> {
         self.waker.set(Some(w.clone()));
     }
 
-    /// Mutation is allowed during pre-run setup and, once the loop has run,
-    /// only from a process of the owner loop (B-128, B-130).
+    /// Mutation is allowed from a process of the owner loop, and from outside
+    /// every loop only during the externally serialized setup before the
+    /// owner loop's first run (B-128). A process of ANY other loop is refused
+    /// even before the owner has run: under `Sim` loops share one thread, so
+    /// only [`Loop::current`] tells them apart (B-130).
     fn check_owner(&self) -> Result<()> {
-        if !self.lp.has_run() {
-            return Ok(());
-        }
         match Loop::current() {
             Some(c) if c.id() == self.lp.id() => Ok(()),
-            _ => Err(Error::Inval),
+            Some(_) => Err(Error::Inval), // foreign loop (B-180)
+            None if !self.lp.has_run() => Ok(()),
+            None => Err(Error::Inval),
         }
     }
 
@@ -178,7 +180,8 @@ impl<R: 'static> Group<R> {
     /// `Nosys` without the `sched-policy` feature; `Again` once `lp` has run
     /// (B-015); `Inval` for `capacity < max_active`, a zero limit, a class of
     /// another loop or one registered to another group; `Range` when the
-    /// storage size overflows (B-018); `Nomem` when the loop's budget refuses
+    /// storage size overflows (B-018) or every group handle range (2^32 - 1
+    /// groups per OS process) was taken (B-028, B-182); `Nomem` when the loop's budget refuses
     /// the storage or a process (nothing is published then, B-017).
     pub fn create(
         lp: &Loop,
@@ -247,7 +250,7 @@ impl<R: 'static> Group<R> {
         let bytes = (bytes.checked_add(remote::bytes_for::<R>(&l)?)).ok_or(Error::Range)?;
         let charge = lp.budget().charge(bytes)?;
         let core = Core::new(l)?;
-        let handles = HandleAlloc::new();
+        let handles = HandleAlloc::new()?;
         let mt = remote::create(&l, &handles)?;
         let sh = Rc::new(Shared {
             core: RefCell::new(core),
@@ -274,8 +277,8 @@ impl<R: 'static> Group<R> {
     ///
     /// # Errors
     /// The request comes back in [`SubmitError`] with: `Nosys` (feature off),
-    /// `Inval` (destroyed group, or a loop other than the owner once it has
-    /// run), `Deadlk` (a callback is in flight), `Range` (charge outside
+    /// `Inval` (destroyed group, a process of another loop, or a caller
+    /// outside every loop once the owner has run: B-128, B-130), `Deadlk` (a callback is in flight), `Range` (charge outside
     /// `1..=resource_capacity`, or handles exhausted), `Again` (full, closed,
     /// driver gone, or cross-loop hand-ins held). Failures after the owner and
     /// callback checks count in `rejections` (B-177).

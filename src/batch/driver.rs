@@ -3,8 +3,10 @@
 //! The driver loops over iterations: at each **boundary** it consumes
 //! recorded cancels, delivers recorded outcomes, and admits waiting members;
 //! then it hands the whole ready vector to the engine (one step, or one
-//! submit + wait + collect) and records the results. It parks when there is
-//! no ready member and wakes on any mutator's signal (B-135).
+//! submit + wait + collect) and records the results. It suspends between
+//! any two vectors (so a step that never yields cannot starve the loop's
+//! other processes, B-040, B-047), parks when there is no ready member, and
+//! wakes on any mutator's signal (B-135).
 //!
 //! Exactly once across a kill (B-039, B-099..B-103): the driver future owns
 //! its callbacks and the frozen vector inside [`Driver`]; killing the driver
@@ -27,7 +29,7 @@ use super::group::{Core, Member};
 use super::remote;
 use super::{Complete, Item, StepResult};
 use crate::error::Result;
-use crate::rt::{Pid, SchedClass};
+use crate::rt::{self, Pid, SchedClass};
 
 pub(crate) use super::engine::{AsyncEngine, SyncEngine};
 
@@ -196,9 +198,18 @@ struct Driver<R: 'static, E, C> {
 }
 
 impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
+    /// The iteration loop. Liveness (B-040, B-047): the driver never runs
+    /// two vectors without suspending in between, even when the step never
+    /// yields, so the loop's other processes (a cancel, a close, submits) run
+    /// and are seen at the next boundary. After a vector that leaves READY
+    /// members it yields at once; otherwise it usually parks, and when it
+    /// would run another vector without having suspended (a refill, ring
+    /// hand-ins), it yields first and redoes the boundary (B-048). A vector
+    /// whose members all finished costs no yield (the submit → complete path).
     async fn run(&mut self) {
         let sh = &*self.sh;
         let p = self.parts.as_mut().expect("parts present while running");
+        let mut suspended = true; // since the last vector ran
         loop {
             boundary(sh, &mut p.complete).await;
             let n = {
@@ -206,18 +217,34 @@ impl<R: 'static, E: Engine<R>, C: Complete<R>> Driver<R, E, C> {
                 if c.finished() && remote::may_finish(sh) {
                     break;
                 }
-                std::mem::swap(&mut c.ready, &mut p.fl.members);
-                let n = p.fl.members.len();
-                if n > 0 {
-                    c.note_vector(n);
+                if !suspended && !c.ready.is_empty() {
+                    None
+                } else {
+                    std::mem::swap(&mut c.ready, &mut p.fl.members);
+                    let n = p.fl.members.len();
+                    if n > 0 {
+                        c.note_vector(n);
+                    }
+                    Some(n)
                 }
-                n
             };
-            if n == 0 {
-                park(sh).await;
-                continue;
+            match n {
+                None => {
+                    rt::yield_now().await;
+                    suspended = true;
+                    continue;
+                }
+                Some(0) => {
+                    suspended |= park(sh).await;
+                    continue;
+                }
+                Some(_) => {}
             }
             p.engine.iterate(sh, &mut p.fl, &mut p.bufs).await;
+            suspended = !sh.core.borrow().ready.is_empty();
+            if suspended {
+                rt::yield_now().await;
+            }
         }
         remote::finish(sh); // cancel_mt/resume_mt: Inval from here on (B-143)
         self.normal = true;
@@ -272,13 +299,16 @@ async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
     }
 }
 
-/// Parks the driver until a mutator signals boundary work.
-async fn park<R>(sh: &Shared<R>) {
+/// Parks the driver until a mutator signals boundary work; returns whether
+/// it suspended (false when work was already signalled).
+async fn park<R>(sh: &Shared<R>) -> bool {
+    let mut suspended = false;
     poll_fn(|cx| {
         if sh.take_signal() || remote::arm(sh, cx.waker()) {
-            Poll::Ready(())
+            Poll::Ready(suspended)
         } else {
             sh.set_waker(cx.waker());
+            suspended = true;
             Poll::Pending
         }
     })
@@ -303,8 +333,11 @@ async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
     remote::finish(&sh);
 }
 
-/// Spawns the driver and its finalizer (B-001); on failure nothing stays
-/// published: a spawned driver is killed again.
+/// Spawns the driver and its finalizer (B-001) as one unit
+/// ([`Loop::spawn_pair`](crate::rt::Loop::spawn_pair)): on failure neither
+/// process was published, both futures (and their `Rc<Shared>`: class
+/// registration, storage charge) are already dropped, and the table holds
+/// nothing of the group (B-017). Returns (driver, finalizer).
 pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
     sh: &Rc<Shared<R>>,
     engine: E,
@@ -338,23 +371,9 @@ pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
         normal: false,
     };
     let fin = finalizer(sh.clone(), slot);
-    let lp = &sh.lp;
-    let fin_pid = match class {
-        Some(c) => lp.spawn_in(c, fin)?,
-        None => lp.spawn(fin)?,
-    };
     let body = async move { drv.run().await };
-    let res = match class {
-        Some(c) => lp.spawn_in(c, body),
-        None => lp.spawn(body),
-    };
-    match res {
-        Ok(pid) => Ok((pid, fin_pid)),
-        Err(e) => {
-            let _ = lp.kill(fin_pid);
-            Err(e)
-        }
-    }
+    let (fin_pid, pid) = sh.lp.spawn_pair(class, fin, body)?;
+    Ok((pid, fin_pid))
 }
 
 #[cfg(test)]

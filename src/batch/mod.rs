@@ -16,7 +16,9 @@
 //!   allocated and charged to the loop's [`rt::Budget`] before the driver is
 //!   published (B-017);
 //! - a handle allocator (`HandleAlloc`, a shared, checked, never-wrapping
-//!   `Arc<AtomicU64>` the cross-loop ring stamps from too, B-027, B-028);
+//!   counter the cross-loop ring stamps from too, B-027, B-028) over the
+//!   group's own range of the 64-bit space: tag (high 32 bits, one per
+//!   group) and counter (low 32 bits), so groups never share a handle (B-029);
 //! - two processes on the loop: the **driver** (runs iterations) and its
 //!   **finalizer** (parked until the driver ends; if the driver was killed it
 //!   runs the teardown callbacks). Destroy waits until both are gone from the
@@ -57,8 +59,9 @@
 //!   await, so [`Group::stats`] always reads committed state (B-043);
 //! - a callback counter in the core makes every mutator return `Deadlk` while
 //!   any callback of the group is in flight, from any process (B-041);
-//! - mutators run on the owner loop only once it has run (`Inval` from
-//!   elsewhere, B-128, B-130), and before the first run from the setup thread;
+//! - mutators run from a process of the owner loop, or from outside every
+//!   loop during setup before the owner's first run; a process of any other
+//!   loop gets `Inval`, before the owner's first run too (B-128, B-130);
 //! - the driver alone moves members between lists; mutators only record
 //!   (cancel flag, close mode) or move BLOCKED → READY (resume), then signal
 //!   the driver's boundary.
@@ -102,8 +105,9 @@ use crate::rt;
 
 /// A request's identity within its group: nonzero, issued monotonically,
 /// never reused and never wrapping (B-027, B-028). Not transferable between
-/// groups (B-029): handle spaces of different groups are disjoint in practice
-/// (each group starts at its own base), so a foreign handle is `Inval`.
+/// groups (B-029): the high 32 bits are the issuing group's tag and a group
+/// never issues past its own range (`Range` instead), so handle spaces of
+/// different groups are disjoint and a foreign handle is `Inval`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Handle(NonZeroU64);
 
@@ -125,30 +129,64 @@ impl std::fmt::Display for Handle {
     }
 }
 
-/// Distance between the handle bases of successive groups (2^32 handles).
-const GROUP_HANDLE_STRIDE: u64 = 1 << 32;
-static GROUP_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Low bits of a handle: the per-group counter (`1..=2^32 - 1`).
+const COUNTER_BITS: u32 = 32;
+const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
+/// High bits: the group tag. Groups get tags `0..TEST_TAG` in creation order;
+/// the top range (`TEST_TAG`, ending at `u64::MAX`) is never given to a group:
+/// it is where [`HandleAlloc::set_last`] lets tests reach `u64::MAX`.
+const TEST_TAG: u64 = u64::MAX >> COUNTER_BITS;
+static GROUP_TAGS: AtomicU64 = AtomicU64::new(0);
+
+/// Takes the next group tag from `tags`, never wrapping.
+///
+/// # Errors
+/// `Range` once every tag below [`TEST_TAG`] was taken: the handle space of
+/// the OS process is exhausted (B-028, B-182).
+fn take_tag(tags: &AtomicU64) -> Result<u64, Error> {
+    tags.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+        (t < TEST_TAG).then_some(t + 1)
+    })
+    .map_err(|_| Error::Range)
+}
+
+/// The handle range of group `tag`: `tag·2^32 + 1 ..= tag·2^32 + 2^32 - 1`.
+fn tag_range(tag: u64) -> (NonZeroU64, NonZeroU64) {
+    let base = tag << COUNTER_BITS;
+    let first = NonZeroU64::new(base | 1).expect("low bit set");
+    let last = NonZeroU64::new(base | COUNTER_MASK).expect("low bits set");
+    (first, last)
+}
 
 /// The group's handle allocator: shared (the cross-loop ring stamps handles
 /// from other threads), checked, never wrapping (B-027, B-028, B-116, B-120).
 /// A thin owner-side view of the ring's [`ring::admission::HandleSpace`].
+///
+/// The 64-bit space is partitioned: a handle is the group's tag (high 32
+/// bits) and a per-group counter (low 32 bits, from 1). A group's range ends
+/// at counter `2^32 - 1`; issuing past it is `Range`, so a group's handles
+/// never enter another group's range and a foreign handle is `Inval` (B-029).
 #[derive(Debug, Clone)]
 pub(crate) struct HandleAlloc {
     space: Arc<ring::admission::HandleSpace>,
+    tag: u64,
 }
 
 impl HandleAlloc {
-    /// A fresh allocator whose handle space starts at this group's base.
-    pub(crate) fn new() -> HandleAlloc {
-        let seq = GROUP_SEQ.fetch_add(1, Ordering::Relaxed);
-        let base = seq.checked_mul(GROUP_HANDLE_STRIDE).unwrap_or(0);
-        let first = NonZeroU64::new(base.saturating_add(1)).expect("base + 1 > 0");
-        HandleAlloc {
-            space: Arc::new(ring::admission::HandleSpace::starting_at(first)),
-        }
+    /// A fresh allocator over a new group tag's range.
+    ///
+    /// # Errors
+    /// `Range` when group tags are exhausted (see [`take_tag`]).
+    pub(crate) fn new() -> Result<HandleAlloc, Error> {
+        let tag = take_tag(&GROUP_TAGS)?;
+        let (first, last) = tag_range(tag);
+        Ok(HandleAlloc {
+            space: Arc::new(ring::admission::HandleSpace::within(first, last)),
+            tag,
+        })
     }
 
-    /// Issues the next handle; `Range` once `u64::MAX` has been issued.
+    /// Issues the next handle; `Range` once the group's range is exhausted.
     pub(crate) fn alloc(&self) -> Result<Handle, Error> {
         self.space.issue().map(Handle)
     }
@@ -158,9 +196,20 @@ impl HandleAlloc {
         &self.space
     }
 
-    /// Test hook: the next handle issued will be `last + 1`.
+    /// Test hook, before the group issued handles in use: the next handle has
+    /// the counter of `last + 1`, in this group's own range (a `last` in
+    /// another group's range never moves it there; `last`'s counter at the
+    /// range end means exhausted). A `last` in the top range moves the group
+    /// there instead, so tests see `u64::MAX` issued, then `Range`.
     pub(crate) fn set_last(&self, last: u64) {
-        self.space.set_last(last);
+        if last >> COUNTER_BITS == TEST_TAG {
+            let (first, end) = tag_range(TEST_TAG);
+            self.space.rebase(first, end);
+            self.space.set_last(last);
+        } else {
+            self.space
+                .set_last(self.tag << COUNTER_BITS | (last & COUNTER_MASK));
+        }
     }
 }
 
@@ -278,4 +327,50 @@ pub struct AsyncOpts {
     pub sched_class: Option<rt::SchedClass>,
     /// Cross-loop admission ring size; 0 disables the `_mt` calls.
     pub mt_queue_cap: usize,
+}
+
+#[cfg(test)]
+mod handle_tests {
+    use super::*;
+
+    #[test]
+    fn a_group_range_ends_in_range_never_in_the_next_group() {
+        let a = HandleAlloc::new().unwrap();
+        let first = a.alloc().unwrap().get();
+        assert_eq!(first & COUNTER_MASK, 1, "counter starts at 1");
+        let base = first & !COUNTER_MASK;
+        a.set_last(base | (COUNTER_MASK - 1)); // counter 2^32 - 2 issued
+        let last = a.alloc().unwrap().get();
+        assert_eq!(last, base | COUNTER_MASK, "the range's last handle");
+        assert_eq!(a.alloc(), Err(Error::Range), "exhausted: no next range");
+        assert_eq!(a.alloc(), Err(Error::Range), "stays exhausted");
+        let next_group_first = (last + 1) | 1;
+        let space = a.space();
+        assert!(space.is_issued(Handle::new(last).unwrap().0));
+        assert!(!space.is_issued(NonZeroU64::new(next_group_first).unwrap()));
+    }
+
+    #[test]
+    fn set_last_in_another_groups_range_stays_in_its_own() {
+        let a = HandleAlloc::new().unwrap();
+        let b = HandleAlloc::new().unwrap();
+        let hb = b.alloc().unwrap().get();
+        a.set_last(hb - 1);
+        let ha = a.alloc().unwrap().get();
+        assert_ne!(ha >> COUNTER_BITS, hb >> COUNTER_BITS);
+        assert_eq!(ha >> COUNTER_BITS, a.tag);
+        assert!(!b.space().is_issued(NonZeroU64::new(ha).unwrap()));
+        assert!(!a.space().is_issued(NonZeroU64::new(hb).unwrap()));
+    }
+
+    #[test]
+    fn group_tags_never_wrap_and_never_reach_the_test_range() {
+        let tags = AtomicU64::new(TEST_TAG - 2);
+        assert_eq!(take_tag(&tags), Ok(TEST_TAG - 2));
+        assert_eq!(take_tag(&tags), Ok(TEST_TAG - 1));
+        assert_eq!(take_tag(&tags), Err(Error::Range));
+        assert_eq!(take_tag(&tags), Err(Error::Range), "stays exhausted");
+        assert_eq!(tag_range(TEST_TAG).1.get(), u64::MAX);
+        assert_eq!(tag_range(0).0.get(), 1, "handles are nonzero");
+    }
 }

@@ -12,7 +12,7 @@
 //! nothing is ready) park in `epoll_wait` until the nearest timer, an fd event
 //! or an eventfd wake.
 
-use super::budget::Budget;
+use super::budget::{Budget, Charge};
 use super::class::{ReadySet, SchedClass};
 use super::io::Poller;
 use super::proc_table::{
@@ -55,7 +55,8 @@ pub(crate) struct CurrentGuard {
 impl CurrentGuard {
     pub(crate) fn enter(lp: &Loop) -> CurrentGuard {
         let prev = CURRENT.with(|c| c.replace(Some(lp.clone())));
-        let prev_local = Some(local_enter(&lp.inner.inbox));
+        let buf = std::mem::take(&mut *lp.inner.local_buf.borrow_mut());
+        let prev_local = Some(local_enter(&lp.inner.inbox, buf));
         CurrentGuard {
             lp: lp.clone(),
             prev,
@@ -66,14 +67,20 @@ impl CurrentGuard {
 
 impl Drop for CurrentGuard {
     fn drop(&mut self) {
-        let left = local_exit(self.prev_local.take().unwrap_or_default());
+        let mut left = local_exit(self.prev_local.take().unwrap_or_default());
         if !left.is_empty() {
             match self.lp.inner.ready.try_borrow_mut() {
-                Ok(mut ready) => left.into_iter().for_each(|r| ready.push(r)),
+                Ok(mut ready) => left.drain(..).for_each(|r| ready.push(r)),
                 // Never drop a wake: the inbox takes it (the local queue has
                 // its previous owner back, so this is the locked path).
-                Err(_) => left.into_iter().for_each(|r| self.lp.inner.inbox.push(r)),
+                Err(_) => left.drain(..).for_each(|r| self.lp.inner.inbox.push(r)),
             }
+        }
+        // Keep the (now empty) buffer for the next time the loop is current.
+        if let Ok(mut keep) = self.lp.inner.local_buf.try_borrow_mut()
+            && keep.capacity() < left.capacity()
+        {
+            *keep = left;
         }
         let prev = self.prev.take();
         let _ = CURRENT.try_with(|c| c.replace(prev));
@@ -97,6 +104,9 @@ pub(crate) struct LoopInner {
     stopped: Cell<bool>,
     /// Spare buffer swapped with the inbox's queue.
     spare: RefCell<Vec<ProcRunnable>>,
+    /// The thread-local wake queue's buffer while the loop is not current
+    /// (kept so that a same-loop wake allocates nothing in steady state).
+    local_buf: RefCell<Vec<ProcRunnable>>,
     /// Sequence number of the process being polled.
     polling: Cell<Option<u64>>,
 }
@@ -178,6 +188,7 @@ impl Loop {
                 has_run: Cell::new(false),
                 stopped: Cell::new(false),
                 spare: RefCell::new(Vec::new()),
+                local_buf: RefCell::new(Vec::new()),
                 polling: Cell::new(None),
             }),
             _not_send: PhantomData,
@@ -287,12 +298,53 @@ impl Loop {
         self.spawn_class(class.id(), f)
     }
 
+    /// Spawns two processes into one class as a unit: both or neither (a
+    /// batch group's driver and its finalizer, B-017). Both charges are taken
+    /// before either process exists, so on error the table and the budget are
+    /// as before and both futures have been dropped. `a` gets the lower pid
+    /// and is scheduled first; `None` is the default class.
+    ///
+    /// # Errors
+    /// `Inval` when `class` belongs to another loop; `Again` while the loop is
+    /// stopped; `Nomem` when the budget refuses either charge.
+    pub fn spawn_pair<A, B>(&self, class: Option<&SchedClass>, a: A, b: B) -> Result<(Pid, Pid)>
+    where
+        A: Future<Output = ()> + 'static,
+        B: Future<Output = ()> + 'static,
+    {
+        let class = match class {
+            None => 0,
+            Some(c) if c.loop_id() == self.id() => c.id(),
+            Some(_) => return Err(Error::Inval),
+        };
+        let charge_a = self.reserve::<A>()?;
+        let charge_b = self.reserve::<B>()?;
+        let pa = self.spawn_charged(class, a, charge_a);
+        let pb = self.spawn_charged(class, b, charge_b);
+        Ok((pa, pb))
+    }
+
     fn spawn_class<F: Future<Output = ()> + 'static>(&self, class: u32, f: F) -> Result<Pid> {
+        let charge = self.reserve::<F>()?;
+        Ok(self.spawn_charged(class, f, charge))
+    }
+
+    /// The charge of a process running `F` (`Again` while stopped).
+    fn reserve<F>(&self) -> Result<Charge> {
         if self.inner.stopped.get() {
             return Err(Error::Again);
         }
         let cost = PROC_OVERHEAD + std::mem::size_of::<F>() as u64;
-        let charge = self.inner.budget.charge(cost)?;
+        self.inner.budget.charge(cost)
+    }
+
+    /// Spawns `f` holding `charge` (infallible once charged).
+    fn spawn_charged<F: Future<Output = ()> + 'static>(
+        &self,
+        class: u32,
+        f: F,
+        charge: Charge,
+    ) -> Pid {
         let seq = self.inner.procs.borrow_mut().next_seq();
         let inbox = self.inner.inbox.clone();
         let table = self.weak();
@@ -309,7 +361,7 @@ impl Loop {
         self.inner.procs.borrow_mut().insert(seq, task);
         self.trace(TraceKind::Spawn, seq);
         runnable.schedule();
-        Ok(Pid::new(self.id(), seq))
+        Pid::new(self.id(), seq)
     }
 
     /// Kills `pid`: its future is dropped at its next suspension point (a

@@ -34,14 +34,17 @@ thread_local! {
 /// current-loop guard.
 pub(crate) type LocalSaved = (usize, Vec<ProcRunnable>);
 
-/// Makes `inbox` the owner of this thread's local wake queue; returns the
-/// previous owner and its queued wakes, for [`local_exit`].
-pub(crate) fn local_enter(inbox: &Inbox) -> LocalSaved {
+/// Makes `inbox` the owner of this thread's local wake queue, queueing into
+/// `buf` (the loop's kept buffer, so a wake allocates nothing once it has
+/// grown); returns the previous owner and its queued wakes, for [`local_exit`].
+pub(crate) fn local_enter(inbox: &Inbox, buf: Vec<ProcRunnable>) -> LocalSaved {
     let addr = inbox as *const Inbox as usize;
-    LOCAL.with(|l| std::mem::replace(&mut *l.borrow_mut(), (addr, Vec::new())))
+    debug_assert!(buf.is_empty());
+    LOCAL.with(|l| std::mem::replace(&mut *l.borrow_mut(), (addr, buf)))
 }
 
-/// Restores `saved`; returns the wakes queued for the owner that is leaving.
+/// Restores `saved`; returns the wakes queued for the owner that is leaving
+/// (in its buffer, for the loop to keep).
 pub(crate) fn local_exit(saved: LocalSaved) -> Vec<ProcRunnable> {
     LOCAL
         .try_with(|l| std::mem::replace(&mut *l.borrow_mut(), saved).1)

@@ -34,6 +34,7 @@
 #![deny(unsafe_code)]
 
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Waker;
 
@@ -46,13 +47,20 @@ use crate::{Error, Result};
 /// The group's single monotonic handle space, shared by owner-loop submits and
 /// every producer thread (B-120).
 ///
-/// Handles are `1..=u64::MAX`, issued in increasing order, never reused; a
-/// checked CAS makes exhaustion return `Range` to every caller without ever
-/// wrapping, however many threads race on it.
+/// Handles are the range `first..=last` (the group's own part of the 64-bit
+/// space, disjoint from every other group's, B-029), issued in increasing
+/// order, never reused; a checked CAS makes exhaustion (`last` issued) return
+/// `Range` to every caller without ever wrapping or leaving the range, however
+/// many threads race on it (B-028).
 #[derive(Debug)]
 pub(crate) struct HandleSpace {
-    /// The next handle to issue; 0 once `u64::MAX` has been issued.
+    /// The next handle to issue; past `last` (0 after `u64::MAX`) once exhausted.
     next: AtomicU64,
+    /// First and last handle of the range. Fixed at creation except by the
+    /// test hook [`HandleSpace::rebase`], so plain std atomics (not modelled
+    /// by loom).
+    first: StdAtomicU64,
+    last: StdAtomicU64,
 }
 
 impl Default for HandleSpace {
@@ -62,10 +70,18 @@ impl Default for HandleSpace {
 }
 
 impl HandleSpace {
-    /// A space whose first handle is `first` (tests start near `u64::MAX`).
+    /// A space `first..=u64::MAX` (tests start near `u64::MAX`).
     pub(crate) fn starting_at(first: NonZeroU64) -> HandleSpace {
+        HandleSpace::within(first, NonZeroU64::MAX)
+    }
+
+    /// The space `first..=last` (`last >= first`).
+    pub(crate) fn within(first: NonZeroU64, last: NonZeroU64) -> HandleSpace {
+        debug_assert!(first <= last);
         HandleSpace {
             next: AtomicU64::new(first.get()),
+            first: StdAtomicU64::new(first.get()),
+            last: StdAtomicU64::new(last.get()),
         }
     }
 
@@ -75,11 +91,13 @@ impl HandleSpace {
     /// `Range` once every handle has been issued (B-028, B-120).
     pub(crate) fn issue(&self) -> Result<NonZeroU64> {
         let mut cur = self.next.load(Ordering::Relaxed);
+        let last = self.last.load(StdOrdering::Relaxed);
         loop {
-            let Some(handle) = NonZeroU64::new(cur) else {
+            let Some(handle) = NonZeroU64::new(cur).filter(|h| h.get() <= last) else {
                 return Err(Error::Range);
             };
-            // u64::MAX + 1 wraps to 0, the "exhausted" mark.
+            // Only `cur <= last` advances: `next` stops at `last + 1`, or
+            // wraps to 0 (the "exhausted" mark) after `u64::MAX`.
             match self.next.compare_exchange_weak(
                 cur,
                 cur.wrapping_add(1),
@@ -92,16 +110,36 @@ impl HandleSpace {
         }
     }
 
-    /// Test hook: the next handle issued is `last + 1` (`Range` once
-    /// `u64::MAX` was issued).
+    /// Test hook: the next handle issued is `last + 1`, clamped into the
+    /// range (`first` at least; exhausted once `last` reaches the range's end).
     pub(crate) fn set_last(&self, last: u64) {
-        self.next.store(last.wrapping_add(1), Ordering::Relaxed);
+        let first = self.first.load(StdOrdering::Relaxed);
+        let end = self.last.load(StdOrdering::Relaxed);
+        let next = if last >= end {
+            end.wrapping_add(1)
+        } else {
+            last.wrapping_add(1).max(first)
+        };
+        self.next.store(next, Ordering::Relaxed);
     }
 
-    /// Whether `handle` has been issued (it may since have completed).
+    /// Test hook: moves the space to `first..=last`, nothing issued yet. Only
+    /// before any handle of the space is in use.
+    pub(crate) fn rebase(&self, first: NonZeroU64, last: NonZeroU64) {
+        debug_assert!(first <= last);
+        self.first.store(first.get(), StdOrdering::Relaxed);
+        self.last.store(last.get(), StdOrdering::Relaxed);
+        self.next.store(first.get(), Ordering::Relaxed);
+    }
+
+    /// Whether `handle` has been issued from this space (it may since have
+    /// completed); false for a handle of another range (another group's).
     pub(crate) fn is_issued(&self, handle: NonZeroU64) -> bool {
+        let first = self.first.load(StdOrdering::Relaxed);
+        let last = self.last.load(StdOrdering::Relaxed);
         let next = self.next.load(Ordering::Relaxed);
-        next == 0 || handle.get() < next
+        let h = handle.get();
+        (first..=last).contains(&h) && (next == 0 || h < next)
     }
 }
 
