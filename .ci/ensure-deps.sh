@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# Installs what xtc needs on a fresh Debian 12 machine (run as root); idempotent.
-# - libvulkan1 + mesa-vulkan-drivers: the Vulkan loader and Mesa's lavapipe CPU
-#   device, the embedded default when no GPU is present.
-# - a Rust toolchain when cargo is missing (through rustup from Debian's packages
-#   is not enough for edition 2024, so we use the machine's toolchain if any).
+# Installs what xtc needs on a fresh Debian 12 machine (run as root); idempotent:
+# a second run finds everything and calls no apt.
+# - libvulkan1: the Vulkan loader (ash opens libvulkan.so.1 at run time);
+# - mesa-vulkan-drivers: Mesa's lavapipe CPU Vulkan device, the embedded
+#   default when the machine has no GPU;
+# - gcc: the C linker rustc needs.
+# Rust itself (edition 2024, rustc >= 1.88) must already be installed through
+# rustup: Debian 12's own rustc (1.63) is too old, and this script does not
+# download toolchains. It checks the version and says so clearly.
 set -euo pipefail
 need=()
-[ -e /usr/lib/x86_64-linux-gnu/libvulkan.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/libvulkan.so.1 ] || need+=(libvulkan1)
+ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1 ' || need+=(libvulkan1)
 ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "ensure-deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-command -v cargo >/dev/null 2>&1 || { echo "ensure-deps: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "ensure-deps: cargo not found: install Rust >= 1.88 with rustup (https://rustup.rs), then run this again" >&2
+  exit 1
+fi
+ver=$(rustc --version | awk '{print $2}')
+if [ "$(printf '%s\n1.88.0\n' "$ver" | sort -V | head -n1)" != "1.88.0" ]; then
+  echo "ensure-deps: rustc $ver is too old: xtc needs >= 1.88 (edition 2024); run 'rustup update stable'" >&2
+  exit 1
+fi

@@ -14,11 +14,11 @@
 //!   CLOSED`. `pos` is the number of reservations ever made, i.e. the position
 //!   the next producer reserves. A producer advances `pos` by exactly one with
 //!   a CAS, which is what reserves position `pos` for it alone. The flags are
-//!   only ever set (`fetch_or`), by the owner: [`Ring::close`] sets `CLOSED`
-//!   (reservations of class [`Class::Submit`] fail from then on),
-//!   [`Ring::finish`] sets `FINISHED` (every reservation fails).
+//!   only ever set (`fetch_or`), by the owner: `Ring::close` sets `CLOSED`
+//!   (reservations of class `Class::Submit` fail from then on),
+//!   `Ring::finish` sets `FINISHED` (every reservation fails).
 //! - `head` (consumer, [`CachePadded`]): the position the consumer reads next.
-//!   The consumer's own copy lives in its [`ConsumerKey`]; the atomic mirror is
+//!   The consumer's own copy lives in its `ConsumerKey`; the atomic mirror is
 //!   stored by the consumer only and read by producers only on the slow path
 //!   that decides "full" (crossbeam does the same).
 //! - `slots[i].stamp`: for the position `p` with `p & mask == i` that the slot
@@ -32,9 +32,9 @@
 //! - `mask`: `N - 1`, where `N = slots.len()` is a power of two, at least 2.
 //!
 //! A reserved slot whose stamp still reads FREE is one whose producer is
-//! "still writing"; the consumer reports it as [`Pop::Busy`] (there is a
+//! "still writing"; the consumer reports it as `Pop::Busy` (there is a
 //! reservation at or after `head`, `tail > head`, but the value is not
-//! there yet), distinct from [`Pop::Empty`]. An owner-loop cancel uses that to
+//! there yet), distinct from `Pop::Empty`. An owner-loop cancel uses that to
 //! answer `Again` (B-053) rather than a wrong `Inval`.
 //!
 //! # Safety
@@ -47,7 +47,7 @@
 //!    other producer writes the slot until its stamp reaches `pos + N`, which
 //!    only the consumer stores, after reading this value.
 //! 2. *One reader per value.* Only the holder of the ring's unique
-//!    [`ConsumerKey`] (`&mut`, not `Clone`) reads, and only when
+//!    `ConsumerKey` (`&mut`, not `Clone`) reads, and only when
 //!    `stamp == head + 1` was loaded with Acquire, which synchronises with the
 //!    writer's Release store: the value is fully written. After reading it
 //!    stores `head + N`, so it never reads the same value twice.
