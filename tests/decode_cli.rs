@@ -221,9 +221,24 @@ fn absurd_kv_cache_names_the_option_it_came_from() {
     let (code, _, err) = xtc_bin(&["--device", "toy", "--kv-blocks", "100000000000000000"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("from --kv-blocks"), "{err}");
+    // 1000 requests' worth of blocks of 10^15 positions: no machine holds it.
+    let (code, _, err) = xtc_bin(&[
+        "--device",
+        "toy",
+        "--max-active",
+        "1000",
+        "--block-size",
+        "1000000000000000",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("derived from --max-active 1000"), "{err}");
     let (code, _, err) = xtc_bin(&["--device", "toy", "--max-active", "100000000000000000"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("derived from --max-active"), "{err}");
+    assert!(
+        err.contains("--max-active 100000000000000000 is more than"),
+        "{err}"
+    );
+    assert!(!err.contains(BANNER), "{err}");
 }
 
 #[test]

@@ -23,6 +23,10 @@ use crate::vk;
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
 
+/// Largest `--max-active`: a ready vector of more members than this is refused
+/// up front (the group's and the device's per-member storage would not fit).
+pub const MAX_ACTIVE_LIMIT: usize = 1 << 20;
+
 /// Default number of requests replayed.
 pub const DEFAULT_REQUESTS: usize = 512;
 
@@ -145,9 +149,13 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     let opts = job_opts(args, &wl, &config);
     let tokenizer = load_tokenizer(args, &config)?;
     check_kv_size(args, &config, &opts, &device)?;
-    let model = device
-        .model(weights, &opts)
-        .map_err(|e| format!("{e} ({})", kv_origin(args, &opts)))?;
+    let model = device.model(weights, &opts).map_err(|e| {
+        format!(
+            "{e} (ready vector of --max-active {}; {})",
+            opts.max_active,
+            kv_origin(args, &opts)
+        )
+    })?;
     if !args.json {
         eprintln!(
             "{}",
@@ -264,6 +272,12 @@ fn check_args(args: &DecodeArgs) -> Result<(), String> {
         if v == 0 {
             return Err(format!("{name} must be at least 1, not 0"));
         }
+    }
+    if args.max_active > MAX_ACTIVE_LIMIT {
+        return Err(format!(
+            "--max-active {} is more than the {MAX_ACTIVE_LIMIT} members a ready vector may hold",
+            args.max_active
+        ));
     }
     if args.tokenizer.is_some() && args.model.is_none() {
         return Err("--tokenizer needs --model (the synthetic model has no vocabulary)".into());
@@ -480,16 +494,15 @@ fn device_error(sel: &str, e: &vk::VkError) -> String {
 
 /// Where the KV-cache size came from, for error messages.
 fn kv_origin(args: &DecodeArgs, o: &JobOpts) -> String {
+    let size = format!(
+        "KV cache of {} blocks x {} positions",
+        o.kv_blocks, o.block_size
+    );
     match args.kv_blocks {
-        Some(n) => format!(
-            "KV cache of {n} blocks x {} positions from --kv-blocks",
-            o.block_size
-        ),
+        Some(_) => format!("{size}, from --kv-blocks: lower it"),
         None => format!(
-            "KV cache of {} blocks x {} positions derived from --max-active {} \
-             ({} blocks per request); set --kv-blocks or lower --max-active",
-            o.kv_blocks,
-            o.block_size,
+            "{size}, derived from --max-active {} x {} blocks per request: \
+             lower --max-active or set --kv-blocks",
             o.max_active,
             o.kv_blocks / o.max_active.max(1)
         ),
@@ -518,12 +531,15 @@ fn check_kv_size(
     let toy = matches!(dev, DeviceChoice::Toy);
     let limit = if dev.is_cpu() { host_memory() } else { None };
     match (kv_bytes(config, o, toy), limit) {
-        (None, _) => Err(format!("{} overflows", kv_origin(args, o))),
+        (None, _) => Err(format!(
+            "the KV cache is too large ({})",
+            kv_origin(args, o)
+        )),
         (Some(b), Some(max)) if b > max => Err(format!(
-            "{} needs {} MiB, more than this machine's {} MiB",
-            kv_origin(args, o),
+            "the KV cache needs {} MiB, more than this machine's {} MiB ({})",
             b >> 20,
-            max >> 20
+            max >> 20,
+            kv_origin(args, o)
         )),
         _ => Ok(()),
     }
