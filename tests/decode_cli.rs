@@ -304,3 +304,20 @@ fn help_says_compare_traces_the_continuous_run() {
     assert!(help.contains("continuous run only"), "{help}");
     assert!(help.contains("plain seconds"), "{help}");
 }
+
+#[test]
+fn a_late_trace_out_failure_keeps_the_report() {
+    // /dev/full opens but every write fails (ENOSPC): the failure comes after the run.
+    if !std::path::Path::new("/dev/full").exists() {
+        assert!(std::env::var_os("CI").is_none(), "/dev/full missing on CI");
+        return;
+    }
+    let (code, out, err) =
+        xtc_bin(&[&FAST[..], &["--requests", "4", "--trace-out", "/dev/full"]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        out.contains("requests        4 (4 done"),
+        "report lost:\n{out}"
+    );
+    assert!(err.contains("--trace-out /dev/full"), "{err}");
+}
