@@ -62,7 +62,7 @@ pub struct DecodeArgs {
     /// Speed-up of the arrival clock (2 replays twice as fast).
     #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE, allow_negative_numbers = true)]
     pub time_scale: f64,
-    /// Members in the ready vector at most.
+    /// Members in the ready vector at most (1 to 1048576).
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub max_active: usize,
     /// Blocks in the KV cache (default: enough for max-active requests of the longest scaled length).
