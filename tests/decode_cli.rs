@@ -173,3 +173,151 @@ fn bad_input_is_an_error() {
     assert_eq!(xtc(&["--device", "no-such-gpu-name"]).0, 1);
     assert_eq!(xtc(&["--requests", "many"]).0, 2);
 }
+
+/// Runs the `xtc` binary (stderr is part of what the user sees).
+fn xtc_bin(args: &[&str]) -> (i32, String, String) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .arg("decode")
+        .args(args)
+        .output()
+        .unwrap();
+    let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (o.status.code().unwrap_or(-1), s(o.stdout), s(o.stderr))
+}
+
+/// The banner's first words: printed once the run is about to start.
+const BANNER: &str = "requests from";
+
+#[test]
+fn bad_trace_out_path_fails_before_the_run() {
+    let p = "/nonexistent/dir/t.json";
+    let (code, out, err) = xtc_bin(&[&FAST[..], &["--requests", "5", "--trace-out", p]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(p) && err.contains("--trace-out"), "{err}");
+    assert!(!err.contains(BANNER), "failed only after the run:\n{err}");
+    assert!(out.is_empty(), "{out}");
+}
+
+#[test]
+fn zero_sizes_are_refused_up_front_naming_the_option() {
+    for opt in [
+        "--kv-blocks",
+        "--token-budget",
+        "--block-size",
+        "--max-active",
+    ] {
+        let (code, _, err) = xtc_bin(&["--device", "toy", opt, "0"]);
+        assert_eq!(code, 1, "{opt}: {err}");
+        assert!(err.contains(&format!("{opt} must be at least 1")), "{err}");
+        assert!(
+            !err.contains(BANNER),
+            "{opt}: banner before the error:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn absurd_kv_cache_names_the_option_it_came_from() {
+    let (code, _, err) = xtc_bin(&["--device", "toy", "--kv-blocks", "100000000000000000"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("from --kv-blocks"), "{err}");
+    // 1000 requests' worth of blocks of 10^15 positions: no machine holds it.
+    let (code, _, err) = xtc_bin(&[
+        "--device",
+        "toy",
+        "--max-active",
+        "1000",
+        "--block-size",
+        "1000000000000000",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("derived from --max-active 1000"), "{err}");
+    let (code, _, err) = xtc_bin(&["--device", "toy", "--max-active", "100000000000000000"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--max-active 100000000000000000 is more than"),
+        "{err}"
+    );
+    assert!(!err.contains(BANNER), "{err}");
+}
+
+#[test]
+fn negative_numbers_reach_the_range_checks() {
+    let (code, _, err) = xtc_bin(&["--device", "toy", "--time-scale", "-1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--time-scale must be a positive number, not -1"),
+        "{err}"
+    );
+    let (code, _, err) = xtc_bin(&["--device", "toy", "--cancel-rate", "-0.1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--cancel-rate must be in 0..=1, not -0.1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn device_errors_echo_the_selector_and_point_to_probe() {
+    let (code, _, err) = xtc_bin(&["--device", "99"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--device 99:") && !err.contains("Index("),
+        "{err}"
+    );
+    assert!(err.contains("xtc probe"), "{err}");
+    if std::env::var_os("CI").is_some() {
+        // lavapipe is installed on CI: it is listed as a device that exists.
+        assert!(
+            err.contains("Vulkan devices here") && err.contains("llvmpipe"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn more_requests_than_rows_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.csv");
+    std::fs::write(
+        &t,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,3,2\n2024-05-10 00:00:01,4,2\n",
+    )
+    .unwrap();
+    let t = t.to_str().unwrap();
+    let (code, _, err) = xtc_bin(&[&FAST[..], &["--trace", t, "--requests", "5"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let warn: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warn.len(), 1, "{err}");
+    assert!(warn[0].contains("only 2 rows"), "{err}");
+    let (_, _, err) = xtc_bin(&[&FAST[..], &["--trace", t, "--requests", "2"]].concat());
+    assert!(!err.contains("warning"), "{err}");
+}
+
+#[test]
+fn help_says_compare_traces_the_continuous_run() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .args(["decode", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(o.stdout).unwrap();
+    assert!(help.contains("continuous run only"), "{help}");
+    assert!(help.contains("plain seconds"), "{help}");
+}
+
+#[test]
+fn a_late_trace_out_failure_keeps_the_report() {
+    // /dev/full opens but every write fails (ENOSPC): the failure comes after the run.
+    if !std::path::Path::new("/dev/full").exists() {
+        assert!(std::env::var_os("CI").is_none(), "/dev/full missing on CI");
+        return;
+    }
+    let (code, out, err) =
+        xtc_bin(&[&FAST[..], &["--requests", "4", "--trace-out", "/dev/full"]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        out.contains("requests        4 (4 done"),
+        "report lost:\n{out}"
+    );
+    assert!(err.contains("--trace-out /dev/full"), "{err}");
+}

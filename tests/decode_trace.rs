@@ -129,3 +129,51 @@ fn workload_is_seeded_scaled_and_sorted() {
     assert!((50..150).contains(&n), "{n}");
     assert!(job::workload(&t, 5000, &s, 512, 7, 0.0).requests.len() == 1500);
 }
+
+#[test]
+fn zone_suffixes_of_the_2024_trace_are_accepted() {
+    let t = trace::parse(&format!(
+        "{HEADER}2024-05-10 00:00:00.009930+00:00,10,2\n\
+         2024-05-10 02:00:01.009930+02:00,20,3\n\
+         2024-05-10T00:00:02.5Z,5,1\n"
+    ))
+    .unwrap();
+    let arrivals: Vec<Duration> = t.requests.iter().map(|r| r.arrival).collect();
+    assert_eq!(
+        arrivals,
+        [
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Duration::from_nanos(2_490_070_000)
+        ]
+    );
+    let (line, msg) = row_error(&format!("{HEADER}2024-05-10 00:00:00+0x:00,1,1\n"));
+    assert_eq!(line, 2);
+    assert!(msg.contains("TIMESTAMP"), "{msg}");
+}
+
+#[test]
+fn plain_seconds_are_accepted() {
+    let t = trace::parse(&format!("{HEADER}100,10,2\n100.25,20,3\n101,5,1\n")).unwrap();
+    let arrivals: Vec<Duration> = t.requests.iter().map(|r| r.arrival).collect();
+    assert_eq!(
+        arrivals,
+        [
+            Duration::ZERO,
+            Duration::from_millis(250),
+            Duration::from_secs(1)
+        ]
+    );
+}
+
+#[test]
+fn any_out_of_order_row_is_an_error_naming_its_line() {
+    // Row 4 is later than the first row but earlier than row 3.
+    let (line, msg) = row_error(&format!(
+        "{HEADER}2023-11-16 18:15:40,5,5\n2023-11-16 18:15:50,5,5\n2023-11-16 18:15:45,5,5\n"
+    ));
+    assert_eq!(line, 4);
+    assert!(msg.contains("earlier than the previous row"), "{msg}");
+    let (line, _) = row_error(&format!("{HEADER}3,1,1\n3,1,1\n2.5,1,1\n"));
+    assert_eq!(line, 4);
+}

@@ -23,6 +23,10 @@ use crate::vk;
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
 
+/// Largest `--max-active`: a ready vector of more members than this is refused
+/// up front (the group's and the device's per-member storage would not fit).
+pub const MAX_ACTIVE_LIMIT: usize = 1 << 20;
+
 /// Default number of requests replayed.
 pub const DEFAULT_REQUESTS: usize = 512;
 
@@ -47,15 +51,18 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
     /// Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) instead of the embedded Azure slice.
+    /// TIMESTAMP is `YYYY-MM-DD HH:MM:SS[.f]` (optionally with a `+00:00`/`Z`
+    /// suffix) or plain seconds; rows must be in time order (an earlier row is
+    /// an error naming its line).
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
-    /// Requests to replay (the trace's first rows).
+    /// Requests to replay (the trace's first rows; a warning if the trace has fewer).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_REQUESTS)]
     pub requests: usize,
     /// Speed-up of the arrival clock (2 replays twice as fast).
-    #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE)]
+    #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE, allow_negative_numbers = true)]
     pub time_scale: f64,
-    /// Members in the ready vector at most.
+    /// Members in the ready vector at most (1 to 1048576).
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub max_active: usize,
     /// Blocks in the KV cache (default: enough for max-active requests of the longest scaled length).
@@ -76,13 +83,20 @@ pub struct DecodeArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Write a Chrome trace / Perfetto JSON of iterations and requests.
+    /// Write a Chrome trace / Perfetto JSON of iterations and requests (with
+    /// `--compare`: of the continuous run only). The file is created before the run.
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
     /// Fraction of requests whose client cancels after a random number of tokens.
-    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub cancel_rate: f64,
-    /// Run continuous, static and one-at-a-time batching on the same workload and print ratios.
+    /// Run continuous, static and one-at-a-time batching on the same workload and print ratios
+    /// (`--trace-out` then traces the continuous run only).
     #[arg(long)]
     pub compare: bool,
     /// Divide prompt lengths by this (default: 32 on CPU devices, 1 on GPUs).
@@ -111,6 +125,15 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
         Some(p) => trace::load(p).map_err(|e| e.to_string())?,
         None => trace::embedded(),
     };
+    if args.requests > trace.requests.len() {
+        eprintln!(
+            "xtc decode: warning: --requests {} but the trace has only {} rows: replaying {}",
+            args.requests,
+            trace.requests.len(),
+            trace.requests.len()
+        );
+    }
+    open_trace_out(args)?;
     let weights = load_weights(args)?;
     let config = weights.config;
     let device = DeviceChoice::open(&args.device)?;
@@ -125,7 +148,14 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     );
     let opts = job_opts(args, &wl, &config);
     let tokenizer = load_tokenizer(args, &config)?;
-    let model = device.model(weights, &opts)?;
+    check_kv_size(args, &config, &opts, &device)?;
+    let model = device.model(weights, &opts).map_err(|e| {
+        format!(
+            "{e} (ready vector of --max-active {}; {})",
+            opts.max_active,
+            kv_origin(args, &opts)
+        )
+    })?;
     if !args.json {
         eprintln!(
             "{}",
@@ -136,14 +166,15 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
         return compare(args, &model, &wl, &opts, w);
     }
     let out = run_once(&model, &wl, &opts, !args.json)?;
-    write_trace(args, &out)?;
     let report = Report::from_run(&out, wl.requests.len());
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
     } else {
         report.render() + &tokenizer.map_or(String::new(), |t| samples(&t, &out))
     };
-    w.write_all(text.as_bytes()).map_err(|e| e.to_string())
+    // The report first: a late trace-file failure must not lose it.
+    w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    write_trace(args, &out)
 }
 
 /// Where the model runs (`--device`).
@@ -169,7 +200,7 @@ impl DeviceChoice {
             "toy" => Ok(DeviceChoice::Toy),
             sel => {
                 let sel: vk::Selector = sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
-                let dev = vk::Device::open(&sel).map_err(|e| format!("--device {s}: {e}"))?;
+                let dev = vk::Device::open(&sel).map_err(|e| device_error(s, &e))?;
                 Ok(DeviceChoice::Vulkan(dev))
             }
         }
@@ -230,6 +261,24 @@ fn check_args(args: &DecodeArgs) -> Result<(), String> {
             args.cancel_rate
         ));
     }
+    for (name, v) in [
+        ("--max-active", args.max_active),
+        ("--block-size", args.block_size),
+        ("--token-budget", args.token_budget),
+        ("--kv-blocks", args.kv_blocks.unwrap_or(1)),
+        ("--prompt-div", args.prompt_div.unwrap_or(1)),
+        ("--output-div", args.output_div.unwrap_or(1)),
+    ] {
+        if v == 0 {
+            return Err(format!("{name} must be at least 1, not 0"));
+        }
+    }
+    if args.max_active > MAX_ACTIVE_LIMIT {
+        return Err(format!(
+            "--max-active {} is more than the {MAX_ACTIVE_LIMIT} members a ready vector may hold",
+            args.max_active
+        ));
+    }
     if args.tokenizer.is_some() && args.model.is_none() {
         return Err("--tokenizer needs --model (the synthetic model has no vocabulary)".into());
     }
@@ -279,7 +328,9 @@ pub fn job_opts(args: &DecodeArgs, wl: &Workload, config: &Config) -> JobOpts {
     JobOpts {
         mode: Mode::Continuous,
         max_active: args.max_active,
-        kv_blocks: args.kv_blocks.unwrap_or(per_req * args.max_active.max(1)),
+        kv_blocks: args
+            .kv_blocks
+            .unwrap_or(per_req.saturating_mul(args.max_active.max(1))),
         block_size: args.block_size,
         token_budget: args.token_budget,
         stop_token: args.model.as_ref().map(|_| tokenizer::EOS),
@@ -356,13 +407,14 @@ fn compare(
 ) -> Result<(), String> {
     let t0 = Instant::now();
     let mut reports = Vec::new();
+    let mut traced = None;
     for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
         let o = JobOpts { mode, ..*opts };
         let out = run_once(model, wl, &o, !args.json)?;
-        if mode == Mode::Continuous {
-            write_trace(args, &out)?;
-        }
         reports.push(Report::from_run(&out, wl.requests.len()));
+        if mode == Mode::Continuous {
+            traced = Some(out);
+        }
     }
     let one = reports.pop().expect("three runs");
     let stat = reports.pop().expect("three runs");
@@ -378,7 +430,22 @@ fn compare(
             t0.elapsed().as_secs_f64()
         )
     };
-    w.write_all(text.as_bytes()).map_err(|e| e.to_string())
+    w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    traced.map_or(Ok(()), |out| write_trace(args, &out))
+}
+
+/// Creates (truncates) the `--trace-out` file before the run, so a bad path is
+/// reported before minutes of work rather than after.
+fn open_trace_out(args: &DecodeArgs) -> Result<(), String> {
+    let Some(path) = &args.trace_out else {
+        return Ok(());
+    };
+    std::fs::File::create(path).map(drop).map_err(|e| {
+        format!(
+            "--trace-out {}: cannot create the file: {e}",
+            path.display()
+        )
+    })
 }
 
 fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
@@ -386,7 +453,104 @@ fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
         return Ok(());
     };
     let text = serde_json::to_string(&chrome_trace(out)).map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    std::fs::write(path, text).map_err(|e| {
+        format!(
+            "--trace-out {}: cannot write the trace (the report above is complete): {e}",
+            path.display()
+        )
+    })
+}
+
+/// The `--device` error as the user wrote the selector, with the Vulkan
+/// devices that exist and a pointer to `xtc probe`.
+fn device_error(sel: &str, e: &vk::VkError) -> String {
+    let reason = match e {
+        vk::VkError::NoMatch(_) => format!("no usable Vulkan device matches `{sel}`"),
+        other => other.to_string(),
+    };
+    let list = match vk::enumerate() {
+        Ok(devs) if devs.is_empty() => "no Vulkan devices found".to_string(),
+        Ok(devs) => {
+            let rows: Vec<String> = devs
+                .iter()
+                .map(|d| {
+                    let node = d
+                        .render_node
+                        .as_ref()
+                        .map_or(String::new(), |r| format!(", {}", r.path.display()));
+                    format!("  {}: {} ({:?}{node})", d.index, d.name, d.kind)
+                })
+                .collect();
+            format!("Vulkan devices here:\n{}", rows.join("\n"))
+        }
+        Err(e) => format!("cannot list Vulkan devices: {e}"),
+    };
+    format!(
+        "--device {sel}: {reason}\n{list}\n\
+         (use an index, part of a name, a render node, or `auto`, `cpu`, `toy`; \
+         `xtc probe` shows the details)"
+    )
+}
+
+/// Where the KV-cache size came from, for error messages.
+fn kv_origin(args: &DecodeArgs, o: &JobOpts) -> String {
+    let size = format!(
+        "KV cache of {} blocks x {} positions",
+        o.kv_blocks, o.block_size
+    );
+    match args.kv_blocks {
+        Some(_) => format!("{size}, from --kv-blocks: lower it"),
+        None => format!(
+            "{size}, derived from --max-active {} x {} blocks per request: \
+             lower --max-active or set --kv-blocks",
+            o.max_active,
+            o.kv_blocks / o.max_active.max(1)
+        ),
+    }
+}
+
+/// Bytes of the KV cache (keys and values, f32) of `opts` for `config`, or
+/// `None` on overflow; the toy model keeps one u32 slot per position.
+fn kv_bytes(config: &Config, o: &JobOpts, toy: bool) -> Option<u128> {
+    let positions = (o.kv_blocks as u128).checked_mul(o.block_size as u128)?;
+    if toy {
+        return positions.checked_mul(4);
+    }
+    let per_pos = 2 * 4 * config.n_layers as u128 * config.kv_dim() as u128;
+    positions.checked_mul(per_pos)
+}
+
+/// Rejects a KV cache that cannot fit: larger than the host's memory on CPU
+/// devices (`cpu`, `toy`, lavapipe), naming the option the size came from.
+fn check_kv_size(
+    args: &DecodeArgs,
+    config: &Config,
+    o: &JobOpts,
+    dev: &DeviceChoice,
+) -> Result<(), String> {
+    let toy = matches!(dev, DeviceChoice::Toy);
+    let limit = if dev.is_cpu() { host_memory() } else { None };
+    match (kv_bytes(config, o, toy), limit) {
+        (None, _) => Err(format!(
+            "the KV cache is too large ({})",
+            kv_origin(args, o)
+        )),
+        (Some(b), Some(max)) if b > max => Err(format!(
+            "the KV cache needs {} MiB, more than this machine's {} MiB ({})",
+            b >> 20,
+            max >> 20,
+            kv_origin(args, o)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn host_memory() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 fn samples(t: &Tokenizer, out: &RunOutput) -> String {

@@ -7,8 +7,9 @@
 //!   admission never over-commits the cache (B-036..B-040);
 //! - `DecodeStep`: `submit` packs the frozen ready vector into ONE plan and
 //!   launches it on the device model, returning `Exec::Fence(fd)` (or
-//!   `Exec::Inline` for a CPU model); `collect` reads the sampled tokens and
-//!   ends each member DONE at its output length, else CONTINUE (B-058..B-105);
+//!   `Exec::Blocking` for a host model, run on the blocking pool); `collect`
+//!   reads the sampled tokens and ends each member DONE at its output length,
+//!   else CONTINUE (B-058..B-105);
 //! - `complete`: frees the member's blocks (DONE, or `XTC_E_ABORTED` after a
 //!   cancel: consumed at the next boundary, so within one iteration);
 //! - the arrival process, which submits each request at its trace time (or,

@@ -1,10 +1,17 @@
 //! Request traces in the Azure LLM inference trace schema.
 //!
 //! A trace is a CSV file with the header `TIMESTAMP,ContextTokens,GeneratedTokens`
-//! (the schema of the Azure LLM inference trace 2023): one row per request,
-//! its invocation time (`YYYY-MM-DD HH:MM:SS.fffffff`, UTC), its prompt length
-//! and the number of tokens it decodes. `xtc decode` replays the arrivals
-//! (relative to the first row, optionally sped up) and the length distribution.
+//! (the schema of the Azure LLM inference traces 2023 and 2024): one row per
+//! request, its invocation time, its prompt length and the number of tokens it
+//! decodes. `xtc decode` replays the arrivals (relative to the first row,
+//! optionally sped up) and the length distribution.
+//!
+//! `TIMESTAMP` is either a civil time `YYYY-MM-DD HH:MM:SS[.fffffffff]` (UTC,
+//! the 2023 form), optionally with a zone suffix `Z`, `+HH:MM`, `-HHMM` or
+//! `+HH` (the 2024 form `2024-05-10 00:00:00.009930+00:00`), or plain seconds
+//! (`12.5`). Rows must be in time order: a row earlier than the row before it
+//! is an error naming its line (the trace is not re-sorted behind the user's
+//! back).
 //!
 //! The default workload is a slice of the conversation trace embedded in the
 //! binary ([`embedded`]), licensed CC-BY-4.0: see `src/decode/TRACE_LICENSE.md`
@@ -37,8 +44,8 @@ pub struct TraceRequest {
 /// A parsed trace: its requests in file order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
-    /// Requests in file order (arrivals may be unsorted in a hand-made file;
-    /// the replay sorts them stably).
+    /// Requests in file order, arrivals non-decreasing ([`parse`] refuses
+    /// out-of-order rows).
     pub requests: Vec<TraceRequest>,
 }
 
@@ -138,7 +145,8 @@ pub fn load(path: &Path) -> Result<Trace, TraceError> {
 /// # Errors
 /// [`TraceError::MissingColumn`] for a header without the three columns,
 /// [`TraceError::Row`] naming the first malformed row's line (bad timestamp,
-/// non-integer or negative length, zero output, wrong field count), and
+/// a timestamp earlier than the previous row's, non-integer or negative
+/// length, zero output, wrong field count), and
 /// [`TraceError::Empty`] when there is no request row.
 pub fn parse(text: &str) -> Result<Trace, TraceError> {
     let mut rdr = csv::ReaderBuilder::new()
@@ -151,6 +159,7 @@ pub fn parse(text: &str) -> Result<Trace, TraceError> {
     }
     let idx = column_indices(&headers)?;
     let mut first_ns: Option<i128> = None;
+    let mut prev_ns = i128::MIN;
     let mut requests = Vec::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| {
@@ -160,10 +169,18 @@ pub fn parse(text: &str) -> Result<Trace, TraceError> {
         let line = rec.position().map_or(0, |p| p.line());
         let (ts, prompt, output) =
             parse_row(&rec, idx).map_err(|msg| TraceError::Row { line, msg })?;
+        if ts < prev_ns {
+            return Err(TraceError::Row {
+                line,
+                msg: "TIMESTAMP is earlier than the previous row's (rows must be in time order)"
+                    .into(),
+            });
+        }
+        prev_ns = ts;
         let t0 = *first_ns.get_or_insert(ts);
         let rel = u64::try_from(ts - t0).map_err(|_| TraceError::Row {
             line,
-            msg: "TIMESTAMP is earlier than the first row's".into(),
+            msg: "TIMESTAMP is too far after the first row's".into(),
         })?;
         requests.push(TraceRequest {
             arrival: Duration::from_nanos(rel),
@@ -213,14 +230,24 @@ fn parse_row(rec: &csv::StringRecord, idx: [usize; 3]) -> Result<(i128, usize, u
     Ok((ts, prompt, output))
 }
 
-/// Parses `YYYY-MM-DD HH:MM:SS[.fffffffff]` (UTC) into nanoseconds since
-/// 1970-01-01 (negative before it).
+/// Parses a trace timestamp into nanoseconds since 1970-01-01 UTC (negative
+/// before it): `YYYY-MM-DD HH:MM:SS[.fffffffff]` (UTC) with an optional zone
+/// suffix (`Z`, `+HH:MM`, `-HHMM`, `+HH`), or plain non-negative seconds
+/// (`12`, `0.25`; digits past nanoseconds are dropped).
 ///
 /// # Errors
 /// A message naming what is wrong with the timestamp.
 pub fn parse_timestamp(s: &str) -> Result<i128, String> {
-    let bad = || format!("TIMESTAMP `{s}` is not YYYY-MM-DD HH:MM:SS.fffffff");
+    if s.bytes().all(|b| b.is_ascii_digit() || b == b'.') && !s.is_empty() {
+        return parse_seconds(s);
+    }
+    let bad = || {
+        format!(
+            "TIMESTAMP `{s}` is not YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM] or a number of seconds"
+        )
+    };
     let (date, time) = s.split_once([' ', 'T']).ok_or_else(bad)?;
+    let (time, offset_s) = split_zone(time).ok_or_else(bad)?;
     let d: Vec<&str> = date.split('-').collect();
     let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
     let t: Vec<&str> = hms.split(':').collect();
@@ -238,8 +265,58 @@ pub fn parse_timestamp(s: &str) -> Result<i128, String> {
     } else {
         num(frac)? * 10i64.pow(9 - frac.len() as u32)
     };
-    let secs = days_from_civil(y, mo, da) * 86_400 + h * 3600 + mi * 60 + se;
+    let secs = days_from_civil(y, mo, da) * 86_400 + h * 3600 + mi * 60 + se - offset_s;
     Ok(i128::from(secs) * 1_000_000_000 + i128::from(frac_ns))
+}
+
+/// Plain seconds (`12`, `0.009930`) as nanoseconds.
+fn parse_seconds(s: &str) -> Result<i128, String> {
+    let bad = || format!("TIMESTAMP `{s}` is not a number of seconds");
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(bad());
+    }
+    let secs: i128 = if int.is_empty() {
+        0
+    } else {
+        int.parse().map_err(|_| bad())?
+    };
+    let digits = &frac[..frac.len().min(9)];
+    let frac_ns: i128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse::<i128>().map_err(|_| bad())? * 10i128.pow(9 - digits.len() as u32)
+    };
+    secs.checked_mul(1_000_000_000)
+        .and_then(|n| n.checked_add(frac_ns))
+        .ok_or_else(bad)
+}
+
+/// Splits a zone suffix off a time of day: `(time, offset east of UTC in
+/// seconds)`; `None` for a malformed suffix.
+fn split_zone(time: &str) -> Option<(&str, i64)> {
+    if let Some(t) = time.strip_suffix(['Z', 'z']) {
+        return Some((t, 0));
+    }
+    let Some(i) = time.find(['+', '-']) else {
+        return Some((time, 0));
+    };
+    let (t, zone) = time.split_at(i);
+    let sign = if zone.starts_with('-') { -1 } else { 1 };
+    let digits: String = zone[1..].chars().filter(|&c| c != ':').collect();
+    if !(digits.len() == 2 || digits.len() == 4) || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let h: i64 = digits[..2].parse().ok()?;
+    let m: i64 = if digits.len() == 4 {
+        digits[2..].parse().ok()?
+    } else {
+        0
+    };
+    if h > 23 || m > 59 {
+        return None;
+    }
+    Some((t, sign * (h * 3600 + m * 60)))
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
@@ -276,6 +353,17 @@ mod tests {
             (951_868_800i128 + 1) * 1_000_000_000 + 500_000_000
         );
         assert!(parse_timestamp("2023-13-01 00:00:00").is_err());
+        assert_eq!(
+            parse_timestamp("1970-01-01 01:00:00+01:00").unwrap(),
+            parse_timestamp("1970-01-01 00:00:00Z").unwrap()
+        );
+        assert_eq!(
+            parse_timestamp("1970-01-01 00:00:00-0130").unwrap(),
+            5_400_000_000_000
+        );
+        assert_eq!(parse_timestamp("2.5").unwrap(), 2_500_000_000);
+        assert!(parse_timestamp("1970-01-01 00:00:00+1").is_err());
+        assert!(parse_timestamp(".").is_err());
         assert!(parse_timestamp("yesterday").is_err());
     }
 
