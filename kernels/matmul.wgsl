@@ -12,18 +12,20 @@
 //                              a plain matmul has n1 = N, n2 = 0)
 // Bindings (group 0): 0 weights f32 (read), 1 act f32 (read_write).
 //
-// Two entry points, same parameters and results:
+// Four entry points, same parameters and results:
 // - `matmul_tiled` (GPUs): workgroup 16 x 16, one output per invocation, K
 //   walked in tiles of 16 through workgroup memory; grid (ceil(N / 16), ceil(M / 16)).
 // - CPU devices such as lavapipe (workgroup barriers switch between all of a
 //   workgroup's fibers, and every storage load is issued lane by lane): no
 //   workgroup memory; each invocation keeps a register tile so each load feeds
 //   several FMAs. K is summed in order (like the CPU reference).
-//   `matmul`: 4 rows x 4 columns per invocation; workgroup 64;
+//   `matmul8` (M >= 8): 8 rows x 8 columns per invocation; workgroup 64;
+//   grid (ceil(N / 512), ceil(M / 8)).
+//   `matmul` (4 <= M < 8): 4 rows x 4 columns per invocation; workgroup 64;
 //   grid (ceil(N / 256), ceil(M / 4)).
 //   `matmul_vec` (M < 4): 1 row x 4 columns; workgroup 64; grid (ceil(N / 256), M).
 //   llvmpipe ends an invocation's loops after 65535 iterations in total, so the
-//   host picks this form only for K < 60000.
+//   host picks these forms only for K < 60000 (the store loops add at most 72).
 
 struct Params {
     m: u32, n: u32, k: u32, x_off: u32, w_off: u32, y_off: u32, accumulate: u32,
@@ -145,6 +147,95 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let v = rows[r];
         for (var c = 0u; c <= last_c; c++) {
             store(m0 + r, n0 + c, v[c]);
+        }
+    }
+}
+
+// `matmul8`: 8 rows x 8 columns per invocation (M >= 8): 16 loads per k feed 64
+// FMAs, against 8 per 16 in `matmul`; llvmpipe issues storage loads lane by lane,
+// so loads, not FMAs, are what a row costs. workgroup 64;
+// grid (ceil(N / 512), ceil(M / 8)).
+@compute @workgroup_size(64)
+fn matmul8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n0 = (wg.x * 64u + li) * 8u;
+    let m0 = wg.y * 8u;
+    if (n0 >= p.n) {
+        return;
+    }
+    let last_c = min(8u, p.n - n0) - 1u; // columns past the end repeat the last one (never stored)
+    let last_r = min(8u, p.m - m0) - 1u; // rows past the end repeat the last one (never stored)
+    let kk = p.k;
+    let w0 = p.w_off + n0 * kk;
+    let w1 = p.w_off + (n0 + min(1u, last_c)) * kk;
+    let w2 = p.w_off + (n0 + min(2u, last_c)) * kk;
+    let w3 = p.w_off + (n0 + min(3u, last_c)) * kk;
+    let w4 = p.w_off + (n0 + min(4u, last_c)) * kk;
+    let w5 = p.w_off + (n0 + min(5u, last_c)) * kk;
+    let w6 = p.w_off + (n0 + min(6u, last_c)) * kk;
+    let w7 = p.w_off + (n0 + min(7u, last_c)) * kk;
+    let x0 = p.x_off + m0 * kk;
+    let x1 = x0 + min(1u, last_r) * kk;
+    let x2 = x0 + min(2u, last_r) * kk;
+    let x3 = x0 + min(3u, last_r) * kk;
+    let x4 = x0 + min(4u, last_r) * kk;
+    let x5 = x0 + min(5u, last_r) * kk;
+    let x6 = x0 + min(6u, last_r) * kk;
+    let x7 = x0 + min(7u, last_r) * kk;
+    var a0l = vec4<f32>(0.0);
+    var a0h = vec4<f32>(0.0);
+    var a1l = vec4<f32>(0.0);
+    var a1h = vec4<f32>(0.0);
+    var a2l = vec4<f32>(0.0);
+    var a2h = vec4<f32>(0.0);
+    var a3l = vec4<f32>(0.0);
+    var a3h = vec4<f32>(0.0);
+    var a4l = vec4<f32>(0.0);
+    var a4h = vec4<f32>(0.0);
+    var a5l = vec4<f32>(0.0);
+    var a5h = vec4<f32>(0.0);
+    var a6l = vec4<f32>(0.0);
+    var a6h = vec4<f32>(0.0);
+    var a7l = vec4<f32>(0.0);
+    var a7h = vec4<f32>(0.0);
+    for (var k = 0u; k < kk; k++) {
+        let wl = vec4<f32>(weights[w0 + k], weights[w1 + k], weights[w2 + k], weights[w3 + k]);
+        let wh = vec4<f32>(weights[w4 + k], weights[w5 + k], weights[w6 + k], weights[w7 + k]);
+        let v0 = act[x0 + k];
+        a0l += v0 * wl;
+        a0h += v0 * wh;
+        let v1 = act[x1 + k];
+        a1l += v1 * wl;
+        a1h += v1 * wh;
+        let v2 = act[x2 + k];
+        a2l += v2 * wl;
+        a2h += v2 * wh;
+        let v3 = act[x3 + k];
+        a3l += v3 * wl;
+        a3h += v3 * wh;
+        let v4 = act[x4 + k];
+        a4l += v4 * wl;
+        a4h += v4 * wh;
+        let v5 = act[x5 + k];
+        a5l += v5 * wl;
+        a5h += v5 * wh;
+        let v6 = act[x6 + k];
+        a6l += v6 * wl;
+        a6h += v6 * wh;
+        let v7 = act[x7 + k];
+        a7l += v7 * wl;
+        a7h += v7 * wh;
+    }
+    let lo = array<vec4<f32>, 8>(a0l, a1l, a2l, a3l, a4l, a5l, a6l, a7l);
+    let hi = array<vec4<f32>, 8>(a0h, a1h, a2h, a3h, a4h, a5h, a6h, a7h);
+    for (var r = 0u; r <= last_r; r++) {
+        let l = lo[r];
+        let h = hi[r];
+        for (var c = 0u; c <= last_c; c++) {
+            if (c < 4u) {
+                store(m0 + r, n0 + c, l[c]);
+            } else {
+                store(m0 + r, n0 + c, h[c - 4u]);
+            }
         }
     }
 }

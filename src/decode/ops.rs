@@ -233,8 +233,11 @@ impl Op for Matmul {
             Variant::Cpu if self.k < LANE_LOOP_BUDGET && self.m < 4 => {
                 ("matmul_vec", [groups(self.n, 256), self.m, 1])
             }
-            Variant::Cpu if self.k < LANE_LOOP_BUDGET => {
+            Variant::Cpu if self.k < LANE_LOOP_BUDGET && self.m < 8 => {
                 ("matmul", [groups(self.n, 256), groups(self.m, 4), 1])
+            }
+            Variant::Cpu if self.k < LANE_LOOP_BUDGET => {
+                ("matmul8", [groups(self.n, 512), groups(self.m, 8), 1])
             }
             _ => (Self::KERNEL, self.grid()),
         }
