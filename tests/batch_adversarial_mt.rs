@@ -784,6 +784,12 @@ fn b120_foreign_handles_and_exhaustion_on_the_mt_path() {
     assert_eq!(submit_mt(&r2, 3, 1), Err(Error::Range), "exhausted");
     assert_eq!(g2.submit(rq(4, 1), 1).unwrap_err().error, Error::Range);
     assert_eq!(submit_mt(&r2, 5, 1), Err(Error::Range), "stays exhausted");
+    assert_eq!(
+        g2.async_stats().mt_rejections,
+        2,
+        "refused mt calls (B-177)"
+    );
+    assert_eq!(g2.stats().rejections, 1, "only the owner submit");
     g1.close(CloseMode::Drain).unwrap();
     g2.close(CloseMode::Drain).unwrap();
     run(&sim);

@@ -323,10 +323,12 @@ impl<R> Remote<R> {
     /// The request comes back in [`SubmitError`] with: `Range` for a charge
     /// outside `1..=resource_capacity` or an exhausted handle space (B-120);
     /// `Again` when every SUBMIT record is in use (the ring is full) or the
-    /// group was closed (B-110, B-141); then no handle was issued. `Again`
-    /// counts in `mt_rejections`. See the type's doc for retrying.
+    /// group was closed (B-110, B-141); then no handle was issued. Every
+    /// refused submit (`Range` or `Again`) counts in `mt_rejections`, never in
+    /// the owner-loop `rejections` (B-177). See the type's doc for retrying.
     pub fn submit(&self, request: R, charge: u64) -> Result<Handle, SubmitError<R>> {
         if charge == 0 || charge > self.resource_capacity {
+            self.shared.count_rejection(); // refused mt calls count apart (B-177)
             return Err(SubmitError {
                 error: Error::Range,
                 request,

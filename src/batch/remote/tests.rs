@@ -86,7 +86,7 @@ fn charge_is_checked_before_anything_is_claimed() {
         assert_eq!((e.error, e.into_inner()), (Error::Range, 5));
     }
     assert_eq!(free(&remote), 2);
-    assert_eq!(remote.shared.rejections(), 0);
+    assert_eq!(remote.shared.rejections(), 2, "refused mt calls (B-177)");
 }
 
 #[test]
