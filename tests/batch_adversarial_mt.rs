@@ -821,3 +821,49 @@ fn b052_owner_cancel_of_a_ring_hand_in_during_an_operation_wait() {
     assert_eq!(c.in_vectors(h), 0);
     g.destroy().unwrap();
 }
+
+/// B-085 in virtual time: a process of another loop sends cancel_mt (and
+/// resume_mt) every millisecond; the FUTURE never resolves; the wait still
+/// ends exactly at the 10 ms deadline with TIMEOUT.
+#[test]
+fn b085_sim_wait_ends_at_the_deadline_across_cross_loop_wakes() {
+    for seed in 0..8 {
+        let sim = Sim::new(850 + seed);
+        let lp = sim.new_loop();
+        let peer = sim.new_loop();
+        let o = AsyncOpts {
+            exec_timeout: Some(Duration::from_millis(10)),
+            ..mt_opts(2, 1, 2)
+        };
+        let (g, c, r) = mt_group(&lp, o, Kind::Future);
+        let h = g.submit(rq(1, 1), 1).unwrap();
+        let other = g.submit(rq(2, 1), 1).unwrap(); // waiting: resume_mt is discarded
+        peer.spawn(async move {
+            for i in 0..30u32 {
+                rt::sleep(Duration::from_millis(1)).await;
+                let ctl = if i % 2 == 0 {
+                    r.cancel(h)
+                } else {
+                    r.resume(other)
+                };
+                if ctl == Err(Error::Inval) {
+                    return; // the driver finished
+                }
+            }
+        })
+        .unwrap();
+        settle(&sim);
+        let collects = c.collects.borrow().clone();
+        assert_eq!(collects[0].1, ExecStatus::Timeout, "seed {seed}");
+        let t = c.times.borrow().clone();
+        let (s0, c0) = (t[0], t.iter().find(|x| x.0 == "collect").copied().unwrap());
+        assert_eq!(s0.0, "submit");
+        assert_eq!(c0.1 - s0.1, 10_000_000, "seed {seed}: ends at the deadline");
+        assert_eq!(c.outcome(h), vec![Err(Error::Aborted)]);
+        let g2 = g.clone();
+        on_owner(&sim, &lp, move || g2.close(CloseMode::Cancel)).unwrap();
+        run(&sim);
+        g.destroy().unwrap();
+        drop(c.promises.borrow_mut().drain(..));
+    }
+}
