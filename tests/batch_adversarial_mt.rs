@@ -69,13 +69,7 @@ fn ids(c: &Ctl) -> Vec<u32> {
 }
 
 /// Owner member BLOCKED in the only slot; two hand-ins drained and held.
-fn one_blocked_two_held(
-    sim: &Sim,
-    lp: &Loop,
-    c: &Ctl,
-    g: &Group<Rq>,
-    r: &Remote<Rq>,
-) -> [Handle; 3] {
+fn one_blocked_two_held(sim: &Sim, c: &Ctl, g: &Group<Rq>, r: &Remote<Rq>) -> [Handle; 3] {
     let a = g.submit(rq(1, 1), 1).unwrap();
     c.script(a, &[StepResult::Blocked]);
     settle(sim);
@@ -91,7 +85,7 @@ fn b118_owner_submit_is_again_while_a_hand_in_is_held() {
     let sim = Sim::new(118);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
-    let [a, h1, h2] = one_blocked_two_held(&sim, &lp, &c, &g, &r);
+    let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
     // B-174: held hand-ins count as queued.
     assert_eq!(g.stats().queued, 2, "held hand-ins are queued");
     let g2 = g.clone();
@@ -126,7 +120,7 @@ fn b177_an_accepted_hand_in_is_never_a_rejection_and_refused_mt_calls_count_apar
     let sim = Sim::new(177);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
-    let [a, _h1, _h2] = one_blocked_two_held(&sim, &lp, &c, &g, &r);
+    let [a, _h1, _h2] = one_blocked_two_held(&sim, &c, &g, &r);
     assert_eq!(g.stats().rejections, 0, "held hand-ins are accepted");
     assert_eq!(
         submit_mt(&r, 9, 1),
@@ -304,7 +298,7 @@ fn b112_slots_all_blocked_behind_held_hand_ins_stay_controllable() {
     let sim = Sim::new(112);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
-    let [a, h1, h2] = one_blocked_two_held(&sim, &lp, &c, &g, &r);
+    let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
     assert_eq!(
         submit_mt(&r, 9, 1),
         Err(Error::Again),
@@ -387,7 +381,7 @@ fn b052_owner_cancel_of_a_held_mt_handle_never_runs_it() {
     let sim = Sim::new(52);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
-    let [a, h1, h2] = one_blocked_two_held(&sim, &lp, &c, &g, &r);
+    let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
     let g2 = g.clone();
     on_owner(&sim, &lp, move || g2.cancel(h1)).unwrap();
     // And one on the ring or held (whichever the driver reaches first).
@@ -436,7 +430,7 @@ fn b119_driver_killed_with_hand_ins_on_the_ring_and_held_completes_each_once() {
     let sim = Sim::new(119);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 3), Kind::Inline);
-    let [a, h1, h2] = one_blocked_two_held(&sim, &lp, &c, &g, &r);
+    let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
     let h3 = submit_mt(&r, 4, 1).unwrap(); // on the ring, not drained
     let (lp2, pid) = (lp.clone(), g.driver_pid());
     on_owner(&sim, &lp, move || lp2.kill(pid)).unwrap();
@@ -710,7 +704,7 @@ fn b142_close_cancel_aborts_held_and_ring_hand_ins_without_running_them() {
         let sim = Sim::new(1420 + seed);
         let lp = sim.new_loop();
         let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 3), Kind::Inline);
-        let [a, h1, h2] = one_blocked_two_held(&sim, &lp, &c, &g, &r);
+        let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
         let h3 = submit_mt(&r, 4, 1).unwrap();
         let g2 = g.clone();
         on_owner(&sim, &lp, move || {
@@ -866,4 +860,74 @@ fn b085_sim_wait_ends_at_the_deadline_across_cross_loop_wakes() {
         g.destroy().unwrap();
         drop(c.promises.borrow_mut().drain(..));
     }
+}
+
+/// B-052 / B-053 on a real loop: two producer threads hand in jobs that only
+/// a cancel can end; the owner loop cancels each handle as soon as it learns
+/// it (often still on the ring, or being written behind another producer).
+/// The owner cancel answers `Ok` or `Again` (retry), never `Inval` for a live
+/// hand-in, and every handle completes exactly once, `Aborted`.
+#[test]
+fn b052_owner_cancel_races_producer_threads_and_never_loses_a_live_hand_in() {
+    const PER: u32 = 150;
+    let lp = Loop::new().unwrap();
+    let (g, c, r) = mt_group(&lp, mt_opts(4, 2, 4), Kind::Inline);
+    let (tx, rx) = crossbeam_channel::unbounded::<Handle>();
+    let producers: Vec<_> = (0..2u32)
+        .map(|p| {
+            let (r, tx) = (r.clone(), tx.clone());
+            thread::spawn(move || {
+                for i in 0..PER {
+                    loop {
+                        match submit_mt(&r, p * PER + i, u32::MAX) {
+                            Ok(h) => break tx.send(h).unwrap(),
+                            Err(Error::Again) => thread::yield_now(),
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let g2 = g.clone();
+    let agains = Rc::new(Cell::new(0u64));
+    let a2 = agains.clone();
+    lp.spawn(async move {
+        let mut pending: Vec<Handle> = Vec::new();
+        let mut cancelled = 0;
+        while cancelled < 2 * PER {
+            while let Ok(h) = rx.try_recv() {
+                pending.push(h);
+            }
+            let mut keep = Vec::new();
+            for h in pending.drain(..) {
+                match g2.cancel(h) {
+                    Ok(()) => cancelled += 1,
+                    Err(Error::Again) => {
+                        a2.set(a2.get() + 1);
+                        keep.push(h);
+                    }
+                    Err(e) => panic!("owner cancel of live {h}: {e:?}"),
+                }
+            }
+            pending = keep;
+            rt::yield_now().await;
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    for p in producers {
+        p.join().unwrap();
+    }
+    let done = c.done.borrow();
+    assert_eq!(done.len(), 2 * PER as usize);
+    assert!(done.iter().all(|d| d.2 == Err(Error::Aborted)));
+    let mut ids: Vec<u32> = done.iter().map(|d| d.1).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..2 * PER).collect::<Vec<_>>(), "each exactly once");
+    drop(done);
+    assert_eq!(g.stats().cancelled, u64::from(2 * PER));
+    g.destroy().unwrap();
 }
