@@ -931,3 +931,47 @@ fn b052_owner_cancel_races_producer_threads_and_never_loses_a_live_hand_in() {
     assert_eq!(g.stats().cancelled, u64::from(2 * PER));
     g.destroy().unwrap();
 }
+
+/// B-137 / B-140: a loop stopped with the driver parked, a hand-in from a
+/// plain thread while it is stopped (its doorbell rings a stopped loop), then
+/// the loop runs again: the hand-in is drained and completes exactly once.
+/// The ring's charge stays until destroy (B-145).
+#[test]
+fn b140_hand_in_while_the_owner_loop_is_stopped_runs_after_the_next_run() {
+    let lp = Loop::new().unwrap();
+    let base = lp.budget().used();
+    let (g, c, r) = mt_group(&lp, mt_opts(2, 2, 2), Kind::Inline);
+    let h1 = submit_mt(&r, 1, 1).unwrap();
+    let resumed = Arc::new(AtomicBool::new(false));
+    let (g2, c2, lp2, res2) = (g.clone(), c.clone(), lp.clone(), resumed.clone());
+    lp.spawn(async move {
+        while c2.done.borrow().is_empty() {
+            rt::yield_now().await;
+        }
+        lp2.stop();
+        while !res2.load(Ordering::Acquire) {
+            rt::yield_now().await;
+        }
+        while c2.done.borrow().len() < 2 {
+            rt::yield_now().await;
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    assert_eq!(c.outcome(h1), vec![Ok(())]);
+    let h2 = thread::spawn(move || submit_mt(&r, 2, 1))
+        .join()
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.destroy(), Err(Error::Again), "stopping is not draining");
+    resumed.store(true, Ordering::Release);
+    lp.run().unwrap();
+    assert_eq!(c.outcome(h2), vec![Ok(())]);
+    // Every process has exited (their charges are back); the storage charge,
+    // ring and pools included, stays until destroy.
+    assert_eq!(lp.n_procs(), 0);
+    assert!(lp.budget().used() > base, "ring charged until destroy");
+    g.destroy().unwrap();
+    assert_eq!(lp.budget().used(), base, "released by destroy");
+}
