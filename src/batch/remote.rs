@@ -176,8 +176,9 @@ impl<R> MtState<R> {
     /// and cancels it if it was an mt hand-in not admitted yet (B-052, B-053).
     ///
     /// # Errors
-    /// `Again` when it is not found while an earlier position is still being
-    /// written (retry); `Inval` when it is not live (never issued, completed).
+    /// `Again` when its hand-in is written on the ring behind a position still
+    /// being written (retry); `Inval` when it is not live (never issued,
+    /// completed), even while some other hand-in is being written.
     pub(crate) fn owner_cancel(
         &mut self,
         handle: NonZeroU64,
@@ -190,8 +191,11 @@ impl<R> MtState<R> {
         self.settle(m);
         match (m.cancel(handle), end) {
             (true, _) => Ok(()),
-            (false, DrainEnd::Busy) => Err(Error::Again),
-            (false, DrainEnd::Empty) => Err(Error::Inval),
+            // Behind a hand-in still being written: retry (B-053).
+            (false, DrainEnd::Busy) if self.inbox.holds_submit(handle) => Err(Error::Again),
+            // Completed (or an issued number whose push lost a close race):
+            // stale, even while a later hand-in is being written (B-050).
+            (false, _) => Err(Error::Inval),
         }
     }
 

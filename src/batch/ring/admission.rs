@@ -528,6 +528,15 @@ impl<R> Inbox<R> {
         }
     }
 
+    /// Whether a submit hand-in for `handle` is written on the ring but not
+    /// drained yet (behind a position still being written): a read-only look.
+    pub(crate) fn holds_submit(&self, handle: NonZeroU64) -> bool {
+        self.shared.ring.any_written(
+            &self.key,
+            |r| matches!(r, HandIn::Submit { handle: h, .. } if *h == handle),
+        )
+    }
+
     /// Submit hand-ins drained so far (`mt_queued`).
     pub(crate) fn submits_popped(&self) -> u64 {
         self.drained
