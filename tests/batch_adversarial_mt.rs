@@ -975,3 +975,52 @@ fn b140_hand_in_while_the_owner_loop_is_stopped_runs_after_the_next_run() {
     g.destroy().unwrap();
     assert_eq!(lp.budget().used(), base, "released by destroy");
 }
+
+/// B-072 / B-087: a FUTURE discarded on timeout is consumed once: resolving
+/// its promise later ends nothing (the next operation waits for its own).
+#[test]
+fn b072_a_promise_resolved_after_its_timeout_does_not_end_the_next_wait() {
+    let sim = Sim::new(72);
+    let lp = sim.new_loop();
+    let o = AsyncOpts {
+        exec_timeout: Some(Duration::from_millis(5)),
+        ..mt_opts(2, 1, 2)
+    };
+    let (g, c, r) = mt_group(&lp, o, Kind::Future);
+    let a = g.submit(rq(1, 3), 1).unwrap();
+    let b = submit_mt(&r, 2, 3).unwrap();
+    settle(&sim); // a times out (CONTINUE → Again); b launched, times out too
+    assert_eq!(c.outcome(a), vec![Err(Error::Again)]);
+    assert_eq!(c.collects.borrow()[0], (vec![a], ExecStatus::Timeout));
+    assert_eq!(c.collects.borrow().len(), 2);
+    assert_eq!(
+        c.outcome(b),
+        vec![Err(Error::Again)],
+        "b was never resubmitted"
+    );
+    // A third member: its wait must end only on its own promise or deadline.
+    let d = submit_mt(&r, 3, 3).unwrap();
+    for _ in 0..3 {
+        if c.vectors.borrow().len() == 3 {
+            break;
+        }
+        assert!(sim.step());
+    }
+    assert_eq!(c.vectors.borrow().len(), 3, "d launched");
+    let old: Vec<_> = c.promises.borrow_mut().drain(..2).collect();
+    for p in old {
+        p.set(Ok(())); // the discarded futures' promises
+    }
+    settle(&sim);
+    assert_eq!(
+        c.collects.borrow()[2],
+        (vec![d], ExecStatus::Timeout),
+        "not OK"
+    );
+    let g2 = g.clone();
+    on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+    run(&sim);
+    assert_eq!(g.async_stats().offload_timeouts, 3);
+    assert_eq!(g.async_stats().offloads, 3);
+    g.destroy().unwrap();
+}
