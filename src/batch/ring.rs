@@ -57,7 +57,7 @@
 //! 4. *Drop.* `&mut self`: no producer or consumer is running. A slot holds a
 //!    value iff its stamp is FULL, i.e. `stamp & mask == (i + 1) & mask`; with
 //!    `N >= 2` that is distinct from FREE (`stamp & mask == i`).
-//! 5. *Peek.* [`Ring::any_written`] reads (never moves) values in FULL
+//! 5. *Peek.* `Ring::any_written` reads (never moves) values in FULL
 //!    slots at or after `head`, under a borrow of the unique key, so no pop
 //!    runs meanwhile: a FULL slot is written by no producer until the
 //!    consumer frees it (point 1), and the Acquire load of its FULL stamp
