@@ -1029,3 +1029,140 @@ fn b072_a_promise_resolved_after_its_timeout_does_not_end_the_next_wait() {
     assert_eq!(g.async_stats().offloads, 3);
     g.destroy().unwrap();
 }
+
+/// Randomized (seeded, deterministic) mix of every owner and mt call, BLOCKED
+/// and CONTINUE scripts, INLINE or FUTURE operations, a close in either mode
+/// (or a kill) at a random moment. Invariants: every accepted handle is
+/// completed exactly once, handles strictly increase across both paths, the
+/// terminal counters add up, gauges end at zero, controls end `Inval`.
+#[test]
+fn b119_b122_randomized_owner_and_mt_calls_complete_each_handle_once() {
+    for seed in 0..60u64 {
+        let sim = Sim::new(9000 + seed);
+        let lp = sim.new_loop();
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let kind = if seed % 2 == 0 {
+            Kind::Inline
+        } else {
+            Kind::Future
+        };
+        let o = AsyncOpts {
+            exec_timeout: (seed % 3 == 0).then(|| Duration::from_millis(3)),
+            ..mt_opts(1 + rng.usize(0..4), 1, 1 + rng.usize(0..3))
+        };
+        let o = AsyncOpts {
+            max_active: 1 + rng.usize(0..o.capacity),
+            ..o
+        };
+        let (g, c, r) = mt_group(&lp, o, kind);
+        let mut issued: Vec<Handle> = Vec::new();
+        let mut closed = false;
+        for step in 0..200u32 {
+            let pick = rng.u32(0..100);
+            let target = (!issued.is_empty()).then(|| issued[rng.usize(0..issued.len())]);
+            let left = 1 + rng.u32(0..3);
+            match pick {
+                0..=24 => {
+                    if let Ok(h) = submit_mt(&r, step, left) {
+                        if rng.bool() {
+                            c.script(h, &[StepResult::Blocked]);
+                        }
+                        issued.push(h);
+                    }
+                }
+                25..=39 => {
+                    let g2 = g.clone();
+                    let res = on_owner(&sim, &lp, move || g2.submit(rq(step, left), 1).ok());
+                    if let Some(h) = res {
+                        issued.push(h);
+                    }
+                }
+                40..=49 => {
+                    if let Some(h) = target {
+                        let _ = r.cancel(h);
+                    }
+                }
+                50..=64 => {
+                    if let Some(h) = target {
+                        let _ = r.resume(h);
+                    }
+                }
+                65..=69 => {
+                    if let Some(h) = target {
+                        let g2 = g.clone();
+                        let _ = on_owner(&sim, &lp, move || g2.cancel(h));
+                    }
+                }
+                70..=79 => {
+                    if let Some(h) = target {
+                        let g2 = g.clone();
+                        let _ = on_owner(&sim, &lp, move || g2.resume(h));
+                    }
+                }
+                80..=84 => {
+                    let p = c.promises.borrow_mut().drain(..).collect::<Vec<_>>();
+                    for p in p {
+                        p.set(if rng.u32(0..8) == 0 {
+                            Err(Error::Internal)
+                        } else {
+                            Ok(())
+                        });
+                    }
+                }
+                85 if !closed && step > 100 => {
+                    let mode = if rng.bool() {
+                        CloseMode::Drain
+                    } else {
+                        CloseMode::Cancel
+                    };
+                    let g2 = g.clone();
+                    on_owner(&sim, &lp, move || g2.close(mode)).unwrap();
+                    closed = true;
+                }
+                _ => {
+                    for _ in 0..rng.u32(0..20) {
+                        if !sim.step() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let g2 = g.clone();
+        on_owner(&sim, &lp, move || g2.close(CloseMode::Cancel)).unwrap();
+        for _ in 0..1000 {
+            settle(&sim);
+            let p = c.promises.borrow_mut().drain(..).collect::<Vec<_>>();
+            if p.is_empty() && !lp.is_alive(g.driver_pid()) {
+                break;
+            }
+            for p in p {
+                p.set(Ok(()));
+            }
+        }
+        run(&sim);
+        assert!(
+            issued.windows(2).all(|w| w[0] < w[1]),
+            "seed {seed}: monotonic"
+        );
+        for h in &issued {
+            assert_eq!(c.invocations(*h), 1, "seed {seed}: {h} completed once");
+        }
+        let s = g.stats();
+        assert_eq!(
+            c.done.borrow().len(),
+            issued.len(),
+            "seed {seed}: no stranger"
+        );
+        assert_eq!(s.completed + s.cancelled + s.failed, issued.len() as u64);
+        assert_eq!(
+            (s.queued, s.ready, s.blocked, s.reserved_units),
+            (0, 0, 0, 0)
+        );
+        if let Some(h) = issued.first() {
+            assert_eq!(r.cancel(*h), Err(Error::Inval), "seed {seed}: finished");
+        }
+        assert_eq!(submit_mt(&r, 0, 1), Err(Error::Again));
+        g.destroy().unwrap();
+    }
+}
