@@ -1037,7 +1037,7 @@ fn b072_a_promise_resolved_after_its_timeout_does_not_end_the_next_wait() {
 /// terminal counters add up, gauges end at zero, controls end `Inval`.
 #[test]
 fn b119_b122_randomized_owner_and_mt_calls_complete_each_handle_once() {
-    for seed in 0..60u64 {
+    for seed in 0..200u64 {
         let sim = Sim::new(9000 + seed);
         let lp = sim.new_loop();
         let mut rng = fastrand::Rng::with_seed(seed);
@@ -1110,13 +1110,15 @@ fn b119_b122_randomized_owner_and_mt_calls_complete_each_handle_once() {
                     }
                 }
                 85 if !closed && step > 100 => {
-                    let mode = if rng.bool() {
-                        CloseMode::Drain
-                    } else {
-                        CloseMode::Cancel
-                    };
                     let g2 = g.clone();
-                    on_owner(&sim, &lp, move || g2.close(mode)).unwrap();
+                    match rng.u32(0..3) {
+                        0 => on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap(),
+                        1 => on_owner(&sim, &lp, move || g2.close(CloseMode::Cancel)).unwrap(),
+                        _ => {
+                            let pid = g2.driver_pid();
+                            let _ = on_owner(&sim, &lp, move || g2.owner_loop().kill(pid));
+                        }
+                    }
                     closed = true;
                 }
                 _ => {
