@@ -15,7 +15,7 @@ use std::thread;
 use batch_adversarial_support::mt::*;
 use batch_adversarial_support::*;
 use xtc::Error;
-use xtc::batch::{CloseMode, ExecStatus, Handle, StepResult};
+use xtc::batch::{CloseMode, ExecStatus, Group, Handle, StepResult};
 use xtc::rt::Sim;
 
 #[test]
@@ -583,4 +583,27 @@ fn b052_owner_cancel_of_a_ring_hand_in_during_an_operation_wait() {
     assert_eq!(c.outcome(h), vec![Err(Error::Aborted)]);
     assert_eq!(c.in_vectors(h), 0);
     g.destroy().unwrap();
+}
+
+/// B-109 / B-017: the ring and both record pools are charged at create; a
+/// budget that cannot hold them fails the create with nothing published (no
+/// process, no charge), and a smaller ring then fits.
+#[test]
+fn b109_a_ring_the_budget_cannot_hold_fails_create_with_nothing_published() {
+    let sim = Sim::new(109);
+    let lp = sim.new_loop_with_budget(1 << 20);
+    let c = C::default();
+    c.kind.set(Some(Kind::Inline));
+    let big = mt_opts(4, 2, 1 << 20);
+    let r = Group::create_async(&lp, big, A(c.clone()), Fin(c.clone()));
+    assert_eq!(r.err(), Some(Error::Nomem));
+    assert_eq!(lp.n_procs(), 0, "no driver published");
+    assert_eq!(lp.budget().used(), 0, "no charge kept");
+    let (g, c, r) = mt_group(&lp, mt_opts(4, 2, 64), Kind::Inline);
+    let h = submit_mt(&r, 1, 1).unwrap();
+    g.close(CloseMode::Drain).unwrap();
+    run(&sim);
+    assert_eq!(c.outcome(h), vec![Ok(())]);
+    g.destroy().unwrap();
+    assert_eq!(lp.budget().used(), 0);
 }
