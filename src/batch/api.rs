@@ -309,7 +309,10 @@ impl<R: 'static> Group<R> {
     ///
     /// # Errors
     /// `Inval` for a stale (already notified) or foreign handle, plus the
-    /// mutator errors of [`Group::submit`].
+    /// mutator errors of [`Group::submit`]; `Again` when `h` is a live
+    /// `submit_mt` hand-in still on the ring behind one whose producer is
+    /// still writing it (retry, B-053). A live hand-in not admitted yet (on
+    /// the ring or held) is cancelled and never runs (B-052).
     pub fn cancel(&self, h: Handle) -> Result<()> {
         self.sh.check_mutator()?;
         let known = self.sh.core.borrow_mut().cancel(h);

@@ -176,8 +176,9 @@ impl<R> MtState<R> {
     /// and cancels it if it was an mt hand-in not admitted yet (B-052, B-053).
     ///
     /// # Errors
-    /// `Again` when it is not found while an earlier position is still being
-    /// written (retry); `Inval` when it is not live (never issued, completed).
+    /// `Again` when its hand-in is written on the ring behind a position still
+    /// being written (retry); `Inval` when it is not live (never issued,
+    /// completed), even while some other hand-in is being written.
     pub(crate) fn owner_cancel(
         &mut self,
         handle: NonZeroU64,
@@ -190,8 +191,11 @@ impl<R> MtState<R> {
         self.settle(m);
         match (m.cancel(handle), end) {
             (true, _) => Ok(()),
-            (false, DrainEnd::Busy) => Err(Error::Again),
-            (false, DrainEnd::Empty) => Err(Error::Inval),
+            // Behind a hand-in still being written: retry (B-053).
+            (false, DrainEnd::Busy) if self.inbox.holds_submit(handle) => Err(Error::Again),
+            // Completed (or an issued number whose push lost a close race):
+            // stale, even while a later hand-in is being written (B-050).
+            (false, _) => Err(Error::Inval),
         }
     }
 
@@ -323,10 +327,12 @@ impl<R> Remote<R> {
     /// The request comes back in [`SubmitError`] with: `Range` for a charge
     /// outside `1..=resource_capacity` or an exhausted handle space (B-120);
     /// `Again` when every SUBMIT record is in use (the ring is full) or the
-    /// group was closed (B-110, B-141); then no handle was issued. `Again`
-    /// counts in `mt_rejections`. See the type's doc for retrying.
+    /// group was closed (B-110, B-141); then no handle was issued. Every
+    /// refused submit (`Range` or `Again`) counts in `mt_rejections`, never in
+    /// the owner-loop `rejections` (B-177). See the type's doc for retrying.
     pub fn submit(&self, request: R, charge: u64) -> Result<Handle, SubmitError<R>> {
         if charge == 0 || charge > self.resource_capacity {
+            self.shared.count_rejection(); // refused mt calls count apart (B-177)
             return Err(SubmitError {
                 error: Error::Range,
                 request,

@@ -57,6 +57,11 @@
 //! 4. *Drop.* `&mut self`: no producer or consumer is running. A slot holds a
 //!    value iff its stamp is FULL, i.e. `stamp & mask == (i + 1) & mask`; with
 //!    `N >= 2` that is distinct from FREE (`stamp & mask == i`).
+//! 5. *Peek.* `Ring::any_written` reads (never moves) values in FULL
+//!    slots at or after `head`, under a borrow of the unique key, so no pop
+//!    runs meanwhile: a FULL slot is written by no producer until the
+//!    consumer frees it (point 1), and the Acquire load of its FULL stamp
+//!    makes the value visible (point 2).
 //!
 //! A producer that reserved a position and then stopped forever (killed mid
 //! call) would stall the consumer at that position; the mt calls never block
@@ -357,6 +362,31 @@ impl<T> Ring<T> {
         key.head = head + 1;
         self.head.store(head + 1, Ordering::Relaxed);
         Pop::Item(value)
+    }
+
+    /// Whether a value already written at some position from the consumer's
+    /// `head` on satisfies `f`: a read-only look past a position whose
+    /// producer is still writing (nothing is moved out, `head` stays). Used by
+    /// an owner-loop cancel to tell a live hand-in stuck behind a
+    /// still-written one (`Again`) from a stale handle (`Inval`, B-053).
+    ///
+    /// # Panics
+    /// When `key` belongs to another ring.
+    pub(crate) fn any_written(&self, key: &ConsumerKey, mut f: impl FnMut(&T) -> bool) -> bool {
+        assert_eq!(key.ring_id, self.id, "ConsumerKey of another ring");
+        let reserved = self.tail.load(Ordering::Acquire) >> FLAG_BITS;
+        (key.head..reserved).any(|pos| {
+            let slot = self.slot(pos);
+            if slot.stamp.load(Ordering::Acquire) != pos + 1 {
+                return false; // still being written (or not this lap)
+            }
+            // SAFETY: safety memo point 5: the FULL stamp `pos + 1`, loaded
+            // with Acquire, synchronises with its writer's Release store, so
+            // the value is initialised; only the key's holder (borrowed here,
+            // so no `pop` runs meanwhile) moves it out or frees the slot, so
+            // it stays initialised and unwritten while `f` reads it.
+            slot.value.with(|p| f(unsafe { (*p).assume_init_ref() }))
+        })
     }
 
     /// Whether the value at the consumer's `head` is written and ready to pop

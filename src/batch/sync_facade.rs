@@ -33,7 +33,6 @@ impl<T> UnsafeCell<T> {
 
     /// Calls `f` with a shared raw pointer to the contents.
     #[inline(always)]
-    #[allow(dead_code)] // the loom API has it; the ring itself only uses with_mut
     pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
         f(self.0.get())
     }

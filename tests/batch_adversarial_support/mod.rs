@@ -9,6 +9,8 @@
 //! thread-local counter (no allocation, no reentrancy).
 #![allow(dead_code)] // each test binary uses a subset
 
+pub mod mt;
+
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;

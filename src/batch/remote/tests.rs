@@ -86,7 +86,7 @@ fn charge_is_checked_before_anything_is_claimed() {
         assert_eq!((e.error, e.into_inner()), (Error::Range, 5));
     }
     assert_eq!(free(&remote), 2);
-    assert_eq!(remote.shared.rejections(), 0);
+    assert_eq!(remote.shared.rejections(), 2, "refused mt calls (B-177)");
 }
 
 #[test]
@@ -210,4 +210,29 @@ fn close_cancel_aborts_held_and_racing_hand_ins() {
     assert_eq!(out, vec![a.get(), b.get(), late.get()]);
     assert!(c.finished() && mt.may_finish());
     assert_eq!(free(&remote), 4);
+}
+
+/// B-050 / B-053: a stale handle (completed) is `Inval` for the owner even
+/// while a LATER hand-in is still being written; `Again` is only for a live
+/// hand-in on the ring behind the one being written.
+#[test]
+fn owner_cancel_of_a_completed_handle_is_inval_while_a_later_hand_in_is_written() {
+    let (mut mt, remote, mut c) = setup(4, 4);
+    let nz = |h: Handle| NonZeroU64::new(h.get()).unwrap();
+    let a = remote.submit(1, 1).unwrap();
+    boundary(&mut mt, &mut c);
+    assert_eq!(run_all(&mut mt, &mut c), vec![(a.get(), 1, Ok(()))]);
+    let paused = remote.shared.submit_paused(2, 1);
+    assert_eq!(
+        mt.owner_cancel(nz(a), &mut c),
+        Err(Error::Inval),
+        "completed: stale, whatever is being written after it"
+    );
+    let b = remote.submit(3, 1).unwrap(); // on the ring behind the paused one
+    assert_eq!(mt.owner_cancel(nz(b), &mut c), Err(Error::Again));
+    paused.commit();
+    assert_eq!(mt.owner_cancel(nz(b), &mut c), Ok(()));
+    assert_eq!(mt.owner_cancel(nz(a), &mut c), Err(Error::Inval));
+    let out = boundary(&mut mt, &mut c);
+    assert_eq!(out, vec![(b.get(), 3, Err(Error::Aborted))]);
 }

@@ -329,10 +329,18 @@ impl<R> Admission<R> {
     }
 
     fn reject(&self) -> Error {
+        self.count_rejection();
+        Error::Again
+    }
+
+    /// Counts one refused mt call in `mt_rejections` (saturating): every
+    /// refused submit_mt (`Again`, or `Range` for its charge or an exhausted
+    /// handle space) and every `Again` control, as the owner path counts its
+    /// refused submits in `rejections` (B-110, B-177).
+    pub(crate) fn count_rejection(&self) {
         let _ = self
             .rejections
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
-        Error::Again
     }
 
     /// Hands in a submit: claims a SUBMIT record, stamps a handle, pushes.
@@ -344,8 +352,9 @@ impl<R> Admission<R> {
     /// never returned nor reused (a gap in the monotonic space).
     ///
     /// # Errors
-    /// `Again` (counted) when the pool is exhausted or the ring closed; `Range`
-    /// when the handle space is exhausted. The request comes back.
+    /// `Again` when the pool is exhausted or the ring closed; `Range` when the
+    /// handle space is exhausted. Both count in `mt_rejections` (B-177). The
+    /// request comes back.
     pub(crate) fn submit(&self, request: R, charge: u64) -> Result<NonZeroU64, SubmitRefused<R>> {
         if self.ring.is_closed() || !self.submits.claim() {
             return Err((self.reject(), request));
@@ -354,6 +363,7 @@ impl<R> Admission<R> {
             Ok(h) => h,
             Err(e) => {
                 self.submits.release();
+                self.count_rejection(); // a refused mt call (B-177)
                 return Err((e, request));
             }
         };
@@ -516,6 +526,15 @@ impl<R> Inbox<R> {
         if n > 0 {
             self.shared.submits.release_n(n);
         }
+    }
+
+    /// Whether a submit hand-in for `handle` is written on the ring but not
+    /// drained yet (behind a position still being written): a read-only look.
+    pub(crate) fn holds_submit(&self, handle: NonZeroU64) -> bool {
+        self.shared.ring.any_written(
+            &self.key,
+            |r| matches!(r, HandIn::Submit { handle: h, .. } if *h == handle),
+        )
     }
 
     /// Submit hand-ins drained so far (`mt_queued`).

@@ -1,0 +1,310 @@
+//! Adversarial tests of cross-loop admission with real threads and real
+//! loops (bounded work, channels and flags, never sleeps, for
+//! synchronisation): producers racing close and owner cancels, cancel_mt
+//! hammering an operation wait, a stopped owner loop. The deterministic
+//! cases are in `batch_adversarial_mt.rs`.
+//!
+//! Each test is named for the clause (B-NNN, `spec/clauses.md`) it attacks.
+
+mod batch_adversarial_support;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use batch_adversarial_support::mt::*;
+use batch_adversarial_support::*;
+use xtc::Error;
+use xtc::batch::{AsyncOpts, CloseMode, ExecStatus, Handle};
+use xtc::rt::{self, Loop};
+
+/// The wait ends at the deadline although cancel_mt keeps waking the driver
+/// (from another thread, as fast as it can): TIMEOUT, then `Aborted`.
+#[test]
+fn b085_exec_timeout_ends_the_wait_despite_cancel_mt_waking_the_driver() {
+    let lp = Loop::new().unwrap();
+    let o = AsyncOpts {
+        exec_timeout: Some(Duration::from_millis(200)),
+        ..mt_opts(1, 1, 2)
+    };
+    let (g, c, r) = mt_group(&lp, o, Kind::Future);
+    let h = g.submit(rq(1, 1), 1).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s2, r2) = (stop.clone(), r.clone());
+    let (go_tx, go_rx) = crossbeam_channel::bounded::<()>(1);
+    let hammer = thread::spawn(move || {
+        let mut wakes = 0u64;
+        let _ = go_rx.recv(); // h is in flight (a cancel before would exclude it)
+        // Livelock guard only (no timing assertion): 20 M controls.
+        while !s2.load(Ordering::Acquire) && wakes < 20_000_000 {
+            match r2.cancel(h) {
+                Ok(()) => wakes += 1,
+                Err(Error::Again) => thread::yield_now(),
+                Err(Error::Inval) => break, // the driver finished
+                Err(e) => panic!("cancel_mt: {e:?}"),
+            }
+        }
+        wakes
+    });
+    let c2 = c.clone();
+    let g2 = g.clone();
+    let s3 = stop.clone();
+    lp.spawn(async move {
+        while c2.vectors.borrow().is_empty() {
+            rt::yield_now().await;
+        }
+        go_tx.send(()).unwrap();
+        while c2.done.borrow().is_empty() {
+            rt::yield_now().await;
+        }
+        s3.store(true, Ordering::Release);
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    stop.store(true, Ordering::Release);
+    let wakes = hammer.join().unwrap();
+    assert!(wakes > 0);
+    assert_eq!(
+        c.collects.borrow().as_slice(),
+        &[(vec![h], ExecStatus::Timeout)]
+    );
+    assert_eq!(g.async_stats().offload_timeouts, 1);
+    // The hammer thread usually lands its first cancel inside the wait (the
+    // deadline is long); if the OS starved it until after, the member ended
+    // Again and the cancels were discarded: the wait still ended at TIMEOUT.
+    let hinted = c.hints.borrow().clone();
+    assert!(hinted.len() <= 1, "one hint however many cancels");
+    let want = if hinted == [h] {
+        Err(Error::Aborted)
+    } else {
+        Err(Error::Again)
+    };
+    assert_eq!(c.outcome(h), vec![want]);
+    g.destroy().unwrap();
+    drop(c.promises.borrow_mut().drain(..));
+}
+
+/// B-142 on a real loop: a producer thread races close; every `Ok` handle
+/// completes exactly once, DRAIN runs it, CANCEL ends it `Aborted` (jobs
+/// block until cancelled, so nothing can end them any other way).
+#[test]
+fn b142_submit_mt_racing_close_completes_each_accepted_handle_once() {
+    for (round, mode) in [CloseMode::Drain, CloseMode::Cancel]
+        .into_iter()
+        .cycle()
+        .take(8)
+        .enumerate()
+    {
+        let lp = Loop::new().unwrap();
+        let (g, c, r) = mt_group(&lp, mt_opts(4, 4, 8), Kind::Inline);
+        let (tx, rx) = crossbeam_channel::unbounded::<()>();
+        let producer = thread::spawn(move || {
+            let mut ok = Vec::new();
+            let _ = rx.recv(); // the owner loop started
+            for i in 0..2_000u32 {
+                match submit_mt(
+                    &r,
+                    i,
+                    if mode == CloseMode::Drain {
+                        2
+                    } else {
+                        u32::MAX
+                    },
+                ) {
+                    Ok(h) => ok.push(h),
+                    Err(Error::Again) => thread::yield_now(),
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            ok
+        });
+        let g2 = g.clone();
+        let c2 = c.clone();
+        lp.spawn(async move {
+            tx.send(()).unwrap();
+            // Close after a few completions or at once, by round.
+            for _ in 0..(round * 7) {
+                rt::yield_now().await;
+            }
+            let _ = &c2;
+            g2.close(mode).unwrap();
+        })
+        .unwrap();
+        lp.run().unwrap();
+        let ok = producer.join().unwrap();
+        let done = c.done.borrow();
+        assert_eq!(
+            done.len(),
+            ok.len(),
+            "{mode:?}: one completion per Ok handle"
+        );
+        for h in &ok {
+            let want = if mode == CloseMode::Drain {
+                Ok(())
+            } else {
+                Err(Error::Aborted)
+            };
+            assert_eq!(c.outcome(*h), vec![want], "{mode:?} {h}");
+        }
+        drop(done);
+        g.destroy().unwrap();
+    }
+}
+
+/// B-108: a plain synchronous-style INLINE step in an mt-enabled async group
+/// behaves as a synchronous group: variable-length completion, refill at the
+/// boundary, from a plain thread's hand-ins.
+#[test]
+fn b108_remote_on_an_async_group_with_an_inline_step() {
+    let lp = Loop::new().unwrap();
+    let (g, c, r) = mt_group(&lp, mt_opts(3, 3, 4), Kind::Inline);
+    let producer = thread::spawn(move || {
+        let mut hs = Vec::new();
+        for i in 0..12u32 {
+            loop {
+                match submit_mt(&r, i, 1 + i % 4) {
+                    Ok(h) => break hs.push(h),
+                    Err(Error::Again) => thread::yield_now(),
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        }
+        hs
+    });
+    let (g2, c2) = (g.clone(), c.clone());
+    lp.spawn(async move {
+        while c2.done.borrow().len() < 12 {
+            rt::yield_now().await;
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    let hs = producer.join().unwrap();
+    for h in &hs {
+        assert_eq!(c.outcome(*h), vec![Ok(())]);
+    }
+    let s = g.stats();
+    assert_eq!(s.completed, 12);
+    assert!(s.max_vector <= 3);
+    assert_eq!(s.total_members, (0..12u64).map(|i| 1 + i % 4).sum::<u64>());
+    g.destroy().unwrap();
+}
+
+/// B-052 / B-053 on a real loop: two producer threads hand in jobs that only
+/// a cancel can end; the owner loop cancels each handle as soon as it learns
+/// it (often still on the ring, or being written behind another producer).
+/// The owner cancel answers `Ok` or `Again` (retry), never `Inval` for a live
+/// hand-in, and every handle completes exactly once, `Aborted`.
+#[test]
+fn b052_owner_cancel_races_producer_threads_and_never_loses_a_live_hand_in() {
+    const PER: u32 = 150;
+    let lp = Loop::new().unwrap();
+    let (g, c, r) = mt_group(&lp, mt_opts(4, 2, 4), Kind::Inline);
+    let (tx, rx) = crossbeam_channel::unbounded::<Handle>();
+    let producers: Vec<_> = (0..2u32)
+        .map(|p| {
+            let (r, tx) = (r.clone(), tx.clone());
+            thread::spawn(move || {
+                for i in 0..PER {
+                    loop {
+                        match submit_mt(&r, p * PER + i, u32::MAX) {
+                            Ok(h) => break tx.send(h).unwrap(),
+                            Err(Error::Again) => thread::yield_now(),
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let g2 = g.clone();
+    let agains = Rc::new(Cell::new(0u64));
+    let a2 = agains.clone();
+    lp.spawn(async move {
+        let mut pending: Vec<Handle> = Vec::new();
+        let mut cancelled = 0;
+        while cancelled < 2 * PER {
+            while let Ok(h) = rx.try_recv() {
+                pending.push(h);
+            }
+            let mut keep = Vec::new();
+            for h in pending.drain(..) {
+                match g2.cancel(h) {
+                    Ok(()) => cancelled += 1,
+                    Err(Error::Again) => {
+                        a2.set(a2.get() + 1);
+                        keep.push(h);
+                    }
+                    Err(e) => panic!("owner cancel of live {h}: {e:?}"),
+                }
+            }
+            pending = keep;
+            rt::yield_now().await;
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    for p in producers {
+        p.join().unwrap();
+    }
+    let done = c.done.borrow();
+    assert_eq!(done.len(), 2 * PER as usize);
+    assert!(done.iter().all(|d| d.2 == Err(Error::Aborted)));
+    let mut ids: Vec<u32> = done.iter().map(|d| d.1).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..2 * PER).collect::<Vec<_>>(), "each exactly once");
+    drop(done);
+    assert_eq!(g.stats().cancelled, u64::from(2 * PER));
+    g.destroy().unwrap();
+}
+
+/// B-137 / B-140: a loop stopped with the driver parked, a hand-in from a
+/// plain thread while it is stopped (its doorbell rings a stopped loop), then
+/// the loop runs again: the hand-in is drained and completes exactly once.
+/// The ring's charge stays until destroy (B-145).
+#[test]
+fn b140_hand_in_while_the_owner_loop_is_stopped_runs_after_the_next_run() {
+    let lp = Loop::new().unwrap();
+    let base = lp.budget().used();
+    let (g, c, r) = mt_group(&lp, mt_opts(2, 2, 2), Kind::Inline);
+    let h1 = submit_mt(&r, 1, 1).unwrap();
+    let resumed = Arc::new(AtomicBool::new(false));
+    let (g2, c2, lp2, res2) = (g.clone(), c.clone(), lp.clone(), resumed.clone());
+    lp.spawn(async move {
+        while c2.done.borrow().is_empty() {
+            rt::yield_now().await;
+        }
+        lp2.stop();
+        while !res2.load(Ordering::Acquire) {
+            rt::yield_now().await;
+        }
+        while c2.done.borrow().len() < 2 {
+            rt::yield_now().await;
+        }
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    lp.run().unwrap();
+    assert_eq!(c.outcome(h1), vec![Ok(())]);
+    let h2 = thread::spawn(move || submit_mt(&r, 2, 1))
+        .join()
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.destroy(), Err(Error::Again), "stopping is not draining");
+    resumed.store(true, Ordering::Release);
+    lp.run().unwrap();
+    assert_eq!(c.outcome(h2), vec![Ok(())]);
+    // Every process has exited (their charges are back); the storage charge,
+    // ring and pools included, stays until destroy.
+    assert_eq!(lp.n_procs(), 0);
+    assert!(lp.budget().used() > base, "ring charged until destroy");
+    g.destroy().unwrap();
+    assert_eq!(lp.budget().used(), base, "released by destroy");
+}
