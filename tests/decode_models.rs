@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+mod vk_support;
+
 use xtc::decode::backend::{CpuModel, DecodeModel, VulkanModel, reference_greedy};
 use xtc::decode::checkpoint;
 use xtc::decode::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
@@ -123,20 +125,11 @@ fn checkpoint_on_disk_decodes_like_its_weights() {
     check(&w, &workload(), &run(m, &o));
 }
 
-fn vulkan_device() -> Option<xtc::vk::Device> {
-    match xtc::vk::Device::open(&xtc::vk::Selector::Auto) {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIPPED: no Vulkan device ({e}); set CI=1 to make this a failure");
-            None
-        }
-        Err(e) => panic!("CI is set but no Vulkan device: {e}"),
-    }
-}
-
 #[test]
 fn vulkan_model_batched_equals_cpu_reference_alone() {
-    let Some(dev) = vulkan_device() else { return };
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
     let w = Weights::synthetic(SMALL, 11);
     let o = opts(Mode::Continuous);
     let m = VulkanModel::new(&dev, &w, geometry(&o), o.token_budget, o.max_active).unwrap();
@@ -180,7 +173,9 @@ fn cancelled_members_leave_within_one_iteration_cpu() {
 
 #[test]
 fn cancelled_members_leave_within_one_iteration_vulkan() {
-    let Some(dev) = vulkan_device() else { return };
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
     let w = Weights::synthetic(SMALL, 11);
     let o = opts(Mode::Continuous);
     let m = VulkanModel::new(&dev, &w, geometry(&o), o.token_budget, o.max_active).unwrap();
