@@ -39,19 +39,42 @@ impl AsyncStep<u32> for Refused {
 
 #[test]
 fn a_refused_blocking_closure_is_a_negative_status() {
-    // Fill the default pool: every worker parked and the queue full.
+    // Saturate the default pool deterministically. First park every worker:
+    // each closure reports that it started, then blocks on the gate. Only
+    // once all of them run is the queue filled; a queue filled while a worker
+    // was still starting would drain by one when that worker took its first
+    // job, and the group's closure would then be queued behind the gate
+    // forever (the hang this regression test once had on a 2-core runner).
     let (release, gate) = crossbeam_channel::unbounded::<()>();
+    let (started_tx, started) = crossbeam_channel::unbounded::<()>();
     let mut held = Vec::new();
-    loop {
+    for _ in 0..rt::DEFAULT_BLOCKING_THREADS {
         let gate = gate.clone();
-        match rt::blocking_run(move || gate.recv().is_err()) {
-            Ok(f) => held.push(f),
-            Err(e) => {
-                assert_eq!(e, Error::Again);
-                break;
-            }
-        }
+        let started_tx = started_tx.clone();
+        held.push(
+            rt::blocking_run(move || {
+                started_tx.send(()).unwrap();
+                gate.recv().is_err()
+            })
+            .unwrap(),
+        );
     }
+    for _ in 0..rt::DEFAULT_BLOCKING_THREADS {
+        started
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("every pool worker starts its closure");
+    }
+    // Every worker is parked on the gate: now the queue fills to exactly its
+    // capacity and stays full.
+    for _ in 0..rt::DEFAULT_BLOCKING_QUEUE {
+        let gate = gate.clone();
+        held.push(rt::blocking_run(move || gate.recv().is_err()).unwrap());
+    }
+    assert_eq!(
+        rt::blocking_run(|| ()).err(),
+        Some(Error::Again),
+        "a full default pool refuses"
+    );
     let lp = Loop::new().unwrap();
     let statuses = Rc::new(RefCell::new(Vec::new()));
     let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -16,10 +16,12 @@ use std::thread::JoinHandle;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
-/// Threads of the default pool used by [`blocking_run`].
-const DEFAULT_THREADS: usize = 4;
-/// Queue capacity of the default pool.
-const DEFAULT_QUEUE: usize = 1024;
+/// Threads of the process-wide default pool used by [`blocking_run`].
+pub const DEFAULT_BLOCKING_THREADS: usize = 4;
+/// Queue capacity (closures waiting for a thread) of the default pool used by
+/// [`blocking_run`]: with [`DEFAULT_BLOCKING_THREADS`] closures running and
+/// this many queued, the next [`blocking_run`] is refused with `Again`.
+pub const DEFAULT_BLOCKING_QUEUE: usize = 1024;
 
 /// A pool of threads running blocking closures.
 #[derive(Debug)]
@@ -127,6 +129,7 @@ where
     F: FnOnce() -> T + Send + 'static,
 {
     static POOL: OnceLock<Result<BlockingPool>> = OnceLock::new();
-    let pool = POOL.get_or_init(|| BlockingPool::new(DEFAULT_THREADS, DEFAULT_QUEUE));
+    let pool =
+        POOL.get_or_init(|| BlockingPool::new(DEFAULT_BLOCKING_THREADS, DEFAULT_BLOCKING_QUEUE));
     pool.as_ref().map_err(|e| *e)?.run(f)
 }

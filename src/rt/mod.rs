@@ -58,7 +58,7 @@ mod proc_table;
 mod sim;
 mod timer;
 
-pub use blocking::{BlockingPool, blocking_run};
+pub use blocking::{BlockingPool, DEFAULT_BLOCKING_QUEUE, DEFAULT_BLOCKING_THREADS, blocking_run};
 pub use budget::{Budget, Charge};
 pub use class::{DEFAULT_WEIGHT, SchedClass};
 pub use event_loop::Loop;
