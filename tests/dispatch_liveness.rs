@@ -1,81 +1,30 @@
 //! Deterministic liveness proofs of the drain protocol (D-06, D-07): the
 //! completed-latch escapes, and generation tags against the retry ABA.
 //! Each schedule is forced by a policy over the seeded stepper; a hang is
-//! detected by the step bound, never by a real hang.
+//! detected by the step bound, never by a real hang. The policies live in
+//! `dispatch_support` and are re-run under `rt::Sim` in `dispatch_sim.rs`.
 
-use std::cell::Cell;
-use std::rc::Rc;
+mod dispatch_support;
 
+use dispatch_support::{
+    Driver, THREADS, exit_while_peer_in_barrier as exit_while, exit_while_peer_in_barrier_with,
+    fault_during_drain, retry_aba_schedule as retry_aba_with,
+};
 use xtc::Error;
-use xtc::dispatch::scenarios::{retry_aba, sync_start_stress};
+use xtc::dispatch::scenarios::sync_start_stress;
 use xtc::dispatch::{
     DeviceProfile, Escapes, Graph, Point, RunError, RunOpts, RunReport, Scheduler, Shape, StepOpts,
     TaskSpec,
 };
 
-const THREADS: usize = 3;
-
-/// Task 0 faults after 50 µs (the run latches completed with an error);
-/// task 1 is a short starter queued behind it (FIFO: task 0 is dispatched
-/// first); task 2, after the starter, is a sync_start MIX cohort over every
-/// cluster, so its drain keeps retrying while task 0 holds a core.
-fn fault_during_drain(clusters: u32) -> Graph {
-    let mut g = Graph::new();
-    g.add(TaskSpec::new(Shape::Aiv, 1).lasting(50_000).failing());
-    g.add(TaskSpec::new(Shape::Aiv, 1).lasting(2_000));
-    g.add(
-        TaskSpec::new(Shape::Mix, clusters)
-            .sync()
-            .after(&[1])
-            .lasting(5_000),
-    );
-    g
-}
-
-/// The schedule of the upstream hang: once the drain is pending, the thread Y
-/// that owns the faulting task is held at its loop yield until the task has
-/// finished on its core
-/// and a peer waits in the ack barrier; then Y retires the fault, latches
-/// completed and leaves, while the peer is in the barrier.
+/// The schedule of the upstream hang (see `dispatch_support`), stepped.
 fn exit_while_peer_in_barrier(escapes: Escapes, seed: u64) -> Result<RunReport, RunError> {
-    let opts = RunOpts {
-        escapes,
-        ..RunOpts::default()
-    };
-    exit_while_peer_in_barrier_with(opts, seed)
+    exit_while(escapes, Driver::Stepped, seed)
 }
 
-fn exit_while_peer_in_barrier_with(opts: RunOpts, seed: u64) -> Result<RunReport, RunError> {
-    let s = Scheduler::new(DeviceProfile::small()).unwrap();
-    let g = fault_during_drain(s.profile().clusters as u32);
-    let mut owner: Option<usize> = None;
-    let mut released = false;
-    let policy = Box::new(
-        move |v: &xtc::dispatch::step::View<'_>, p: &xtc::dispatch::Probe, pid: usize| {
-            if owner.is_none() {
-                owner = p.task_thread(0);
-            }
-            // Y runs freely until a drain is pending (it must retire the
-            // starter if it runs it).
-            if Some(pid) != owner
-                || released
-                || v.points[pid] != Point::Loop
-                || p.drain_pending() <= 0
-            {
-                return true;
-            }
-            let peer_in_barrier =
-                (0..THREADS).any(|q| q != pid && v.points[q] == Point::AckBarrier);
-            released = p.task_finished_on_core(0) && peer_in_barrier;
-            released
-        },
-    );
-    let so = StepOpts {
-        max_steps: 300_000,
-        policy: Some(policy),
-        ..StepOpts::seeded(seed)
-    };
-    s.run_stepped(&g, opts, so)
+/// The retry-ABA schedule (see `dispatch_support`), stepped.
+fn retry_aba_schedule(tags: bool, seed: u64) -> (Result<RunReport, RunError>, bool) {
+    retry_aba_with(tags, Driver::Stepped, seed)
 }
 
 #[test]
@@ -146,61 +95,6 @@ fn abandoned_drain_state_is_reset_before_the_next_run() {
         )
         .unwrap();
     assert!(r.fault.is_none() && r.outputs_exact());
-}
-
-/// The retry-ABA schedule: thread P passes the ack barrier of attempt A and is
-/// parked before the election; the elected peer finds the holder's cluster
-/// busy and resets (retry). P is released once the holder finished and both
-/// peers wait in the next attempt's barrier. Returns the result and whether
-/// the schedule was exercised (P parked and released after a retry).
-fn retry_aba_schedule(tags: bool, seed: u64) -> (Result<RunReport, RunError>, bool) {
-    let s = Scheduler::new(DeviceProfile::small()).unwrap();
-    let g = retry_aba(s.profile().clusters);
-    let exercised = Rc::new(Cell::new(false));
-    let ex = exercised.clone();
-    let mut holder: Option<usize> = None;
-    let policy = Box::new(
-        move |v: &xtc::dispatch::step::View<'_>, p: &xtc::dispatch::Probe, pid: usize| {
-            if holder.is_none() {
-                holder = p.task_thread(0);
-            }
-            let Some(h) = holder else { return true };
-            let parked = (h + 1) % THREADS;
-            let retried = p.drain_retries() >= 1;
-            // In the first attempt, peers wait before the election until P got
-            // there too, so P is parked inside attempt A (not after its reset).
-            if !retried
-                && pid < THREADS
-                && pid != parked
-                && v.points[pid] == Point::BeforeElect
-                && v.points[parked] != Point::BeforeElect
-            {
-                return false;
-            }
-            if pid == parked && !ex.get() && v.points[pid] == Point::BeforeElect {
-                let peers_waiting = (0..THREADS)
-                    .filter(|&q| q != parked)
-                    .all(|q| v.points[q] == Point::AckBarrier);
-                let go = retried && p.task_completed(0) && peers_waiting;
-                ex.set(go);
-                return go;
-            }
-            if pid == h && retried && v.points[pid] == Point::Loop && !p.task_completed(0) {
-                return p.task_finished_on_core(0);
-            }
-            true
-        },
-    );
-    let opts = RunOpts {
-        generation_tags: tags,
-        ..RunOpts::default()
-    };
-    let so = StepOpts {
-        max_steps: 300_000,
-        policy: Some(policy),
-        ..StepOpts::seeded(seed)
-    };
-    (s.run_stepped(&g, opts, so), exercised.get())
 }
 
 #[test]
@@ -281,7 +175,7 @@ fn the_watchdog_cannot_see_drain_spins() {
         watchdog_ns: 200_000,
         ..RunOpts::default()
     };
-    match exit_while_peer_in_barrier_with(opts, 4) {
+    match exit_while_peer_in_barrier_with(opts, Driver::Stepped, 4) {
         Err(RunError::Hang(h)) => assert!(h.now_ns > 100 * 200_000, "{h:?}"),
         other => panic!("expected a detected hang, got {other:?}"),
     }

@@ -2,14 +2,15 @@
 //! with a scope kept open. Without the pressure handshake the orchestrator
 //! stalls until the backstop; with it an acknowledged publication arrives
 //! about 10 ms into the stall. Deadlock verdicts come only from acked heads.
+//! (The same handshake proof under `rt::Sim`: `dispatch_sim.rs`.)
 
+mod dispatch_support;
+
+use dispatch_support::{MS, WINDOW, open_scope_graph};
 use xtc::Error;
 use xtc::dispatch::{
     DeviceProfile, Graph, RunOpts, RunReport, Scheduler, Shape, StallEnd, StepOpts, TaskSpec,
 };
-
-const MS: u64 = 1_000_000;
-const WINDOW: usize = 8;
 
 fn run(g: &Graph, handshake: bool, seed: u64) -> RunReport {
     let s = Scheduler::new(DeviceProfile::small()).unwrap();
@@ -24,26 +25,6 @@ fn run(g: &Graph, handshake: bool, seed: u64) -> RunReport {
         ..StepOpts::seeded(seed)
     };
     s.run_stepped(g, opts, so).expect("no hang")
-}
-
-/// Tasks 0..6 complete (local head 6, below K = 16, so unpublished); the
-/// scope opened at task 6 keeps the ring from draining; task 8 needs a slot.
-fn open_scope_graph() -> Graph {
-    let mut g = Graph::new();
-    // Long enough that the orchestrator has submitted 6 and 7 before they
-    // complete (otherwise the ring drains and publishes at once).
-    for _ in 0..6 {
-        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(200_000));
-    }
-    g.open_scope();
-    for _ in 0..4 {
-        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(2_000));
-    }
-    g.close_scope();
-    for _ in 0..40 {
-        g.add(TaskSpec::new(Shape::Aic, 1).lasting(2_000));
-    }
-    g
 }
 
 #[test]

@@ -33,10 +33,12 @@
 //!
 //! **Execution** ([`step`]). Every spin is a yield point
 //! ([`step::Yielder::pause`]), so the same `async` protocol runs on real
-//! threads (metrics) and under the seeded [`step::Stepper`] with virtual time
-//! (deterministic liveness proofs; hangs are detected by bound). The stepper
-//! is this layer's own rather than `rt::Sim`, to keep the proofs independent
-//! of the `rt` branch.
+//! threads (metrics, [`Scheduler::run_threads`]), under the seeded
+//! [`step::Stepper`] with virtual time ([`Scheduler::run_stepped`]), and under
+//! the crate's simulator [`crate::rt::Sim`] with seeded injected delays
+//! ([`Scheduler::run_sim`]: one Sim loop per modelled OS thread). The two
+//! deterministic drivers make the liveness proofs (hangs are detected by a
+//! step bound and reported with the seed and each process's [`Point`]).
 //!
 //! **Integration** ([`npu_step`]). [`NpuStep`] is a `batch::AsyncStep`: each
 //! iteration's ready vector becomes one graph on the device service thread,
@@ -63,7 +65,7 @@ pub use npu_step::{NpuDevice, NpuStep, NpuWork};
 pub use profile::DeviceProfile;
 pub use scheduler::{
     Escapes, Graph, OrchStep, Probe, ProbePolicy, PublishMode, RunError, RunOpts, RunReport,
-    Scheduler, Shape, Stall, StallEnd, StepOpts, TaskSpec,
+    Scheduler, Shape, SimOpts, Stall, StallEnd, StepOpts, TaskSpec,
 };
 pub use state::PublishHandle;
 pub use step::{Hang, Point};

@@ -1,5 +1,13 @@
 //! The dispatch scheduler: task graphs, run options, the scheduler loop, the
-//! orchestrator, and the two drivers (real threads, deterministic stepper).
+//! orchestrator, and the three drivers: real threads ([`Scheduler::run_threads`],
+//! metrics), the deterministic stepper ([`Scheduler::run_stepped`]) and the
+//! crate's simulator `rt::Sim` with injected delays ([`Scheduler::run_sim`]).
+//!
+//! The process set is defined once (scheduler threads `0..sched_threads`,
+//! then the core host, then the orchestrator; that order is the process id
+//! policies and [`Hang`] reports use). The drivers differ only in how each
+//! process is spawned (an OS thread, a stepper future, an `rt` process on its
+//! own Sim loop) and in what [`Yielder::pause`] does (see [`super::step`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +20,7 @@ use super::metrics::{PopRecord, Summary, summarize};
 use super::profile::DeviceProfile;
 use super::publish::dispatch_ready;
 use super::state::Shared;
-use super::step::{Clock, Hang, Point, Stepper, View, Yielder};
+use super::step::{Clock, Hang, Point, Policy, SimDriver, Stepper, View, Yielder};
 use super::watermark::{PUBLISH_INTERVAL_K, REQUEST_AFTER_NS};
 use crate::{Error, Result};
 
@@ -285,6 +293,9 @@ pub struct RunReport {
     pub task_slots: Vec<std::ops::Range<usize>>,
     /// Each task completed without a kernel fault.
     pub task_completed_ok: Vec<bool>,
+    /// The `rt::Sim` event trace of a [`Scheduler::run_sim`] run with
+    /// [`SimOpts::keep_trace`] (loop index = process id); empty otherwise.
+    pub sim_trace: Vec<crate::rt::TraceEvent>,
 }
 
 impl RunReport {
@@ -303,7 +314,7 @@ impl RunReport {
     }
 }
 
-/// Read-only view of a stepped run for schedule policies.
+/// Read-only view of a stepped or Sim run for schedule policies.
 pub struct Probe(Arc<Shared>);
 
 impl Probe {
@@ -333,9 +344,13 @@ impl Probe {
     }
 }
 
-/// A stepped-run schedule constraint: `(view, probe, pid) -> may poll pid`.
-/// Process ids: scheduler threads `0..sched_threads`, then the core host,
-/// then the orchestrator.
+/// A schedule constraint of a stepped or Sim run: `(view, probe, pid) ->
+/// may poll pid`. Process ids: scheduler threads `0..sched_threads`, then
+/// the core host, then the orchestrator. Under [`Scheduler::run_stepped`] it
+/// is asked for every process before each step; under [`Scheduler::run_sim`]
+/// for the process about to be polled (a disallowed one keeps pausing
+/// without running its body). Either way a forced schedule is expressed the
+/// same way (D-06/D-07 proofs).
 pub type ProbePolicy = Box<dyn FnMut(&View<'_>, &Probe, usize) -> bool>;
 
 /// Options of a stepped run.
@@ -362,12 +377,50 @@ impl StepOpts {
     }
 }
 
+/// Options of a run under `rt::Sim` ([`Scheduler::run_sim`]).
+///
+/// Every pause of a process sleeps `tick_ns + d` virtual ns, `d` uniform in
+/// `0..=max_delay_ns` from an RNG seeded by `seed` (and the process id), so
+/// the injected delays are part of the reproducible schedule; the Sim
+/// itself (its pick of the next runnable process) is seeded with `seed` too.
+pub struct SimOpts {
+    /// Seed of the Sim and of the injected delays.
+    pub seed: u64,
+    /// Shortest pause, virtual ns (clamped to at least 1).
+    pub tick_ns: u64,
+    /// Largest injected extra delay per pause, virtual ns (0 = none).
+    pub max_delay_ns: u64,
+    /// Step bound (Sim steps = polls of a process): reaching it without
+    /// every process finished is a detected hang, [`RunError::Hang`].
+    pub max_steps: u64,
+    /// Optional schedule constraint (the same type as [`StepOpts::policy`]).
+    pub policy: Option<ProbePolicy>,
+    /// Copy the Sim's event trace into [`RunReport::sim_trace`].
+    pub keep_trace: bool,
+}
+
+impl SimOpts {
+    /// Seeded, 100 ns tick, up to 200 ns injected delay per pause, 2 M
+    /// steps, no policy, no trace kept.
+    pub fn seeded(seed: u64) -> SimOpts {
+        SimOpts {
+            seed,
+            tick_ns: 100,
+            max_delay_ns: 200,
+            max_steps: 2_000_000,
+            policy: None,
+            keep_trace: false,
+        }
+    }
+}
+
 /// Why a run did not produce a report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunError {
     /// The graph or options were rejected before the run.
     Invalid(Error),
-    /// The stepped run hit its bound: the harness detected a hang.
+    /// A stepped or Sim run hit its step bound: the harness detected a hang
+    /// (the report names the seed and where each unfinished process spins).
     Hang(Hang),
 }
 
@@ -458,20 +511,21 @@ impl Scheduler {
     }
 
     /// Runs `g` on real OS threads: one per scheduler thread, one core host
-    /// for every emulated core, one orchestrator. Metrics are meaningful here.
+    /// for every emulated core, one orchestrator (the calling thread). Metrics
+    /// are meaningful here.
     /// Errors: [`Error::Inval`] for a rejected graph or options,
     /// [`Error::Again`] while another run of this scheduler is in progress.
     pub fn run_threads(&self, g: &Graph, opts: RunOpts) -> Result<RunReport> {
         let _run = self.busy.try_lock().map_err(|_| Error::Again)?;
         let sh = self.shared(g, opts, Clock::Real(std::time::Instant::now()))?;
+        let procs = processes(&self.prof);
+        let (&orch, rest) = procs.split_last().expect("the orchestrator");
         std::thread::scope(|s| {
-            for t in 0..self.prof.sched_threads {
+            for &p in rest {
                 let sh = sh.clone();
-                s.spawn(move || block_on(sched_loop(sh, t, Yielder::real())));
+                s.spawn(move || block_on(run_proc(sh, p, Yielder::real())));
             }
-            let sh2 = sh.clone();
-            s.spawn(move || block_on(core_host(sh2, Yielder::real())));
-            block_on(orchestrator(sh.clone(), Yielder::real()));
+            block_on(run_proc(sh.clone(), orch, Yielder::real()));
         });
         Ok(report(&sh))
     }
@@ -489,22 +543,152 @@ impl Scheduler {
     ) -> std::result::Result<RunReport, RunError> {
         let _run = self.busy.try_lock().map_err(|_| Error::Again)?;
         let mut st = Stepper::new(so.seed, so.tick_ns);
-        let sh = self.shared(g, opts, st.clock())?;
-        for t in 0..self.prof.sched_threads {
-            let y = st.yielder();
-            st.spawn(y.clone(), sched_loop(sh.clone(), t, y));
-        }
-        let y = st.yielder();
-        st.spawn(y.clone(), core_host(sh.clone(), y));
-        let y = st.yielder();
-        st.spawn(y.clone(), orchestrator(sh.clone(), y));
-        if let Some(mut pol) = so.policy {
-            let probe = Probe(sh.clone());
-            st.set_policy(Box::new(move |v, pid| pol(v, &probe, pid)));
-        }
-        st.run(so.max_steps).map_err(RunError::Hang)?;
+        let sh = self.run_driven(&mut st, g, opts, so.policy, so.max_steps)?;
         drop(st);
         Ok(report(&sh))
+    }
+
+    /// Runs `g` under the crate's deterministic simulator [`crate::rt::Sim`]
+    /// seeded with `so.seed`: each process (every scheduler thread, the core
+    /// host, the orchestrator) is an `rt` process on its own Sim loop (loops
+    /// model the OS threads); every [`Yielder::pause`] sleeps
+    /// `so.tick_ns` plus a seeded injected delay (`0..=so.max_delay_ns`), so
+    /// the Sim's seeded pick among runnable processes and its virtual clock
+    /// (jumping to the next timer) decide the interleaving. The run's clock
+    /// is the Sim's virtual time, ns from the start of the run. `so.policy`
+    /// forces schedules as under the stepper (a disallowed process keeps
+    /// pausing). This is how the liveness proofs (D-06, D-07), the stress
+    /// scene (D-15) and the reclaim handshake (D-09, D-13) are re-made with
+    /// injected delays.
+    ///
+    /// Errors: a rejected graph or options is `RunError::Invalid(Inval)`; a
+    /// concurrent run of this scheduler is `RunError::Invalid(Again)`;
+    /// reaching `so.max_steps` Sim steps with a process unfinished is
+    /// [`RunError::Hang`] (seed, step, virtual time, each unfinished
+    /// process's [`Point`]).
+    pub fn run_sim(
+        &self,
+        g: &Graph,
+        opts: RunOpts,
+        so: SimOpts,
+    ) -> std::result::Result<RunReport, RunError> {
+        let _run = self.busy.try_lock().map_err(|_| Error::Again)?;
+        let mut d = SimDriver::new(so.seed, so.tick_ns, so.max_delay_ns);
+        let sh = self.run_driven(&mut d, g, opts, so.policy, so.max_steps)?;
+        let mut r = report(&sh);
+        if so.keep_trace {
+            r.sim_trace = d.trace();
+        }
+        Ok(r)
+    }
+
+    /// The shared body of the deterministic drivers: spawns every process
+    /// on `d`, installs the policy, runs to completion or the bound.
+    fn run_driven<D: Driver>(
+        &self,
+        d: &mut D,
+        g: &Graph,
+        opts: RunOpts,
+        policy: Option<ProbePolicy>,
+        max_steps: u64,
+    ) -> std::result::Result<Arc<Shared>, RunError> {
+        let sh = self.shared(g, opts, d.clock())?;
+        for p in processes(&self.prof) {
+            let y = d.yielder();
+            d.spawn(y.clone(), run_proc(sh.clone(), p, y))?;
+        }
+        if let Some(mut pol) = policy {
+            let probe = Probe(sh.clone());
+            d.set_policy(Box::new(move |v, pid| pol(v, &probe, pid)));
+        }
+        d.run(max_steps).map_err(RunError::Hang)?;
+        Ok(sh)
+    }
+}
+
+/// What the deterministic drivers provide (the real-thread driver spawns OS
+/// threads instead).
+trait Driver {
+    fn clock(&self) -> Clock;
+    fn yielder(&mut self) -> Yielder;
+    fn spawn(
+        &mut self,
+        y: Yielder,
+        f: impl std::future::Future<Output = ()> + 'static,
+    ) -> Result<()>;
+    fn set_policy(&mut self, p: Policy<'static>);
+    fn run(&mut self, max_steps: u64) -> std::result::Result<u64, Hang>;
+}
+
+impl Driver for Stepper<'static> {
+    fn clock(&self) -> Clock {
+        Stepper::clock(self)
+    }
+    fn yielder(&mut self) -> Yielder {
+        Stepper::yielder(self)
+    }
+    fn spawn(
+        &mut self,
+        y: Yielder,
+        f: impl std::future::Future<Output = ()> + 'static,
+    ) -> Result<()> {
+        Stepper::spawn(self, y, f);
+        Ok(())
+    }
+    fn set_policy(&mut self, p: Policy<'static>) {
+        Stepper::set_policy(self, p)
+    }
+    fn run(&mut self, max_steps: u64) -> std::result::Result<u64, Hang> {
+        Stepper::run(self, max_steps)
+    }
+}
+
+impl Driver for SimDriver {
+    fn clock(&self) -> Clock {
+        SimDriver::clock(self)
+    }
+    fn yielder(&mut self) -> Yielder {
+        SimDriver::yielder(self)
+    }
+    fn spawn(
+        &mut self,
+        y: Yielder,
+        f: impl std::future::Future<Output = ()> + 'static,
+    ) -> Result<()> {
+        SimDriver::spawn(self, y, f).map(|_| ())
+    }
+    fn set_policy(&mut self, p: Policy<'static>) {
+        SimDriver::set_policy(self, p)
+    }
+    fn run(&mut self, max_steps: u64) -> std::result::Result<u64, Hang> {
+        SimDriver::run(self, max_steps)
+    }
+}
+
+/// One process of a run.
+#[derive(Debug, Clone, Copy)]
+enum Proc {
+    /// Scheduler thread `t`.
+    Sched(usize),
+    /// The host of every emulated core.
+    CoreHost,
+    /// The orchestrator.
+    Orch,
+}
+
+/// Every process of a run, in process-id order.
+fn processes(prof: &DeviceProfile) -> Vec<Proc> {
+    (0..prof.sched_threads)
+        .map(Proc::Sched)
+        .chain([Proc::CoreHost, Proc::Orch])
+        .collect()
+}
+
+async fn run_proc(sh: Arc<Shared>, p: Proc, y: Yielder) {
+    match p {
+        Proc::Sched(t) => sched_loop(sh, t, y).await,
+        Proc::CoreHost => core_host(sh, y).await,
+        Proc::Orch => orchestrator(sh, y).await,
     }
 }
 
@@ -538,6 +722,7 @@ fn report(sh: &Shared) -> RunReport {
         pops,
         events,
         summary,
+        sim_trace: Vec::new(),
     }
 }
 
@@ -623,8 +808,8 @@ async fn orchestrator(sh: Arc<Shared>, y: Yielder) {
                 sh.submit(id, !scopes.is_empty());
                 id += 1;
                 if sh.clock.is_virtual() {
-                    // Stepped runs interleave every submission; a real
-                    // orchestrator submits while it has credit.
+                    // Stepped and Sim runs interleave every submission; a
+                    // real orchestrator submits while it has credit.
                     y.pause(Point::Orch).await;
                 }
             }
