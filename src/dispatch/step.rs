@@ -632,4 +632,56 @@ mod tests {
         assert_eq!(h.stuck, vec![(0, Point::AckBarrier)]);
         assert_eq!(h.now_ns, 500);
     }
+
+    #[test]
+    fn sim_driver_same_seed_same_trace_clock_policy_and_hang() {
+        // Three processes each log 4 pauses; the Sim's trace and the log
+        // order repeat for a seed; the clock reads the Sim's virtual time.
+        let order = |seed| {
+            let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            let mut d = SimDriver::new(seed, 100, 50);
+            let clock = d.clock();
+            for id in 0..3 {
+                let (y, l, c) = (d.yielder(), log.clone(), clock.clone());
+                d.spawn(y.clone(), async move {
+                    for _ in 0..4 {
+                        l.borrow_mut().push((id, c.now_ns()));
+                        assert_eq!(c.now_ns(), rt::now().as_nanos());
+                        y.pause(Point::Loop).await;
+                    }
+                })
+                .unwrap();
+            }
+            let polls = d.run(1000).unwrap();
+            assert_eq!(polls, 15, "4 pauses + the final poll, per process");
+            (log.take(), d.trace())
+        };
+        let (a, ta) = order(7);
+        assert_eq!((a.clone(), ta), order(7));
+        assert_ne!(a, order(8).0);
+        // Pauses last 100..=150 ns: each process's 4th entry is at 300..=450.
+        for id in 0..3 {
+            let t: Vec<u64> = a.iter().filter(|e| e.0 == id).map(|e| e.1).collect();
+            assert_eq!(t[0], 0);
+            assert!((300..=450).contains(&t[3]), "{t:?}");
+        }
+        // A policy that never allows process 0 past its first pause: its
+        // body keeps waiting; the bound reports where it spins.
+        let mut d = SimDriver::new(3, 10, 0);
+        let y = d.yielder();
+        d.spawn(y.clone(), async move {
+            loop {
+                y.pause(Point::AckBarrier).await;
+            }
+        })
+        .unwrap();
+        d.set_policy(Box::new(|v, _| v.points[0] == Point::Start));
+        let h = d.run(50).unwrap_err();
+        assert_eq!(h.seed, 3);
+        assert_eq!(h.stuck, vec![(0, Point::AckBarrier)]);
+        assert_eq!(h.step, 50);
+        assert_eq!(h.now_ns, 490);
+        // A yielder of another driver is refused.
+        assert_eq!(d.spawn(Yielder::real(), async {}), Err(crate::Error::Inval));
+    }
 }
