@@ -1,4 +1,4 @@
-//! Yield points and the two deterministic drivers' building blocks.
+//! Yield points and the deterministic drivers: the stepper and the `rt::Sim` driver.
 //!
 //! Every spin of the dispatch protocol (the scheduler loop, each drain wait,
 //! the core host, the blocked orchestrator) awaits [`Yielder::pause`] with a
@@ -165,7 +165,12 @@ impl Pace {
 /// A process's yield handle: records its [`Point`] and yields the way its
 /// driver needs (see the [module docs](self)). Cheap to clone; a clone
 /// shares the recorded point (and, under the Sim driver, the delay RNG).
-/// A Sim-mode yielder is `!Send` (it lives on the Sim's thread).
+/// `Yielder` and [`Pause`] are `!Send` (the Sim mode holds an `Rc` and an
+/// `rt::Sleep`): a driver creates each process's yielder and future on the
+/// thread that polls it, as [`Scheduler::run_threads`] does inside each
+/// spawned thread.
+///
+/// [`Scheduler::run_threads`]: super::Scheduler::run_threads
 #[derive(Clone, Debug)]
 pub struct Yielder {
     mode: Mode,
