@@ -141,6 +141,16 @@ fn feature_gate() -> Result<()> {
 /// [`Group::submit`] and come back by value through the `complete` callback.
 /// Lifetime: [`close`](Group::close), run the loop until the driver ends,
 /// [`destroy`](Group::destroy) (B-136..B-139).
+///
+/// A group cannot leave its owner loop's thread (other threads use a
+/// [`Remote`](super::Remote)); the compiler refuses:
+///
+/// ```compile_fail,E0277
+/// fn needs_send<T: Send>(_: T) {}
+/// fn give_away(g: xtc::batch::Group<u32>) {
+///     needs_send(g);
+/// }
+/// ```
 pub struct Group<R: 'static> {
     sh: Rc<Shared<R>>,
 }

@@ -131,6 +131,13 @@ impl LoopInner {
 ///
 /// Cheap to clone (an `Rc` handle); `!Send`: a loop lives on the thread that
 /// created it. See the [module docs](super) for the kill and current-loop rules.
+///
+/// The compiler refuses to move a loop to another thread:
+///
+/// ```compile_fail,E0277
+/// fn needs_send<T: Send>(_: T) {}
+/// needs_send(xtc::rt::Loop::new().unwrap());
+/// ```
 #[derive(Clone)]
 pub struct Loop {
     inner: Rc<LoopInner>,
