@@ -10,9 +10,10 @@
 //                              y2 [M, n2] at y2_off, the rest -> y3 [M, N - n1 - n2] at y3_off
 //                              (one dispatch for q|k|v or w1|w3 with the weights stacked;
 //                              a plain matmul has n1 = N, n2 = 0)
-// Bindings (group 0): 0 weights f32 (read), 1 act f32 (read_write).
+// Bindings (group 0): 0 weights f32 (read), 1 act f32 (read_write); `matmul_win`
+// also reads 5 (uniform window over the weights) and 6 (uniform window over act).
 //
-// Four entry points, same parameters and results:
+// Five entry points, same results:
 // - `matmul_tiled` (GPUs): workgroup 16 x 16, one output per invocation, K
 //   walked in tiles of 16 through workgroup memory; grid (ceil(N / 16), ceil(M / 16)).
 // - CPU devices such as lavapipe (workgroup barriers switch between all of a
@@ -26,10 +27,23 @@
 //   `matmul_vec` (M < 4): 1 row x 4 columns; workgroup 64; grid (ceil(N / 256), M).
 //   llvmpipe ends an invocation's loops after 65535 iterations in total, so the
 //   host picks these forms only for K < 60000 (the store loops add at most 72).
+// - `matmul_win` (CPU devices, the first choice there): every operand load goes
+//   through a uniform window (a uniform-buffer load is one vector gather on
+//   llvmpipe, or a broadcast when every lane reads the same address, where a
+//   storage load is issued lane by lane). The host splits the product into chunks
+//   whose x rows and W rows each fit a 64 KiB window and dispatches one chunk at a
+//   time with the windows placed over its operands: in this form m is the chunk's
+//   row count, x_off and w_off are offsets inside the windows (multiples of 4),
+//   rows m_base .. m_base + m and columns n_base .. n_base + n_count of the whole
+//   product are computed, and n, n1, n2 keep describing the whole product's output
+//   layout. Requires K % 4 == 0. 8 rows x 2 columns per invocation, K read as vec4,
+//   summed in order per element (the same arithmetic as the other CPU forms, so
+//   the forms agree bit for bit); workgroup 64; grid (ceil(n_count / 128), ceil(m / 8)).
 
 struct Params {
     m: u32, n: u32, k: u32, x_off: u32, w_off: u32, y_off: u32, accumulate: u32,
     n1: u32, n2: u32, y2_off: u32, y3_off: u32,
+    m_base: u32, n_base: u32, n_count: u32, // `matmul_win` only
 }
 var<immediate> p: Params;
 
@@ -236,6 +250,85 @@ fn matmul8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             } else {
                 store(m0 + r, n0 + c, h[c - 4u]);
             }
+        }
+    }
+}
+
+// The uniform windows: 64 KiB blocks placed by the host per dispatch.
+struct Window {
+    v: array<vec4<f32>, 4096>,
+}
+@group(0) @binding(5) var<uniform> wwin: Window;
+@group(0) @binding(6) var<uniform> xwin: Window;
+
+/// `a` plus x . w over one vec4 of K, one product at a time in K order.
+fn acc4(a: f32, x: vec4<f32>, w: vec4<f32>) -> f32 {
+    var s = a;
+    s += x.x * w.x;
+    s += x.y * w.y;
+    s += x.z * w.z;
+    s += x.w * w.w;
+    return s;
+}
+
+@compute @workgroup_size(64)
+fn matmul_win(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let c0 = (wg.x * 64u + li) * 2u; // chunk column
+    let r0 = wg.y * 8u; // chunk row
+    if (c0 >= p.n_count) {
+        return;
+    }
+    let last_c = min(2u, p.n_count - c0) - 1u; // a column past the end repeats the last (never stored)
+    let last_r = min(8u, p.m - r0) - 1u; // rows past the end repeat the last (never stored)
+    let k4 = p.k / 4u;
+    let w0 = p.w_off / 4u + c0 * k4;
+    let w1 = w0 + last_c * k4;
+    let x0 = p.x_off / 4u + r0 * k4;
+    let x1 = x0 + min(1u, last_r) * k4;
+    let x2 = x0 + min(2u, last_r) * k4;
+    let x3 = x0 + min(3u, last_r) * k4;
+    let x4 = x0 + min(4u, last_r) * k4;
+    let x5 = x0 + min(5u, last_r) * k4;
+    let x6 = x0 + min(6u, last_r) * k4;
+    let x7 = x0 + min(7u, last_r) * k4;
+    var a00 = 0.0; var a01 = 0.0; var a10 = 0.0; var a11 = 0.0;
+    var a20 = 0.0; var a21 = 0.0; var a30 = 0.0; var a31 = 0.0;
+    var a40 = 0.0; var a41 = 0.0; var a50 = 0.0; var a51 = 0.0;
+    var a60 = 0.0; var a61 = 0.0; var a70 = 0.0; var a71 = 0.0;
+    for (var k = 0u; k < k4; k++) {
+        let wa = wwin.v[w0 + k];
+        let wb = wwin.v[w1 + k];
+        let v0 = xwin.v[x0 + k];
+        a00 = acc4(a00, v0, wa);
+        a01 = acc4(a01, v0, wb);
+        let v1 = xwin.v[x1 + k];
+        a10 = acc4(a10, v1, wa);
+        a11 = acc4(a11, v1, wb);
+        let v2 = xwin.v[x2 + k];
+        a20 = acc4(a20, v2, wa);
+        a21 = acc4(a21, v2, wb);
+        let v3 = xwin.v[x3 + k];
+        a30 = acc4(a30, v3, wa);
+        a31 = acc4(a31, v3, wb);
+        let v4 = xwin.v[x4 + k];
+        a40 = acc4(a40, v4, wa);
+        a41 = acc4(a41, v4, wb);
+        let v5 = xwin.v[x5 + k];
+        a50 = acc4(a50, v5, wa);
+        a51 = acc4(a51, v5, wb);
+        let v6 = xwin.v[x6 + k];
+        a60 = acc4(a60, v6, wa);
+        a61 = acc4(a61, v6, wb);
+        let v7 = xwin.v[x7 + k];
+        a70 = acc4(a70, v7, wa);
+        a71 = acc4(a71, v7, wb);
+    }
+    let first = array<f32, 8>(a00, a10, a20, a30, a40, a50, a60, a70);
+    let second = array<f32, 8>(a01, a11, a21, a31, a41, a51, a61, a71);
+    for (var r = 0u; r <= last_r; r++) {
+        store(p.m_base + r0 + r, p.n_base + c0, first[r]);
+        if (last_c == 1u) {
+            store(p.m_base + r0 + r, p.n_base + c0 + 1u, second[r]);
         }
     }
 }

@@ -12,7 +12,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::model::BatchPlan;
-use crate::vk::{DeviceKind, Kernel, Kernels, Recorder, VkError, VkResult};
+use crate::vk::{DeviceKind, Kernel, Kernels, Recorder, VkError, VkResult, WINDOWS, Window};
 
 /// Packs one iteration's metadata into `out` (cleared first): the row records
 /// `[n_tokens][4]` at offset 0 (token, sequence index, position, offset of the
@@ -89,6 +89,32 @@ pub trait Op: Pod {
         let _ = variant;
         (Self::KERNEL, self.grid())
     }
+    /// The dispatches of this op's windowed form in `variant` over the
+    /// recorder's uniform windows, or `None` (the default) when it has none
+    /// or it does not apply; [`Ops::run`] then uses [`Op::dispatch`].
+    fn windowed(
+        &self,
+        variant: Variant,
+        win: &[Window; WINDOWS as usize],
+    ) -> Option<Vec<Windowed<Self>>> {
+        let _ = (variant, win);
+        None
+    }
+}
+
+/// One dispatch of an op's windowed form: entry point, push constants, grid
+/// and the byte offsets of the uniform windows (`[weights, activations]`,
+/// see [`Recorder::dispatch_windowed`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Windowed<O> {
+    /// Entry point.
+    pub kernel: &'static str,
+    /// Push constants of this dispatch.
+    pub push: O,
+    /// Workgroups in x, y, z.
+    pub grid: [u32; 3],
+    /// Byte offsets of the two uniform windows.
+    pub offsets: [u64; WINDOWS as usize],
 }
 
 fn groups(n: u32, per: u32) -> u32 {
@@ -172,6 +198,16 @@ pub struct Matmul {
     pub y2_off: u32,
     /// Columns `n1 + n2..n` go to y3 `[m, n - n1 - n2]` at this offset.
     pub y3_off: u32,
+    /// `matmul_win` chunks only (0 otherwise): first row of the whole
+    /// product this chunk computes (`m` is then the chunk's row count and
+    /// `x_off` an offset inside the activation window).
+    pub m_base: u32,
+    /// `matmul_win` chunks only (0 otherwise): first column of the chunk
+    /// (`w_off` is then an offset inside the weight window).
+    pub n_base: u32,
+    /// Columns this dispatch computes: `n` for a whole product, the chunk's
+    /// width for a `matmul_win` chunk.
+    pub n_count: u32,
 }
 
 impl Matmul {
@@ -198,6 +234,9 @@ impl Matmul {
             n2: 0,
             y2_off: 0,
             y3_off: 0,
+            m_base: 0,
+            n_base: 0,
+            n_count: n,
         }
     }
 
@@ -219,14 +258,99 @@ impl Matmul {
             n2: ns[1],
             y2_off,
             y3_off,
+            m_base: 0,
+            n_base: 0,
+            n_count: n,
         }
     }
+
+    /// The `matmul_win` chunks of this product over the uniform windows `win`
+    /// (`[weights, activations]`): each chunk's x rows fit one placement of
+    /// the activation window and its W rows one placement of the weight
+    /// window. `None` when the windowed form does not apply: `k` or an offset
+    /// not a multiple of 4 (the kernel reads `vec4`s), one row of x or W
+    /// larger than a window, or an operand outside its buffer.
+    fn window_chunks(&self, win: &[Window; WINDOWS as usize]) -> Option<Vec<Windowed<Matmul>>> {
+        if self.m == 0 || self.n == 0 || !self.k.is_multiple_of(4) || self.k == 0 {
+            return None;
+        }
+        if !self.x_off.is_multiple_of(4) || !self.w_off.is_multiple_of(4) {
+            return None;
+        }
+        let k = u64::from(self.k);
+        let rows = spans(&win[1], self.x_off, self.m, k)?;
+        let cols = spans(&win[0], self.w_off, self.n, k)?;
+        let mut out = Vec::with_capacity(rows.len() * cols.len());
+        for r in &rows {
+            for c in &cols {
+                let push = Matmul {
+                    m: r.count,
+                    x_off: r.rel,
+                    w_off: c.rel,
+                    m_base: r.first,
+                    n_base: c.first,
+                    n_count: c.count,
+                    ..*self
+                };
+                out.push(Windowed {
+                    kernel: "matmul_win",
+                    push,
+                    grid: [groups(c.count, 128), groups(r.count, 8), 1],
+                    offsets: [c.offset, r.offset],
+                });
+            }
+        }
+        Some(out)
+    }
+}
+
+/// One window placement over consecutive rows of an operand: rows
+/// `first .. first + count`, the window's byte offset, and the first row's
+/// element offset inside the window.
+struct Span {
+    first: u32,
+    count: u32,
+    offset: u64,
+    rel: u32,
+}
+
+/// Covers `rows` rows of `k` f32 elements starting at element `base` of the
+/// window's buffer with as few window placements as possible.
+fn spans(win: &Window, base: u32, rows: u32, k: u64) -> Option<Vec<Span>> {
+    let row_bytes = k * 4;
+    let mut out = Vec::new();
+    let mut first = 0u32;
+    while first < rows {
+        let start = (u64::from(base) + u64::from(first) * k) * 4;
+        let (offset, covered) = win.place(start)?;
+        let fit = (covered / row_bytes).min(u64::from(rows - first));
+        if fit == 0 {
+            return None;
+        }
+        out.push(Span {
+            first,
+            count: fit as u32,
+            offset,
+            rel: u32::try_from((start - offset) / 4).ok()?,
+        });
+        first += fit as u32;
+    }
+    Some(out)
 }
 
 impl Op for Matmul {
     const KERNEL: &'static str = "matmul_tiled";
     fn grid(&self) -> [u32; 3] {
         [groups(self.n, 16), groups(self.m, 16), 1]
+    }
+    fn windowed(
+        &self,
+        variant: Variant,
+        win: &[Window; WINDOWS as usize],
+    ) -> Option<Vec<Windowed<Self>>> {
+        (variant == Variant::Cpu)
+            .then(|| self.window_chunks(win))
+            .flatten()
     }
     fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
         match variant {
@@ -397,6 +521,7 @@ impl Op for Argmax {
 pub struct Ops {
     table: Vec<(&'static str, Kernel)>,
     variant: Variant,
+    windows: bool,
 }
 
 impl Ops {
@@ -410,7 +535,19 @@ impl Ops {
             .names()
             .map(|n| Ok((n, k.get(n)?)))
             .collect::<VkResult<_>>()?;
-        Ok(Ops { table, variant })
+        Ok(Ops {
+            table,
+            variant,
+            windows: true,
+        })
+    }
+
+    /// The same kernels with the windowed forms (uniform-window operand
+    /// loads, [`Op::windowed`]) on (the default) or off (storage-buffer forms
+    /// only: for benches and cross-checks).
+    pub fn with_windows(mut self, on: bool) -> Ops {
+        self.windows = on;
+        self
     }
 
     /// The variant in use.
@@ -418,14 +555,29 @@ impl Ops {
         self.variant
     }
 
-    /// Records `op` (no barrier: call [`Recorder::barrier`] before a dependent op).
+    fn kernel(&self, name: &str) -> VkResult<Kernel> {
+        let k = self.table.iter().find(|(n, _)| *n == name).map(|(_, k)| *k);
+        k.ok_or_else(|| VkError::Inval(format!("no kernel named {name:?}")))
+    }
+
+    /// Records `op` (no barrier: call [`Recorder::barrier`] before a dependent
+    /// op): its windowed form where it applies (one or more dispatches that
+    /// write disjoint outputs), else its storage-buffer form.
     ///
     /// # Errors
-    /// As [`Recorder::dispatch`]; `Inval` if the kernel is missing from the build.
+    /// As [`Recorder::dispatch`] and [`Recorder::dispatch_windowed`]; `Inval`
+    /// if the kernel is missing from the build.
     pub fn run<O: Op>(&self, rec: &mut Recorder<'_>, op: &O) -> VkResult<()> {
+        if self.windows
+            && let Some(win) = rec.windows()
+            && let Some(chunks) = op.windowed(self.variant, &win)
+        {
+            for c in &chunks {
+                rec.dispatch_windowed(self.kernel(c.kernel)?, &c.push, c.grid, c.offsets)?;
+            }
+            return Ok(());
+        }
         let (name, grid) = op.dispatch(self.variant);
-        let k = self.table.iter().find(|(n, _)| *n == name).map(|(_, k)| *k);
-        let k = k.ok_or_else(|| VkError::Inval(format!("no kernel named {name:?}")))?;
-        rec.dispatch(k, op, grid)
+        rec.dispatch(self.kernel(name)?, op, grid)
     }
 }

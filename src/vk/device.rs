@@ -492,6 +492,17 @@ impl Device {
         self.0.limits.max_storage_buffer_range.into()
     }
 
+    /// `(maxUniformBufferRange, minUniformBufferOffsetAlignment)` in bytes:
+    /// the most a uniform window ([`super::Window`]) may cover, and the
+    /// multiple its dynamic offsets must be.
+    pub fn uniform_limits(&self) -> (u64, u64) {
+        let l = &self.0.limits;
+        (
+            l.max_uniform_buffer_range.into(),
+            l.min_uniform_buffer_offset_alignment.max(1),
+        )
+    }
+
     /// Waits until the queue is idle.
     ///
     /// # Errors

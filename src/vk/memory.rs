@@ -54,7 +54,10 @@ impl Buffer {
             return Err(VkError::Inval(format!("buffer {name}: size 0")));
         }
         let d = &dev.0.device;
+        // UNIFORM_BUFFER: bindings 0 and 1 are also viewed through the
+        // kernel ABI's uniform windows (`vk::pipeline::WINDOWS`).
         let usage = vk::BufferUsageFlags::STORAGE_BUFFER
+            | vk::BufferUsageFlags::UNIFORM_BUFFER
             | vk::BufferUsageFlags::TRANSFER_SRC
             | vk::BufferUsageFlags::TRANSFER_DST;
         let info = vk::BufferCreateInfo::default()

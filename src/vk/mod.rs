@@ -33,6 +33,7 @@ pub use device::{
 pub use memory::{Buffer, Location};
 pub use pipeline::{
     BINDINGS, BindingSet, CommandPool, Kernel, Kernels, PUSH_BYTES, Recorded, Recorder,
+    WINDOW_BYTES, WINDOWS, Window,
 };
 pub use queue::{FenceKind, Submission};
 

@@ -91,6 +91,11 @@ impl Rig {
         }
     }
 
+    /// The uniform windows of the rig's binding set (over buffers 0 and 1).
+    pub fn windows(&self) -> [xtc::vk::Window; xtc::vk::WINDOWS as usize] {
+        self.set.windows()
+    }
+
     /// Writes `data` at element `off` of buffer `i`.
     pub fn write<T: bytemuck::Pod>(&mut self, i: usize, off: usize, data: &[T]) {
         self.bufs[i].write((off * 4) as u64, data).unwrap();

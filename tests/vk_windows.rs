@@ -1,0 +1,217 @@
+//! The uniform windows of the kernel ABI (`vk::Window`,
+//! `Recorder::dispatch_windowed`) and the windowed matmul (`matmul_win`) that
+//! reads its operands through them on CPU devices (lavapipe).
+//!
+//! The windowed form must give exactly the bits of the storage-buffer CPU
+//! forms (same arithmetic, K summed in order), also when the product is split
+//! into chunks because its x rows or W rows do not fit one 64 KiB window, and
+//! when a chunk boundary falls inside one of the regions of a split output
+//! (q|k|v). Where it does not apply (K or an offset not a multiple of 4) the
+//! storage form runs instead, with the same results.
+
+mod vk_support;
+
+use vk_support::{Rig, max_abs_diff, rand_vec};
+use xtc::decode::ops::{Matmul, Op, Variant};
+use xtc::decode::reference;
+use xtc::vk::{VkError, WINDOW_BYTES};
+
+const TOL: f32 = 1e-4;
+
+/// Runs `op` with windows on and off on the same inputs; returns both outputs
+/// (`out_len` elements at `out_off` of the activations) and the number of
+/// windowed chunks the op was split into (`None`: not windowed).
+fn both_forms(
+    dev: &xtc::vk::Device,
+    elems: [usize; 5],
+    w: &[f32],
+    x: &[f32],
+    x_off: usize,
+    op: Matmul,
+    out: (usize, usize),
+) -> (Vec<f32>, Vec<f32>, Option<usize>) {
+    let mut results = Vec::new();
+    let mut chunks = None;
+    for windows in [true, false] {
+        let mut rig = Rig::with_variant(dev, elems, Variant::Cpu);
+        rig.ops = rig.ops.clone().with_windows(windows);
+        if windows {
+            chunks = op.windowed(Variant::Cpu, &rig.windows()).map(|c| c.len());
+        }
+        rig.write(0, 0, w);
+        rig.write(1, x_off, x);
+        rig.run(|ops, rec| ops.run(rec, &op).unwrap());
+        results.push(rig.read::<f32>(1, out.0, out.1));
+    }
+    let off = results.pop().unwrap();
+    let on = results.pop().unwrap();
+    (on, off, chunks)
+}
+
+/// Plain products: one chunk, chunks over W rows (columns of y), chunks over
+/// x rows, both; each bit-identical to the storage form and within tolerance
+/// of the reference.
+#[test]
+fn windowed_matmul_is_bit_identical_to_the_storage_form_and_chunks_what_does_not_fit() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(11);
+    let window_f32 = WINDOW_BYTES as usize / 4;
+    // (m, n, k, least chunk count)
+    let shapes = [
+        (1, 128, 64, 1),
+        (8, 130, 64, 1),
+        (37, 300, 200, 4), // W: 240 KB
+        (100, 64, 192, 2), // x: 76.8 KB
+        (120, 200, 180, 6), // both: x 86.4 KB, W 144 KB
+        (3, 5000, 4, 2),   // many thin rows of W
+    ];
+    for (m, n, k, least) in shapes {
+        let x = rand_vec(&mut rng, m * k);
+        let w = rand_vec(&mut rng, n * k);
+        let op = Matmul::plain(m as u32, n as u32, k as u32, 0, 0, (m * k) as u32, false);
+        let elems = [n * k, m * k + m * n, 1, 1, 1];
+        let (on, off, chunks) = both_forms(&dev, elems, &w, &x, 0, op, (m * k, m * n));
+        let chunks = chunks.unwrap_or_else(|| panic!("({m},{n},{k}) not windowed"));
+        let need = (m * k).div_ceil(window_f32) * (n * k).div_ceil(window_f32);
+        assert!(
+            chunks >= least && chunks >= need,
+            "({m},{n},{k}): {chunks} chunks"
+        );
+        assert!(
+            on.iter().zip(&off).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "({m},{n},{k}) windowed differs from the storage form by {}",
+            max_abs_diff(&on, &off)
+        );
+        let mut want = vec![0f32; n];
+        for r in 0..m {
+            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            let d = max_abs_diff(&on[r * n..][..n], &want);
+            assert!(d <= TOL * (k as f32).sqrt(), "({m},{n},{k}) row {r}: {d}");
+        }
+    }
+}
+
+/// A split product (q|k|v) whose W is chunked at a column inside the third
+/// region, accumulating (`x += W.h`) into an output behind the input; each
+/// column lands in its own region, bit-identical to the storage form.
+#[test]
+fn windowed_split_and_accumulate_match_the_storage_form_across_chunk_boundaries() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(12);
+    let (m, k) = (21usize, 100usize);
+    let ns = [100u32, 50, 50]; // W: 200 rows x 400 B = 80 KB: a boundary near column 163
+    let n = 200usize;
+    let x = rand_vec(&mut rng, m * k);
+    let w = rand_vec(&mut rng, n * k);
+    // Regions in reverse order, apart from each other: y3 [m, 50], then y2
+    // [m, 50] 8 elements later, then y1 [m, 100] at a multiple of 4 after it.
+    let ys = [m * k + 2 * m * 50 + 100, m * k + m * 50 + 8, m * k];
+    let len = ys[0] + m * 100 - m * k;
+    let elems = [n * k, m * k + len, 1, 1, 1];
+    let op = Matmul::split(m as u32, k as u32, ns, 0, 0, ys.map(|y| y as u32));
+    let (on, off, chunks) = both_forms(&dev, elems, &w, &x, 0, op, (m * k, len));
+    assert!(chunks.is_some_and(|c| c >= 2), "{chunks:?}");
+    assert!(on.iter().zip(&off).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let mut want = vec![0f32; n];
+    for r in 0..m {
+        reference::matmul(&mut want, &x[r * k..][..k], &w);
+        let mut col = 0;
+        for (part, &np) in ns.iter().enumerate() {
+            let np = np as usize;
+            let at = ys[part] - m * k + r * np;
+            let d = max_abs_diff(&on[at..at + np], &want[col..col + np]);
+            assert!(d <= TOL * (k as f32).sqrt(), "part {part} row {r}: {d}");
+            col += np;
+        }
+    }
+
+    // Accumulate: y0 + x.W^T, windowed over an x that starts at element 4096.
+    let (m, n, k) = (50usize, 96usize, 64usize);
+    let x_off = 4096;
+    let x = rand_vec(&mut rng, m * k);
+    let w = rand_vec(&mut rng, n * k);
+    let y_off = x_off + m * k;
+    let op = Matmul::plain(
+        m as u32,
+        n as u32,
+        k as u32,
+        x_off as u32,
+        0,
+        y_off as u32,
+        true,
+    );
+    let elems = [n * k, y_off + m * n, 1, 1, 1];
+    let mut outs = Vec::new();
+    for windows in [true, false] {
+        let mut rig = Rig::with_variant(&dev, elems, Variant::Cpu);
+        rig.ops = rig.ops.clone().with_windows(windows);
+        rig.write(0, 0, &w);
+        rig.write(1, x_off, &x);
+        rig.write(1, y_off, &vec![0.5f32; m * n]);
+        rig.run(|ops, rec| ops.run(rec, &op).unwrap());
+        outs.push(rig.read::<f32>(1, y_off, m * n));
+    }
+    assert!(outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    for r in 0..m {
+        reference::matmul(&mut want[..n], &x[r * k..][..k], &w);
+        let with_y: Vec<f32> = want[..n].iter().map(|v| v + 0.5).collect();
+        assert!(max_abs_diff(&outs[0][r * n..][..n], &with_y) <= TOL * 8.0, "row {r}");
+    }
+}
+
+/// K or an offset that is not a multiple of 4: no windowed form; the storage
+/// form computes the same product.
+#[test]
+fn unaligned_operands_fall_back_to_the_storage_form() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(13);
+    for (m, n, k, x_off) in [(9, 40, 30, 0), (9, 40, 32, 1), (5, 16, 8, 6)] {
+        let x = rand_vec(&mut rng, m * k);
+        let w = rand_vec(&mut rng, n * k);
+        let y = x_off + m * k;
+        let op = Matmul::plain(m as u32, n as u32, k as u32, x_off as u32, 0, y as u32, false);
+        let elems = [n * k, y + m * n, 1, 1, 1];
+        let (on, off, chunks) = both_forms(&dev, elems, &w, &x, x_off, op, (y, m * n));
+        assert_eq!(chunks, None, "({m},{n},{k}) at {x_off} must not be windowed");
+        assert_eq!(on, off);
+        let mut want = vec![0f32; n];
+        for r in 0..m {
+            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            assert!(max_abs_diff(&on[r * n..][..n], &want) <= TOL * 6.0);
+        }
+    }
+}
+
+/// `dispatch_windowed` refuses offsets that are not aligned or whose window
+/// would end past its buffer, and a transfer-only recorder; nothing is
+/// recorded for a refused call.
+#[test]
+fn dispatch_windowed_refuses_bad_offsets() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rig = Rig::with_variant(&dev, [1 << 16, 1 << 16, 1, 1, 1], Variant::Cpu);
+    let [w0, w1] = rig.windows();
+    assert_eq!(w0.range, WINDOW_BYTES.min(w0.buffer));
+    assert!(w0.align >= 16 && w0.align.is_multiple_of(16));
+    let op = Matmul::plain(1, 4, 4, 0, 0, 64, false);
+    let kernels = xtc::vk::Kernels::new(&dev).unwrap();
+    let k = kernels.get("matmul_win").unwrap();
+    let past_end = (w1.buffer - w1.range) / w1.align * w1.align + w1.align;
+    let mut errors = Vec::new();
+    rig.run(|_, rec| {
+        for offs in [[w0.align / 2, 0], [0, past_end], [u64::MAX - 15, 0]] {
+            errors.push(rec.dispatch_windowed(k, &op, [1, 1, 1], offs));
+        }
+        rec.dispatch_windowed(k, &op, [1, 1, 1], [0, 0]).unwrap();
+    });
+    for e in errors {
+        assert!(matches!(e, Err(VkError::Inval(_))), "{e:?}");
+    }
+}
