@@ -79,8 +79,20 @@ impl Window {
     /// bytes from `start` that it covers; `None` when `start` is not a
     /// multiple of 16 or lies outside the buffer.
     ///
-    /// Example: a 1 MiB buffer, a 64 KiB window, 256-byte alignment:
-    /// `place(1000 * 16)` is `Some((15872, 65408))`.
+    /// ```
+    /// use xtc::vk::Window;
+    /// // A 1 MiB buffer seen through a 64 KiB window with 256-byte offsets.
+    /// let w = Window { range: 65536, align: 256, buffer: 1 << 20 };
+    /// assert_eq!(w.place(16_000), Some((15_872, 65_408)));
+    /// // Near the end the window cannot move past the buffer: it covers less.
+    /// assert_eq!(w.place((1 << 20) - 64), Some(((1 << 20) - 65536, 64)));
+    /// // Not a multiple of 16 bytes, or outside the buffer: no placement.
+    /// assert_eq!(w.place(8), None);
+    /// assert_eq!(w.place(1 << 20), None);
+    /// // A buffer smaller than a window: one placement at 0.
+    /// let small = Window { range: 4096, align: 16, buffer: 4096 };
+    /// assert_eq!(small.place(4080), Some((0, 16)));
+    /// ```
     pub fn place(&self, start: u64) -> Option<(u64, u64)> {
         if !start.is_multiple_of(16) || start >= self.buffer || self.range == 0 {
             return None;
