@@ -73,6 +73,7 @@ fn rmsnorm_matches_reference_with_and_without_a_row_list() {
             w_off: 0,
             row_list: u32::MAX,
             eps: EPS,
+            row_base: 0,
         };
         let some = RmsNorm {
             n_rows: list.len() as u32,

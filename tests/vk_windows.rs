@@ -62,10 +62,10 @@ fn windowed_matmul_is_bit_identical_to_the_storage_form_and_chunks_what_does_not
     let shapes = [
         (1, 128, 64, 1),
         (8, 130, 64, 1),
-        (37, 300, 200, 4), // W: 240 KB
-        (100, 64, 192, 2), // x: 76.8 KB
+        (37, 300, 200, 4),  // W: 240 KB
+        (100, 64, 192, 2),  // x: 76.8 KB
         (120, 200, 180, 6), // both: x 86.4 KB, W 144 KB
-        (3, 5000, 4, 2),   // many thin rows of W
+        (3, 5000, 4, 2),    // many thin rows of W
     ];
     for (m, n, k, least) in shapes {
         let x = rand_vec(&mut rng, m * k);
@@ -155,11 +155,19 @@ fn windowed_split_and_accumulate_match_the_storage_form_across_chunk_boundaries(
         rig.run(|ops, rec| ops.run(rec, &op).unwrap());
         outs.push(rig.read::<f32>(1, y_off, m * n));
     }
-    assert!(outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(
+        outs[0]
+            .iter()
+            .zip(&outs[1])
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
     for r in 0..m {
         reference::matmul(&mut want[..n], &x[r * k..][..k], &w);
         let with_y: Vec<f32> = want[..n].iter().map(|v| v + 0.5).collect();
-        assert!(max_abs_diff(&outs[0][r * n..][..n], &with_y) <= TOL * 8.0, "row {r}");
+        assert!(
+            max_abs_diff(&outs[0][r * n..][..n], &with_y) <= TOL * 8.0,
+            "row {r}"
+        );
     }
 }
 
@@ -175,10 +183,21 @@ fn unaligned_operands_fall_back_to_the_storage_form() {
         let x = rand_vec(&mut rng, m * k);
         let w = rand_vec(&mut rng, n * k);
         let y = x_off + m * k;
-        let op = Matmul::plain(m as u32, n as u32, k as u32, x_off as u32, 0, y as u32, false);
+        let op = Matmul::plain(
+            m as u32,
+            n as u32,
+            k as u32,
+            x_off as u32,
+            0,
+            y as u32,
+            false,
+        );
         let elems = [n * k, y + m * n, 1, 1, 1];
         let (on, off, chunks) = both_forms(&dev, elems, &w, &x, x_off, op, (y, m * n));
-        assert_eq!(chunks, None, "({m},{n},{k}) at {x_off} must not be windowed");
+        assert_eq!(
+            chunks, None,
+            "({m},{n},{k}) at {x_off} must not be windowed"
+        );
         assert_eq!(on, off);
         let mut want = vec![0f32; n];
         for r in 0..m {
@@ -213,5 +232,53 @@ fn dispatch_windowed_refuses_bad_offsets() {
     });
     for e in errors {
         assert!(matches!(e, Err(VkError::Inval(_))), "{e:?}");
+    }
+}
+
+/// The windowed RMSNorm (one invocation per row, rows chunked to fit the
+/// activation window) matches the reference like the storage form; a row
+/// list (the LM head's gather) keeps the storage form.
+#[test]
+fn windowed_rmsnorm_chunks_rows_and_matches_the_reference() {
+    use xtc::decode::ops::RmsNorm;
+    use xtc::decode::reference::EPS;
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(14);
+    for (dim, rows, least) in [(64usize, 5usize, 1usize), (256, 80, 2), (4, 1, 1)] {
+        let x: Vec<f32> = rand_vec(&mut rng, rows * dim)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
+        let w = rand_vec(&mut rng, dim);
+        let op = RmsNorm {
+            n_rows: rows as u32,
+            dim: dim as u32,
+            in_off: 0,
+            out_off: (rows * dim) as u32,
+            w_off: 0,
+            row_list: u32::MAX,
+            eps: EPS,
+            row_base: 0,
+        };
+        let listed = RmsNorm { row_list: 0, ..op };
+        let mut rig = Rig::with_variant(&dev, [dim, 2 * rows * dim, 1, rows, 1], Variant::Cpu);
+        let chunks = op.windowed(Variant::Cpu, &rig.windows()).map(|c| c.len());
+        assert!(
+            chunks.is_some_and(|c| c >= least),
+            "dim {dim} rows {rows}: {chunks:?}"
+        );
+        assert!(listed.windowed(Variant::Cpu, &rig.windows()).is_none());
+        rig.write(0, 0, &w);
+        rig.write(1, 0, &x);
+        rig.run(|ops, rec| ops.run(rec, &op).unwrap());
+        let got: Vec<f32> = rig.read(1, rows * dim, rows * dim);
+        let mut want = vec![0f32; dim];
+        for r in 0..rows {
+            reference::rmsnorm(&mut want, &x[r * dim..][..dim], &w);
+            let d = max_abs_diff(&got[r * dim..][..dim], &want);
+            assert!(d <= TOL, "dim {dim} rows {rows} row {r}: {d}");
+        }
     }
 }

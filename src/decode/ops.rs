@@ -162,12 +162,53 @@ pub struct RmsNorm {
     pub row_list: u32,
     /// Epsilon (1e-5).
     pub eps: f32,
+    /// `rmsnorm_win` chunks only (0 otherwise): the chunk's first output row
+    /// (`n_rows` is then the chunk's row count and `in_off` an offset inside
+    /// the activation window).
+    pub row_base: u32,
 }
 
 impl Op for RmsNorm {
     const KERNEL: &'static str = "rmsnorm";
     fn grid(&self) -> [u32; 3] {
         [self.n_rows, 1, 1]
+    }
+    /// `rmsnorm_win` on CPU devices: rows chunked so each chunk's input rows
+    /// fit one placement of the activation window; identity row list only,
+    /// `dim` and both input offsets multiples of 4.
+    fn windowed(
+        &self,
+        variant: Variant,
+        win: &[Window; WINDOWS as usize],
+    ) -> Option<Vec<Windowed<Self>>> {
+        let aligned = self.dim.is_multiple_of(4)
+            && self.in_off.is_multiple_of(4)
+            && self.w_off.is_multiple_of(4);
+        if variant != Variant::Cpu || self.row_list != u32::MAX || !aligned || self.n_rows == 0 {
+            return None;
+        }
+        let (w_window, w_covered) = win[0].place(u64::from(self.w_off) * 4)?;
+        if w_covered < u64::from(self.dim) * 4 {
+            return None;
+        }
+        let w_rel = u32::try_from((u64::from(self.w_off) * 4 - w_window) / 4).ok()?;
+        let rows = spans(&win[1], self.in_off, self.n_rows, u64::from(self.dim))?;
+        Some(
+            rows.iter()
+                .map(|r| Windowed {
+                    kernel: "rmsnorm_win",
+                    push: RmsNorm {
+                        n_rows: r.count,
+                        in_off: r.rel,
+                        w_off: w_rel,
+                        row_base: r.first,
+                        ..*self
+                    },
+                    grid: [groups(r.count, 64), 1, 1],
+                    offsets: [w_window, r.offset],
+                })
+                .collect(),
+        )
     }
 }
 

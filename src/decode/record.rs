@@ -204,6 +204,7 @@ impl Geometry {
             w_off: w.rms_final,
             row_list: sample_list,
             eps: EPS,
+            row_base: 0,
         };
         ops.run(rec, &norm)?;
         rec.barrier();
@@ -232,6 +233,7 @@ impl Geometry {
             w_off: w.rms_att + l * d,
             row_list: u32::MAX,
             eps: EPS,
+            row_base: 0,
         };
         ops.run(rec, &norm)?;
         rec.barrier();
@@ -305,6 +307,7 @@ impl Geometry {
             w_off: w.rms_ffn + l * d,
             row_list: u32::MAX,
             eps: EPS,
+            row_base: 0,
         };
         ops.run(rec, &norm)?;
         rec.barrier();

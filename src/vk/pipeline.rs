@@ -538,7 +538,9 @@ impl Recorder<'_> {
         offsets: [u64; WINDOWS as usize],
     ) -> VkResult<()> {
         let Some((set, windows)) = self.set else {
-            return Err(VkError::Inval("windowed dispatch on a transfer-only recorder".into()));
+            return Err(VkError::Inval(
+                "windowed dispatch on a transfer-only recorder".into(),
+            ));
         };
         let mut dynamic = [0u32; WINDOWS as usize];
         for (i, (&off, w)) in offsets.iter().zip(&windows).enumerate() {
