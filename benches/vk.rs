@@ -57,6 +57,7 @@ fn model(dev: &Device) -> (GpuModel, Vec<SeqWork>) {
         max_seqs: 32,
         keep_logits: false,
         variant: None,
+        kv_image: None,
     };
     let mut gpu = GpuModel::new(dev, &w, opts).unwrap();
     let members: Vec<SeqWork> = (0..32u32)

@@ -24,6 +24,15 @@
 //   output accumulator in private arrays (head_size <= 64), online softmax one
 //   position at a time; workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
 
+// - `attention_img` (CPU devices, the first choice there): `attention_lane` over the
+//   KV cache held in the storage image (binding 7; see `kv_append_img`: position t of
+//   a sequence is row md[bt + t / block_size], texels (t % block_size) * kv_dim / 4 ..
+//   of layer kc_off (K) or vc_off (V)), which llvmpipe fetches with vector address
+//   arithmetic instead of one bounds-checked load per lane. head_size % 4 == 0 and
+//   <= 64, kv_dim % 4 == 0; the same arithmetic per element as `attention_lane` (the
+//   two forms agree bit for bit). Loop budget: (max_pos + 1) * (head_size / 2 + 1) +
+//   head_size / 2 < 60000. Workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
+
 struct Params {
     n_rows: u32, n_heads: u32, n_kv_heads: u32, head_size: u32,
     block_size: u32, rows_off: u32, q_off: u32, out_off: u32,
@@ -152,5 +161,64 @@ fn attention_lane(@builtin(global_invocation_id) gid: vec3<u32>) {
     let out_base = p.out_off + r * p.dim + h * hs;
     for (var d = 0u; d < hs; d++) {
         act[out_base + d] = acc[d] / l;
+    }
+}
+
+@group(0) @binding(7) var kv_img: texture_storage_2d_array<rgba32float, read_write>;
+
+@compute @workgroup_size(64)
+fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let idx = gid.x;
+    if (idx >= p.n_rows * p.n_heads) {
+        return;
+    }
+    let r = idx / p.n_heads;
+    let h = idx % p.n_heads;
+    let pos = md[p.rows_off + r * 4u + 2u];
+    let bt = md[p.rows_off + r * 4u + 3u];
+    let hs = p.head_size;
+    let d4 = hs / 4u;
+    let kv4 = p.kv_dim / 4u;
+    let head4 = (h / (p.n_heads / p.n_kv_heads)) * d4;
+    let scale = 1.0 / sqrt(f32(hs));
+    var q: array<vec4<f32>, 16>;
+    var acc: array<vec4<f32>, 16>;
+    let q_base = p.q_off + r * p.dim + h * hs;
+    for (var i = 0u; i < d4; i++) {
+        let b = q_base + 4u * i;
+        q[i] = vec4<f32>(act[b] * scale, act[b + 1u] * scale, act[b + 2u] * scale, act[b + 3u] * scale);
+        acc[i] = vec4<f32>(0.0);
+    }
+    var m = NEG;
+    var l = 0.0;
+    for (var t = 0u; t <= pos; t++) {
+        let at = vec2<u32>((t % p.block_size) * kv4 + head4, md[bt + t / p.block_size]);
+        var s = 0.0;
+        for (var i = 0u; i < d4; i++) {
+            let kk = textureLoad(kv_img, at + vec2<u32>(i, 0u), p.kc_off);
+            let qq = q[i];
+            s += qq.x * kk.x;
+            s += qq.y * kk.y;
+            s += qq.z * kk.z;
+            s += qq.w * kk.w;
+        }
+        let m_new = max(m, s);
+        let corr = exp(m - m_new);
+        let e = exp(s - m_new);
+        l = l * corr + e;
+        for (var i = 0u; i < d4; i++) {
+            let vv = textureLoad(kv_img, at + vec2<u32>(i, 0u), p.vc_off);
+            acc[i] = acc[i] * corr + e * vv;
+        }
+        m = m_new;
+    }
+    let out_base = p.out_off + r * p.dim + h * hs;
+    for (var i = 0u; i < d4; i++) {
+        let v = acc[i] / l;
+        let o = out_base + 4u * i;
+        act[o] = v.x;
+        act[o + 1u] = v.y;
+        act[o + 2u] = v.z;
+        act[o + 3u] = v.w;
     }
 }

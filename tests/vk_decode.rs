@@ -27,6 +27,7 @@ fn opts(keep_logits: bool) -> GpuOptions {
         max_seqs: 8,
         keep_logits,
         variant: None,
+        kv_image: None,
     }
 }
 

@@ -11,7 +11,10 @@
 //!   `h1, h3 [T, hidden_dim]`, `sel [S, dim]`, `logits [S, vocab]` for
 //!   `T = max_tokens`, `S = max_seqs`.
 //! - KV cache `[f32]`: K of every layer, then V of every layer, each
-//!   `[n_blocks, block_size, kv_dim]`.
+//!   `[n_blocks, block_size, kv_dim]`; or, on CPU devices where the shape
+//!   allows ([`GpuOptions::kv_image`]), the kernel ABI's storage image in the
+//!   [`KvImage`] layout (llvmpipe reads scattered image texels several times
+//!   faster than scattered storage-buffer elements).
 //! - metadata `[u32]` (host-written each iteration): row records `[T][4]`
 //!   (token, sequence, position, block-table offset), the block tables, the
 //!   list of sampled rows.
@@ -20,9 +23,11 @@
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use super::model::{BatchPlan, Config, KvGeometry, Weights};
-use super::ops::{Ops, Variant, pack_metadata};
+use super::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
 use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights};
-use crate::vk::{BindingSet, Buffer, CommandPool, Device, Kernels, Location, Submission, VkResult};
+use crate::vk::{
+    BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage, Submission, VkResult,
+};
 use crate::{Error, Result};
 
 /// Sizes of a [`GpuModel`]'s KV cache and per-iteration capacity.
@@ -39,6 +44,11 @@ pub struct GpuOptions {
     pub keep_logits: bool,
     /// Kernel forms to use; `None`: [`Variant::for_device`].
     pub variant: Option<Variant>,
+    /// Hold the KV cache in a storage image ([`KvImage`]) rather than a
+    /// buffer: `None` (the default) does so for the [`Variant::Cpu`] forms
+    /// when the shape allows; `Some(true)` asks for it (`Inval` if the shape
+    /// does not allow it); `Some(false)` keeps the buffer.
+    pub kv_image: Option<bool>,
 }
 
 impl Default for GpuOptions {
@@ -52,6 +62,7 @@ impl Default for GpuOptions {
             max_seqs: 64,
             keep_logits: false,
             variant: None,
+            kv_image: None,
         }
     }
 }
@@ -91,7 +102,11 @@ pub struct GpuModel {
     set: BindingSet,
     weights: Buffer,
     act: Buffer,
+    /// The KV buffer (a 4-byte placeholder at binding 2 when the cache is
+    /// `kv_image`).
     kv: Buffer,
+    /// The KV cache as a storage image, and whether its layout was set up.
+    kv_image: Option<(StorageImage, bool)>,
     meta: Buffer,
     tokens: Buffer,
     logits: Option<Buffer>,
@@ -136,10 +151,23 @@ impl GpuModel {
             return Err(Error::Inval);
         }
         let kernels = Kernels::new(dev)?;
-        let ops = Ops::new(
-            &kernels,
-            opts.variant.unwrap_or_else(|| Variant::for_device(dev)),
-        )?;
+        let variant = opts.variant.unwrap_or_else(|| Variant::for_device(dev));
+        let ops = Ops::new(&kernels, variant)?;
+        let image = KvImage::new(&c, opts.kv, dev.image_limits()).filter(|_| {
+            // Every position of a sequence must fit the image form's loop budget.
+            let probe = Attention {
+                head_size: c.head_size() as u32,
+                kv_dim: c.kv_dim() as u32,
+                max_pos: c.seq_len.saturating_sub(1) as u32,
+                ..bytemuck::Zeroable::zeroed()
+            };
+            AttentionImage(probe).fits()
+        });
+        let image = match opts.kv_image {
+            None if variant == Variant::Cpu => image,
+            None | Some(false) => None,
+            Some(true) => Some(image.ok_or(Error::Inval)?),
+        };
         let (weights_buf, w) = upload_weights(dev, weights)?;
         let a = ActOffsets::new(&c, opts.max_tokens, opts.max_seqs)?;
         let kv_layer = opts.kv.n_blocks as u64 * opts.kv.block_size as u64 * c.kv_dim() as u64;
@@ -148,7 +176,17 @@ impl GpuModel {
         let meta_len =
             4 * opts.max_tokens + opts.max_seqs * (c.seq_len.div_ceil(opts.kv.block_size) + 1);
         let act = Buffer::new(dev, a.len * 4, Location::Device, "activations")?;
-        let kv = zeroed(dev, kv_len * 4, "kv cache")?;
+        let (kv, kv_image) = match image {
+            Some(img) => {
+                let [w, h, l] = img.extent;
+                let store = StorageImage::new(dev, w, h, l, "kv cache")?;
+                (
+                    Buffer::new(dev, 4, Location::Device, "kv placeholder")?,
+                    Some((store, false)),
+                )
+            }
+            None => (zeroed(dev, kv_len * 4, "kv cache")?, None),
+        };
         let meta = Buffer::new(dev, meta_len as u64 * 4, Location::Upload, "metadata")?;
         let tokens = Buffer::new(dev, opts.max_seqs as u64 * 4, Location::Readback, "tokens")?;
         let logits = match opts.keep_logits {
@@ -167,13 +205,14 @@ impl GpuModel {
         {
             return Err(Error::Range); // a binding must fit maxStorageBufferRange
         }
-        let set = BindingSet::new(&kernels, &bound)?;
+        let set = BindingSet::with_image(&kernels, &bound, kv_image.as_ref().map(|(i, _)| i))?;
         Ok(GpuModel {
             pool: CommandPool::new(dev)?,
             set,
             weights: weights_buf,
             act,
             kv,
+            kv_image,
             meta,
             tokens,
             logits,
@@ -207,7 +246,16 @@ impl GpuModel {
 
     /// Bytes of device memory held by the weights and by the KV cache.
     pub fn memory_bytes(&self) -> (u64, u64) {
-        (self.weights.size(), self.kv.size())
+        let kv = match &self.kv_image {
+            Some((img, _)) => img.extent().iter().map(|&n| u64::from(n)).product::<u64>() * 16,
+            None => self.kv.size(),
+        };
+        (self.weights.size(), kv)
+    }
+
+    /// Whether the KV cache is held in a storage image ([`GpuOptions::kv_image`]).
+    pub fn kv_in_image(&self) -> bool {
+        self.kv_image.is_some()
     }
 
     /// Records ONE command buffer for the whole `plan` (all layers, all token
@@ -231,6 +279,12 @@ impl GpuModel {
         let sample_list = self.write_meta(plan)?;
         let n_samples = plan.n_samples();
         let mut rec = self.pool.record(&self.kernels, &self.set)?;
+        if let Some((img, ready)) = &mut self.kv_image
+            && !*ready
+        {
+            rec.init_image(img);
+            *ready = true;
+        }
         let max_pos = plan
             .seqs
             .iter()
@@ -243,6 +297,7 @@ impl GpuModel {
             a: self.a,
             kv_layer: self.kv_layer,
             max_pos: max_pos.unwrap_or(0) as u32,
+            kv_image: self.kv_image.is_some(),
         };
         geo.record(
             &self.ops,

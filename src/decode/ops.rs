@@ -465,6 +465,89 @@ impl Op for KvAppend {
     }
 }
 
+/// `kv_append_img` (`kv_append.wgsl`): [`KvAppend`] into the KV cache held in
+/// the kernel ABI's storage image ([`KvImage`] layout); `kc_off` / `vc_off`
+/// are then this layer's K and V image layers. Requires `kv_dim % 4 == 0`.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct KvAppendImage(pub KvAppend);
+
+impl Op for KvAppendImage {
+    const KERNEL: &'static str = "kv_append_img";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.0.kv_dim / 4, 64), self.0.n_rows, 1]
+    }
+}
+
+/// Layout of a KV cache held in the kernel ABI's storage image (the CPU-device
+/// form, read by `attention_img`): layer `l` of the model has its K in image
+/// layer `l` and its V in layer `n_layers + l`; image row `y` is block `y`;
+/// texel `x = slot * kv_dim / 4 + i` holds values `4i .. 4i + 4` of the
+/// position in slot `slot` of the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvImage {
+    /// `[width, height, layers]` in texels: `[block_size * kv_dim / 4,
+    /// n_blocks, 2 * n_layers]`.
+    pub extent: [u32; 3],
+}
+
+impl KvImage {
+    /// The layout for a model of `c` over `kv`, or `None` when it cannot be
+    /// used: `kv_dim` or `head_size` not a multiple of 4, `head_size > 64`
+    /// (the attention form's registers), or an extent above `limits`
+    /// (`(maxImageDimension2D, maxImageArrayLayers)`).
+    pub fn new(
+        c: &super::model::Config,
+        kv: super::model::KvGeometry,
+        limits: (u32, u32),
+    ) -> Option<KvImage> {
+        let (kv_dim, hs) = (c.kv_dim(), c.head_size());
+        if !kv_dim.is_multiple_of(4) || !hs.is_multiple_of(4) || hs > 64 {
+            return None;
+        }
+        let width = u32::try_from(kv.block_size.checked_mul(kv_dim / 4)?).ok()?;
+        let height = u32::try_from(kv.n_blocks).ok()?;
+        let layers = u32::try_from(c.n_layers.checked_mul(2)?).ok()?;
+        let (max_dim, max_layers) = limits;
+        (width <= max_dim && height <= max_dim && layers <= max_layers && width > 0 && height > 0)
+            .then_some(KvImage {
+                extent: [width, height, layers],
+            })
+    }
+}
+
+/// `attention_img` (`attention.wgsl`): [`Attention`] over the KV cache held in
+/// the kernel ABI's storage image ([`KvImage`] layout); `kc_off` / `vc_off`
+/// are then this layer's K and V image layers. Requires `head_size % 4 == 0`,
+/// `head_size <= 64`, `kv_dim % 4 == 0` and a sequence no longer than the
+/// loop budget ([`AttentionImage::fits`]). Same results, bit for bit, as the
+/// `attention_lane` form over a KV buffer.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct AttentionImage(pub Attention);
+
+impl AttentionImage {
+    /// Whether this form can run the op: the shape conditions above and
+    /// llvmpipe's loop budget, `(max_pos + 1) * (head_size / 2 + 1) +
+    /// head_size / 2 < LANE_LOOP_BUDGET`.
+    pub fn fits(&self) -> bool {
+        let a = &self.0;
+        let hs = u64::from(a.head_size);
+        let loops = (u64::from(a.max_pos) + 1) * (hs / 2 + 1) + hs / 2;
+        hs.is_multiple_of(4)
+            && hs <= 64
+            && a.kv_dim.is_multiple_of(4)
+            && loops < u64::from(LANE_LOOP_BUDGET)
+    }
+}
+
+impl Op for AttentionImage {
+    const KERNEL: &'static str = "attention_img";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.0.n_rows * self.0.n_heads, 64), 1, 1]
+    }
+}
+
 /// `attention.wgsl`: causal GQA attention per (row, head) over the paged cache.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]

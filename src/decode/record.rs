@@ -6,7 +6,10 @@
 //! matmul computes q, k and v (and the two FFN projections) in one dispatch.
 
 use super::model::{Config, Weights};
-use super::ops::{Argmax, Attention, Embed, KvAppend, Matmul, Ops, RmsNorm, Rope, SwiGlu};
+use super::ops::{
+    Argmax, Attention, AttentionImage, Embed, KvAppend, KvAppendImage, Matmul, Ops, RmsNorm, Rope,
+    SwiGlu,
+};
 use super::reference::EPS;
 use crate::vk::{Buffer, Device, Location, Recorder, VkResult};
 use crate::{Error, Result};
@@ -162,6 +165,9 @@ pub(crate) struct Geometry {
     pub(crate) kv_layer: u32,
     /// Largest position in the plan (picks the attention form).
     pub(crate) max_pos: u32,
+    /// The KV cache is the kernel ABI's storage image ([`KvImage`] layout)
+    /// rather than the KV buffer.
+    pub(crate) kv_image: bool,
 }
 
 impl Geometry {
@@ -256,8 +262,11 @@ impl Geometry {
             },
         )?;
         rec.barrier();
-        let kc_off = l * self.kv_layer;
-        let vc_off = (c.n_layers as u32 + l) * self.kv_layer;
+        // KV buffer: element offsets of this layer's caches; KV image: layers.
+        let (kc_off, vc_off) = match self.kv_image {
+            true => (l, c.n_layers as u32 + l),
+            false => (l * self.kv_layer, (c.n_layers as u32 + l) * self.kv_layer),
+        };
         let bs = self.block_size;
         let app = KvAppend {
             n_rows: t,
@@ -269,7 +278,10 @@ impl Geometry {
             kc_off,
             vc_off,
         };
-        ops.run(rec, &app)?;
+        match self.kv_image {
+            true => ops.run(rec, &KvAppendImage(app))?,
+            false => ops.run(rec, &app)?,
+        }
         rec.barrier();
         let att = Attention {
             n_rows: t,
@@ -286,7 +298,10 @@ impl Geometry {
             dim: d,
             max_pos: self.max_pos,
         };
-        ops.run(rec, &att)?;
+        match self.kv_image {
+            true => ops.run(rec, &AttentionImage(att))?,
+            false => ops.run(rec, &att)?,
+        }
         rec.barrier();
         ops.run(
             rec,

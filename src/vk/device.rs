@@ -503,6 +503,36 @@ impl Device {
         )
     }
 
+    /// `(maxImageDimension2D, maxImageArrayLayers)`: the largest
+    /// [`super::StorageImage`] side and layer count.
+    pub fn image_limits(&self) -> (u32, u32) {
+        let l = &self.0.limits;
+        (l.max_image_dimension2_d, l.max_image_array_layers)
+    }
+
+    /// Allocates memory from the device's allocator.
+    pub(crate) fn allocate(
+        &self,
+        desc: &gpu_allocator::vulkan::AllocationCreateDesc<'_>,
+    ) -> VkResult<gpu_allocator::vulkan::Allocation> {
+        self.0
+            .allocator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allocate(desc)
+            .map_err(|e| VkError::Alloc(e.to_string()))
+    }
+
+    /// Returns memory to the device's allocator.
+    pub(crate) fn free(&self, a: gpu_allocator::vulkan::Allocation) {
+        let _ = self
+            .0
+            .allocator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .free(a);
+    }
+
     /// Waits until the queue is idle.
     ///
     /// # Errors

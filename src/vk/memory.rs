@@ -86,15 +86,7 @@ impl Buffer {
             linear: true,
             allocation_scheme: AllocationScheme::GpuAllocatorManaged,
         };
-        let alloc = dev
-            .0
-            .allocator
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .allocate(&desc);
-        let alloc = buf
-            .alloc
-            .insert(alloc.map_err(|e| VkError::Alloc(e.to_string()))?);
+        let alloc = buf.alloc.insert(dev.allocate(&desc)?);
         // SAFETY: the allocation satisfies `requirements`; the buffer is unbound.
         unsafe { d.bind_buffer_memory(raw, alloc.memory(), alloc.offset()) }
             .map_err(call("vkBindBufferMemory"))?;
@@ -205,13 +197,7 @@ impl Drop for Buffer {
         // it is destroyed before its memory is freed.
         unsafe { self.dev.0.device.destroy_buffer(self.raw, None) };
         if let Some(a) = self.alloc.take() {
-            let _ = self
-                .dev
-                .0
-                .allocator
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .free(a);
+            self.dev.free(a);
         }
     }
 }

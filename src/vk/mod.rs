@@ -22,6 +22,7 @@
 //! Errors are [`VkError`], which converts into [`crate::Error`].
 
 pub mod device;
+pub mod image;
 pub mod memory;
 pub mod pipeline;
 pub mod queue;
@@ -30,10 +31,11 @@ pub use crate::accel::EventFence;
 pub use device::{
     Device, DeviceKind, PhysicalDeviceInfo, RenderNode, Selector, enumerate, validation_errors,
 };
+pub use image::{IMAGE_FORMAT, StorageImage};
 pub use memory::{Buffer, Location};
 pub use pipeline::{
-    BINDINGS, BindingSet, CommandPool, Kernel, Kernels, PUSH_BYTES, Recorded, Recorder,
-    WINDOW_BYTES, WINDOWS, Window,
+    BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
+    Recorder, WINDOW_BYTES, WINDOWS, Window,
 };
 pub use queue::{FenceKind, Submission};
 

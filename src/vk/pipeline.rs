@@ -6,6 +6,9 @@
 //! (bindings `BINDINGS..BINDINGS + WINDOWS`, the *uniform windows*: window
 //! `i` views the buffer of storage binding `i` — weights and activations —
 //! over at most [`WINDOW_BYTES`] from a dynamic offset chosen per dispatch),
+//! then one storage image ([`IMAGE_BINDING`], an `rgba32f` 2D array, see
+//! [`StorageImage`]; optional: bound only by sets made with
+//! [`BindingSet::with_image`], and only kernels that read it need it),
 //! and a push-constant block of at most [`PUSH_BYTES`] bytes, so one pipeline
 //! layout and one descriptor set serve every kernel and a whole iteration
 //! binds its buffers once.
@@ -32,6 +35,7 @@ use std::marker::PhantomData;
 use ash::vk;
 
 use super::device::{Device, c_name};
+use super::image::StorageImage;
 use super::memory::Buffer;
 use super::queue::Submission;
 use super::{VkError, VkResult, call, kernels::KERNELS};
@@ -42,6 +46,9 @@ pub const BINDINGS: u32 = 5;
 /// uniform buffer viewing the buffer of storage binding `i` (0: weights,
 /// 1: activations). See [`Window`].
 pub const WINDOWS: u32 = 2;
+/// Binding of the kernel ABI's storage image (after the uniform windows).
+pub const IMAGE_BINDING: u32 = BINDINGS + WINDOWS;
+
 /// Bytes a uniform window covers at most: the kernels declare their window
 /// blocks as `array<vec4<f32>, 4096>` (64 KiB, llvmpipe's
 /// `maxUniformBufferRange`); smaller on a device whose limit is smaller, or
@@ -147,6 +154,13 @@ impl Kernels {
                     .descriptor_count(1)
                     .stage_flags(vk::ShaderStageFlags::COMPUTE)
             }))
+            .chain(std::iter::once(
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(IMAGE_BINDING)
+                    .descriptor_type(vk::DescriptorType::STORAGE_IMAGE)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE),
+            ))
             .collect();
         let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
         // SAFETY: valid create info; the array lives across the call.
@@ -260,8 +274,25 @@ impl BindingSet {
     /// # Errors
     /// `Inval` for a wrong count or a buffer of another device; `Call` otherwise.
     pub fn new(kernels: &Kernels, bufs: &[&Buffer]) -> VkResult<BindingSet> {
-        if bufs.iter().any(|b| !b.device().same(&kernels.dev)) {
-            return Err(VkError::Inval("buffer of another device".into()));
+        BindingSet::with_image(kernels, bufs, None)
+    }
+
+    /// As [`new`](Self::new), with `image` at [`IMAGE_BINDING`] (in layout
+    /// `GENERAL`: see [`Recorder::init_image`]). Without an image the binding
+    /// stays empty and kernels that read it must not be dispatched with this
+    /// set. The image must outlive every command buffer recorded with it.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); `Inval` for an image of another device.
+    pub fn with_image(
+        kernels: &Kernels,
+        bufs: &[&Buffer],
+        image: Option<&StorageImage>,
+    ) -> VkResult<BindingSet> {
+        if bufs.iter().any(|b| !b.device().same(&kernels.dev))
+            || image.is_some_and(|i| !i.device().same(&kernels.dev))
+        {
+            return Err(VkError::Inval("buffer or image of another device".into()));
         }
         if bufs.len() != BINDINGS as usize {
             return Err(VkError::Inval(format!(
@@ -277,6 +308,9 @@ impl BindingSet {
             vk::DescriptorPoolSize::default()
                 .ty(vk::DescriptorType::UNIFORM_BUFFER_DYNAMIC)
                 .descriptor_count(WINDOWS),
+            vk::DescriptorPoolSize::default()
+                .ty(vk::DescriptorType::STORAGE_IMAGE)
+                .descriptor_count(1),
         ];
         let info = vk::DescriptorPoolCreateInfo::default()
             .max_sets(1)
@@ -334,8 +368,24 @@ impl BindingSet {
                     .buffer_info(info)
             }))
             .collect();
-        // SAFETY: the set is not in use by any command buffer yet; buffers are
-        // live; each window's range is at most its buffer's size.
+        let image_info = image.map(|i| {
+            [vk::DescriptorImageInfo::default()
+                .image_view(i.view())
+                .image_layout(vk::ImageLayout::GENERAL)]
+        });
+        let writes: Vec<_> = writes
+            .into_iter()
+            .chain(image_info.iter().map(|info| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(me.set)
+                    .dst_binding(IMAGE_BINDING)
+                    .descriptor_type(vk::DescriptorType::STORAGE_IMAGE)
+                    .image_info(info)
+            }))
+            .collect();
+        // SAFETY: the set is not in use by any command buffer yet; buffers and
+        // the image view are live; each window's range is at most its buffer's
+        // size.
         unsafe { d.update_descriptor_sets(&writes, &[]) };
         Ok(me)
     }
@@ -628,6 +678,34 @@ impl Recorder<'_> {
                 &b,
                 &[],
                 &[],
+            )
+        };
+    }
+
+    /// Moves `image` from layout `UNDEFINED` (contents discarded) to
+    /// `GENERAL`, where kernels read and write it; record it once, before the
+    /// image's first use.
+    pub fn init_image(&mut self, image: &StorageImage) {
+        let b = [vk::ImageMemoryBarrier::default()
+            .old_layout(vk::ImageLayout::UNDEFINED)
+            .new_layout(vk::ImageLayout::GENERAL)
+            .src_access_mask(vk::AccessFlags::empty())
+            .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)
+            .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+            .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+            .image(image.raw())
+            .subresource_range(StorageImage::range(image.extent()[2]))];
+        // SAFETY: recording state; the image is live and of this device (the
+        // caller keeps it alive until the command buffer completed).
+        unsafe {
+            self.pool.dev.raw().cmd_pipeline_barrier(
+                self.cmd,
+                vk::PipelineStageFlags::TOP_OF_PIPE,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[],
+                &b,
             )
         };
     }
