@@ -191,6 +191,39 @@ fn bad_numa_node_content_has_defined_answers() {
     assert!(notes[0].contains("not UTF-8"), "{notes:?}");
 }
 
+fn mkfifo(p: &Path) {
+    use rustix::fs::{CWD, FileType, Mode, mknodat};
+    mknodat(CWD, p, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+}
+
+/// A FIFO where sysfs has an attribute (no writer: opening it for reading
+/// blocks) gives a defined answer, never a hang: sysfs attributes are regular
+/// files, so anything else is unreadable. Before the fix the probe blocked
+/// forever in `open(2)` on the first FIFO.
+#[test]
+fn fifo_attributes_are_unreadable_not_a_hang() {
+    let t = tree_with_numa(|d| {
+        for attr in ["numa_node", "uevent", "local_cpulist", "vendor", "device"] {
+            mkfifo(&d.join(attr));
+        }
+    });
+    let online = t.path().join("sys/devices/system/node/online");
+    fs::remove_file(&online).unwrap();
+    mkfifo(&online);
+    let devs = accel::probe_in(t.path()).unwrap();
+    assert_eq!(devs.len(), 1);
+    let d = &devs[0];
+    assert_eq!((d.numa_node, &d.local_cpus), (None, &None));
+    assert_eq!(
+        d.notes,
+        ["numa_node: unreadable: not a regular file"],
+        "{d:?}"
+    );
+    let pci = d.pci.as_ref().expect("the PCI address comes from the path");
+    assert_eq!((pci.vendor_id, pci.device_id), (None, None));
+    assert_eq!(accel::device_numa_node(t.path(), d), None);
+}
+
 #[test]
 fn random_garbage_never_panics() {
     let mut rng = fastrand::Rng::with_seed(0x5eed);

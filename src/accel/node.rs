@@ -185,17 +185,7 @@ impl Rooted {
     /// `ELOOP` for a symlink loop, `InvalidData` for non-UTF-8 bytes, other
     /// I/O errors as they come (e.g. `EISDIR`).
     pub fn read_attr(&self, rel: impl AsRef<Path>) -> io::Result<Option<String>> {
-        let path = self.resolve(rel)?;
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let mut bytes = Vec::new();
-        file.take(MAX_ATTR_BYTES).read_to_end(&mut bytes)?;
-        String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "attribute is not UTF-8"))
+        read_attr_file(&self.resolve(rel)?)
     }
 
     /// The last component of a symlink's target without following it (how
@@ -235,6 +225,39 @@ impl Rooted {
         names.sort();
         Ok(names)
     }
+}
+
+/// Reads one attribute file at `path` (at most [`MAX_ATTR_BYTES`]) as text;
+/// `Ok(None)` when it does not exist. The open is non-blocking and anything
+/// but a regular file is refused (sysfs attributes are regular files), so a
+/// FIFO, a socket or a device node in a fixture tree is an error, never an
+/// open or read that blocks.
+///
+/// # Errors
+/// `InvalidInput` ("not a regular file") for a directory, FIFO or device
+/// node; `InvalidData` for non-UTF-8 bytes; other I/O errors as they come.
+pub fn read_attr_file(path: &Path) -> io::Result<Option<String>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_ATTR_BYTES).read_to_end(&mut bytes)?;
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "attribute is not UTF-8"))
 }
 
 fn components(p: &Path) -> impl DoubleEndedIterator<Item = OsString> + '_ {
