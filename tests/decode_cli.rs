@@ -321,3 +321,31 @@ fn a_late_trace_out_failure_keeps_the_report() {
     );
     assert!(err.contains("--trace-out /dev/full"), "{err}");
 }
+
+/// A tiny but positive `--time-scale` stretches the arrivals past what a
+/// clock holds: before the fix `Duration::div_f64` panicked ("cannot convert
+/// float seconds to Duration"); now it is an error naming the option, before
+/// the run.
+#[test]
+fn time_scale_too_small_for_the_clock_is_an_error() {
+    for scale in ["1e-300", "1e-12", "5e-324"] {
+        let (code, out, err) =
+            xtc_bin(&["--device", "toy", "--requests", "3", "--time-scale", scale]);
+        assert_eq!(code, 1, "{scale}: {err}");
+        assert!(err.contains(&format!("--time-scale {scale}")), "{err}");
+        assert!(err.contains("larger --time-scale"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!err.contains(BANNER), "{err}");
+        assert!(out.is_empty(), "{out}");
+    }
+    // Small but representable: runs (the first row arrives at 0 whatever the scale).
+    let (code, _, err) = xtc_bin(&[
+        "--device",
+        "toy",
+        "--requests",
+        "1",
+        "--time-scale",
+        "1e-300",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}

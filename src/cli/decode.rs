@@ -125,6 +125,12 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
         Some(p) => trace::load(p).map_err(|e| e.to_string())?,
         None => trace::embedded(),
     };
+    let replayed = &trace.requests[..args.requests.min(trace.requests.len())];
+    Scaling {
+        time_scale: args.time_scale,
+        ..Scaling::IDENTITY
+    }
+    .check_arrivals(replayed)?;
     if args.requests > trace.requests.len() {
         eprintln!(
             "xtc decode: warning: --requests {} but the trace has only {} rows: replaying {}",
