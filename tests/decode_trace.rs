@@ -177,3 +177,36 @@ fn any_out_of_order_row_is_an_error_naming_its_line() {
     let (line, _) = row_error(&format!("{HEADER}3,1,1\n3,1,1\n2.5,1,1\n"));
     assert_eq!(line, 4);
 }
+
+/// Civil timestamps outside the calendar are row errors naming the line:
+/// before the fix a year such as 99999999999999999 overflowed the day count
+/// (a panic in debug builds, a silently wrong arrival in release) and
+/// 2023-02-30 was read as 2023-03-02.
+#[test]
+fn impossible_dates_are_errors_naming_their_line() {
+    let ok = "2023-11-16 18:15:46,5,5\n";
+    for bad in [
+        "99999999999999999-01-01 00:00:00",
+        "9223372036854775807-12-31 23:59:59",
+        "10000-01-01 00:00:00",
+        "2023-02-29 00:00:00",
+        "2023-02-30 00:00:00",
+        "2023-04-31 00:00:00",
+        "2024-02-30 00:00:00",
+    ] {
+        let (line, msg) = row_error(&format!("{HEADER}{ok}{bad},5,5\n"));
+        assert_eq!(line, 3, "{bad}");
+        assert!(
+            msg.contains("TIMESTAMP") && msg.contains(bad),
+            "{bad}: {msg}"
+        );
+    }
+    // The calendar's real edges still parse.
+    for good in [
+        "2024-02-29 00:00:00",
+        "2023-12-31 23:59:60",
+        "9999-12-31 23:59:59",
+    ] {
+        assert!(trace::parse_timestamp(good).is_ok(), "{good}");
+    }
+}

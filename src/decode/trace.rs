@@ -300,7 +300,15 @@ pub fn parse_timestamp(s: &str) -> Result<i128, String> {
     let num = |x: &str| x.parse::<i64>().map_err(|_| bad());
     let (y, mo, da) = (num(d[0])?, num(d[1])?, num(d[2])?);
     let (h, mi, se) = (num(t[0])?, num(t[1])?, num(t[2])?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || h > 23 || mi > 59 || se > 60 {
+    // Years 0..=9999 (the `YYYY` of the form) keep the day count far from
+    // overflow; the day must exist in its month (no 2023-02-30 rolling over).
+    if !(0..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
+        || !(1..=days_in_month(y, mo)).contains(&da)
+        || !(0..=23).contains(&h)
+        || !(0..=59).contains(&mi)
+        || !(0..=60).contains(&se)
+    {
         return Err(bad());
     }
     let frac_ns = if frac.is_empty() {
@@ -360,6 +368,16 @@ fn split_zone(time: &str) -> Option<(&str, i64)> {
         return None;
     }
     Some((t, sign * (h * 3600 + m * 60)))
+}
+
+/// Days in month `m` (1..=12) of year `y` (proleptic Gregorian).
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
