@@ -159,3 +159,86 @@ fn inconsistent_headers_and_trailing_bytes_are_errors() {
     let e = checkpoint::load(std::path::Path::new("/nonexistent/m.bin")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/m.bin"), "{e}");
 }
+
+fn header(f: [i32; 7]) -> Vec<u8> {
+    f.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Zero weights of any shape, written as a shared-classifier checkpoint.
+fn zero_checkpoint(c: Config) -> Vec<u8> {
+    let (l, d, h, kv, v) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim(), c.vocab_size);
+    let z = |n: usize| vec![0.0f32; n];
+    let w = Weights {
+        config: c,
+        token_embedding: z(v * d),
+        rms_att: z(l * d),
+        wq: z(l * d * d),
+        wk: z(l * kv * d),
+        wv: z(l * kv * d),
+        wo: z(l * d * d),
+        rms_ffn: z(l * d),
+        w1: z(l * h * d),
+        w2: z(l * d * h),
+        w3: z(l * h * d),
+        rms_final: z(d),
+        wcls: z(v * d),
+    };
+    bytes(&w, true)
+}
+
+/// The error of a checkpoint expected to fail (no Debug dump of the weights).
+fn parse_err(b: &[u8]) -> CheckpointError {
+    match checkpoint::parse(b) {
+        Ok(w) => panic!("checkpoint with {:?} loaded", w.config),
+        Err(e) => e,
+    }
+}
+
+/// A checkpoint the loader accepts is one the model can run: before the fix a
+/// head size above the attention kernel's 256 (or a count at or above 2^24)
+/// loaded fine and the run then failed with a bare "invalid argument
+/// (XTC_E_INVAL)" naming no field. Now the loader names it, from the header
+/// alone (before any tensor is read).
+#[test]
+fn shapes_the_model_cannot_run_are_refused_naming_the_field() {
+    let wide = Config {
+        dim: 260,
+        hidden_dim: 4,
+        n_layers: 1,
+        n_heads: 1,
+        n_kv_heads: 1,
+        vocab_size: 4,
+        seq_len: 4,
+    };
+    let e = parse_err(&zero_checkpoint(wide));
+    assert!(
+        matches!(
+            e,
+            CheckpointError::Inconsistent {
+                field: "n_heads",
+                value: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("256"), "{e}");
+    let ok = checkpoint::parse(&zero_checkpoint(Config { dim: 256, ..wide })).unwrap();
+    ok.validate().unwrap();
+    for (i, field) in ["dim", "hidden_dim", "n_layers", "vocab_size", "seq_len"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut f = [8, 16, 1, 2, 1, 10, 4];
+        let slot = [0, 1, 2, 5, 6][i];
+        f[slot] = 1 << 24;
+        if field == "dim" {
+            f[3] = 1 << 16; // keep the head size legal: only the count is wrong
+        }
+        let e = parse_err(&header(f));
+        assert!(
+            matches!(e, CheckpointError::Inconsistent { field: got, .. } if got == field),
+            "{field}: {e}"
+        );
+    }
+}
