@@ -242,3 +242,53 @@ fn shapes_the_model_cannot_run_are_refused_naming_the_field() {
         );
     }
 }
+
+/// A tokenizer for another vocabulary is an error saying so: before the fix
+/// one with more tokens than the model's `vocab_size` loaded silently (the
+/// text printed was another vocabulary's) and one with fewer said only
+/// "tokenizer truncated in score of token N".
+#[test]
+fn tokenizer_of_another_vocabulary_is_refused() {
+    use xtc::decode::tokenizer::{self, Tokenizer, TokenizerError};
+    let pieces = ["<unk>", "<s>", "</s>", " a", " b"];
+    let bin = tokenizer::write(&pieces);
+    assert_eq!(Tokenizer::parse(&bin, 5).unwrap().vocab_size(), 5);
+    let more = Tokenizer::parse(&bin, 4).unwrap_err();
+    assert_eq!(
+        more,
+        TokenizerError::VocabMismatch {
+            tokens: Some(5),
+            vocab_size: 4
+        }
+    );
+    assert!(
+        more.to_string().contains("5 tokens") && more.to_string().contains("vocab_size 4"),
+        "{more}"
+    );
+    let fewer = Tokenizer::parse(&bin, 7).unwrap_err();
+    assert_eq!(
+        fewer,
+        TokenizerError::VocabMismatch {
+            tokens: Some(5),
+            vocab_size: 7
+        }
+    );
+    // Bytes after the last token that are no whole token: trailing garbage.
+    let mut junk = bin.clone();
+    junk.extend([1, 2, 3]);
+    assert_eq!(
+        Tokenizer::parse(&junk, 5).unwrap_err(),
+        TokenizerError::VocabMismatch {
+            tokens: None,
+            vocab_size: 5
+        }
+    );
+    // A file cut inside a token is still reported where it was cut.
+    assert_eq!(
+        Tokenizer::parse(&bin[..bin.len() - 1], 5).unwrap_err(),
+        TokenizerError::Truncated {
+            field: "piece",
+            token: 4
+        }
+    );
+}
