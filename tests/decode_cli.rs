@@ -349,3 +349,35 @@ fn time_scale_too_small_for_the_clock_is_an_error() {
     ]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// Bad input loses nothing: before the fix `--trace-out` truncated an
+/// existing file before the rest of the input was checked, so a run that
+/// then failed (here: no such device) left the previous trace empty, and
+/// `--trace-out` naming the `--model` file destroyed the checkpoint before
+/// it was read.
+#[test]
+fn a_failed_run_leaves_an_existing_trace_out_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.json");
+    std::fs::write(&old, "previous trace").unwrap();
+    let o = old.to_str().unwrap();
+    let (code, _, err) = xtc_bin(&["--device", "no-such-gpu-name", "--trace-out", o]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "previous trace");
+    let m = dir.path().join("m.bin");
+    let mut b = Vec::new();
+    checkpoint::write(&Weights::synthetic(Config::tiny(), 1), true, &mut b).unwrap();
+    std::fs::write(&m, &b).unwrap();
+    let ms = m.to_str().unwrap();
+    let (code, _, err) = xtc_bin(&[&FAST[..], &["--model", ms, "--trace-out", ms]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--trace-out") && err.contains("--model"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&m).unwrap(),
+        b,
+        "the checkpoint was overwritten"
+    );
+}

@@ -84,7 +84,8 @@ pub struct DecodeArgs {
     #[arg(long)]
     pub json: bool,
     /// Write a Chrome trace / Perfetto JSON of iterations and requests (with
-    /// `--compare`: of the continuous run only). The file is created before the run.
+    /// `--compare`: of the continuous run only). The file is created before the
+    /// run (an existing one is kept as is until the run succeeds).
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
     /// Fraction of requests whose client cancels after a random number of tokens.
@@ -440,18 +441,47 @@ fn compare(
     traced.map_or(Ok(()), |out| write_trace(args, &out))
 }
 
-/// Creates (truncates) the `--trace-out` file before the run, so a bad path is
-/// reported before minutes of work rather than after.
+/// Opens (creating it if missing, never truncating) the `--trace-out` file
+/// before the run, so a bad path is reported before minutes of work rather
+/// than after; an existing file keeps its content until the trace is written
+/// after a successful run. A `--trace-out` that is one of the input files is
+/// refused.
 fn open_trace_out(args: &DecodeArgs) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
     let Some(path) = &args.trace_out else {
         return Ok(());
     };
-    std::fs::File::create(path).map(drop).map_err(|e| {
-        format!(
-            "--trace-out {}: cannot create the file: {e}",
-            path.display()
-        )
-    })
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| {
+            format!(
+                "--trace-out {}: cannot create the file: {e}",
+                path.display()
+            )
+        })?;
+    let Ok(out) = file.metadata() else {
+        return Ok(());
+    };
+    let inputs = [
+        ("--model", &args.model),
+        ("--trace", &args.trace),
+        ("--tokenizer", &args.tokenizer),
+    ];
+    for (opt, input) in inputs {
+        let Some(input) = input else { continue };
+        let same = std::fs::metadata(input)
+            .is_ok_and(|m| m.is_file() && (m.dev(), m.ino()) == (out.dev(), out.ino()));
+        if same {
+            return Err(format!(
+                "--trace-out {} is the {opt} file: it would be overwritten; write the trace elsewhere",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
