@@ -191,6 +191,31 @@ fn bad_numa_node_content_has_defined_answers() {
     assert!(notes[0].contains("not UTF-8"), "{notes:?}");
 }
 
+/// A node name the kernel never writes (`renderD0128`: a leading zero) is
+/// ignored like `card0`, never reported under its canonical name: before the
+/// fix the probe listed `renderD128` as "missing" (the name it rebuilt) and
+/// read the sysfs facts of a directory that does not exist.
+#[test]
+fn non_canonical_node_names_are_ignored() {
+    let t = tempfile::tempdir().unwrap();
+    let r = t.path();
+    for dir in ["dev/dri", "dev/accel"] {
+        fs::create_dir_all(r.join(dir)).unwrap();
+    }
+    for name in ["renderD0128", "renderD00129"] {
+        fs::write(r.join("dev/dri").join(name), "").unwrap();
+        fs::create_dir_all(r.join("sys/class/drm").join(name).join("device")).unwrap();
+    }
+    fs::write(r.join("dev/accel/accel00"), "").unwrap();
+    assert_eq!(accel::probe_in(r).unwrap(), vec![]);
+    assert_eq!(accel::node::parse_node_name("renderD0128"), None);
+    assert_eq!(accel::node::parse_node_name("accel01"), None);
+    assert_eq!(
+        accel::node::parse_node_name("accel0"),
+        Some((NodeKind::Accel, 0))
+    );
+}
+
 fn mkfifo(p: &Path) {
     use rustix::fs::{CWD, FileType, Mode, mknodat};
     mknodat(CWD, p, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();

@@ -88,14 +88,20 @@ impl NodeKind {
 
 /// Splits a short node name into its kind and number: `renderD128` ->
 /// `(Render, 128)`, `accel0` -> `(Accel, 0)`. Returns `None` for any other
-/// name (`card0`, `renderD`, `accel-1`, `../x`), so a name from outside can
-/// never be used to build a path that leaves the class directory.
+/// name (`card0`, `renderD`, `accel-1`, `../x`, and `renderD0128`: the
+/// kernel writes the number without leading zeros, so the name rebuilt from
+/// the pair is always the name parsed), so a name from outside can never be
+/// used to build a path that leaves the class directory.
 pub fn parse_node_name(name: &str) -> Option<(NodeKind, u32)> {
     for kind in [NodeKind::Render, NodeKind::Accel] {
         let Some(digits) = name.strip_prefix(kind.prefix()) else {
             continue;
         };
-        if digits.is_empty() || digits.len() > 7 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        if digits.is_empty()
+            || digits.len() > 7
+            || !digits.bytes().all(|b| b.is_ascii_digit())
+            || (digits.len() > 1 && digits.starts_with('0'))
+        {
             return None;
         }
         let n: u32 = digits.parse().ok()?;
