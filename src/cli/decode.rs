@@ -158,7 +158,9 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     check_kv_size(args, &config, &opts, &device)?;
     let model = device.model(weights, &opts).map_err(|e| {
         format!(
-            "{e} (ready vector of --max-active {}; {})",
+            "{e} (buffers for --token-budget {} token rows and a ready vector of \
+             --max-active {}; {})",
+            opts.token_budget,
             opts.max_active,
             kv_origin(args, &opts)
         )
