@@ -381,3 +381,37 @@ fn a_failed_run_leaves_an_existing_trace_out_file_alone() {
         "the checkpoint was overwritten"
     );
 }
+
+/// `--kv-blocks` beyond the 32-bit block ids is refused up front naming the
+/// option: before the fix the toy model first allocated one slot per
+/// position (16 GiB for 2^32 blocks of 1 position, which passed the host
+/// memory check) and only then failed with "invalid KV cache shape". The
+/// child runs under a 4 GiB address-space limit so the old behaviour fails
+/// (allocation abort) instead of exhausting this machine.
+#[test]
+fn kv_blocks_beyond_block_ids_are_refused_up_front() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"));
+    cmd.args(["decode", "--device", "toy", "--requests", "2"])
+        .args(["--kv-blocks", "4294967296", "--block-size", "1"]);
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit(2), which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = rustix::process::Rlimit {
+                current: Some(4 << 30),
+                maximum: Some(4 << 30),
+            };
+            rustix::process::setrlimit(rustix::process::Resource::As, lim)?;
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("4294967295 blocks") && err.contains("from --kv-blocks"),
+        "{err}"
+    );
+    assert!(!err.contains(BANNER), "{err}");
+}

@@ -65,7 +65,7 @@ pub struct DecodeArgs {
     /// Members in the ready vector at most (1 to 1048576).
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub max_active: usize,
-    /// Blocks in the KV cache (default: enough for max-active requests of the longest scaled length).
+    /// Blocks in the KV cache, at most 4294967295 (default: enough for max-active requests of the longest scaled length).
     #[arg(long, value_name = "N")]
     pub kv_blocks: Option<usize>,
     /// Positions per KV block.
@@ -559,7 +559,8 @@ fn kv_bytes(config: &Config, o: &JobOpts, toy: bool) -> Option<u128> {
 }
 
 /// Rejects a KV cache that cannot fit: larger than the host's memory on CPU
-/// devices (`cpu`, `toy`, lavapipe), naming the option the size came from.
+/// devices (`cpu`, `toy`, lavapipe), or more blocks than 32-bit block ids
+/// name, naming the option the size came from.
 fn check_kv_size(
     args: &DecodeArgs,
     config: &Config,
@@ -577,6 +578,12 @@ fn check_kv_size(
             "the KV cache needs {} MiB, more than this machine's {} MiB ({})",
             b >> 20,
             max >> 20,
+            kv_origin(args, o)
+        )),
+        // Checked before the model allocates anything for the cache.
+        _ if u32::try_from(o.kv_blocks).is_err() => Err(format!(
+            "the KV cache has more than the {} blocks block ids can name ({})",
+            u32::MAX,
             kv_origin(args, o)
         )),
         _ => Ok(()),
