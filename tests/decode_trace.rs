@@ -210,3 +210,22 @@ fn impossible_dates_are_errors_naming_their_line() {
         assert!(trace::parse_timestamp(good).is_ok(), "{good}");
     }
 }
+
+/// A byte that is not UTF-8 is a row error naming its line: before the fix
+/// the whole file failed with "stream did not contain valid UTF-8" and no
+/// line (a Latin-1 byte deep in a long trace could not be found).
+#[test]
+fn a_non_utf8_byte_names_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.csv");
+    let mut b = format!("{HEADER}0,5,5\n1,5,5\n").into_bytes();
+    b.extend(b"2,5\xe9,5\n3,5,5\n");
+    std::fs::write(&p, b).unwrap();
+    match trace::load(&p).unwrap_err() {
+        TraceError::Row { line, msg } => {
+            assert_eq!(line, 4);
+            assert!(msg.contains("UTF-8"), "{msg}");
+        }
+        e => panic!("expected a row error, got {e}"),
+    }
+}

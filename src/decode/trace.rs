@@ -174,13 +174,22 @@ pub fn embedded() -> Trace {
 /// Reads and parses a trace file.
 ///
 /// # Errors
-/// [`TraceError::Io`] when the file cannot be read, otherwise as [`parse`].
+/// [`TraceError::Io`] when the file cannot be read, [`TraceError::Row`]
+/// naming the line of the first byte that is not UTF-8, otherwise as [`parse`].
 pub fn load(path: &Path) -> Result<Trace, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TraceError::Io {
+    let bytes = std::fs::read(path).map_err(|e| TraceError::Io {
         path: path.display().to_string(),
         msg: e.to_string(),
     })?;
-    parse(&text)
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        let bad = e.valid_up_to();
+        let line = bytes[..bad].iter().filter(|&&b| b == b'\n').count() as u64 + 1;
+        TraceError::Row {
+            line,
+            msg: format!("byte {bad} of the file is not UTF-8 text"),
+        }
+    })?;
+    parse(text)
 }
 
 /// Parses trace CSV text (header + rows; `\n` or `\r\n` line ends).
