@@ -165,3 +165,30 @@ fn live_json_lists_vulkan_devices() {
     assert_eq!(v["vulkan_note"], "not listed with --sysfs-root");
     assert_eq!(v["loop_nodes_source"], "round_robin_model");
 }
+
+/// `--json` output is always one whole JSON document: before the fix a
+/// `--sysfs-root` that is not UTF-8 printed `{ "root": ` and then failed
+/// ("path contains invalid UTF-8 characters"), leaving broken JSON on stdout.
+/// The root is now reported lossily (U+FFFD for the bad bytes).
+#[test]
+fn json_stays_valid_for_a_non_utf8_root() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join(OsStr::from_bytes(b"root\xff"));
+    std::fs::create_dir(&root).unwrap();
+    let mut out = Vec::new();
+    let argv = [
+        OsStr::new("xtc"),
+        OsStr::new("probe"),
+        OsStr::new("--json"),
+        OsStr::new("--sysfs-root"),
+        root.as_os_str(),
+    ];
+    let code = xtc::cli::run(argv, &mut out);
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(code, 0, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert!(v["root"].as_str().unwrap().ends_with("root\u{fffd}"), "{v}");
+    assert_eq!(v["devices"], serde_json::json!([]));
+}

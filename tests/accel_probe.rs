@@ -191,6 +191,64 @@ fn bad_numa_node_content_has_defined_answers() {
     assert!(notes[0].contains("not UTF-8"), "{notes:?}");
 }
 
+/// A node name the kernel never writes (`renderD0128`: a leading zero) is
+/// ignored like `card0`, never reported under its canonical name: before the
+/// fix the probe listed `renderD128` as "missing" (the name it rebuilt) and
+/// read the sysfs facts of a directory that does not exist.
+#[test]
+fn non_canonical_node_names_are_ignored() {
+    let t = tempfile::tempdir().unwrap();
+    let r = t.path();
+    for dir in ["dev/dri", "dev/accel"] {
+        fs::create_dir_all(r.join(dir)).unwrap();
+    }
+    for name in ["renderD0128", "renderD00129"] {
+        fs::write(r.join("dev/dri").join(name), "").unwrap();
+        fs::create_dir_all(r.join("sys/class/drm").join(name).join("device")).unwrap();
+    }
+    fs::write(r.join("dev/accel/accel00"), "").unwrap();
+    assert_eq!(accel::probe_in(r).unwrap(), vec![]);
+    assert_eq!(accel::node::parse_node_name("renderD0128"), None);
+    assert_eq!(accel::node::parse_node_name("accel01"), None);
+    assert_eq!(
+        accel::node::parse_node_name("accel0"),
+        Some((NodeKind::Accel, 0))
+    );
+}
+
+fn mkfifo(p: &Path) {
+    use rustix::fs::{CWD, FileType, Mode, mknodat};
+    mknodat(CWD, p, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+}
+
+/// A FIFO where sysfs has an attribute (no writer: opening it for reading
+/// blocks) gives a defined answer, never a hang: sysfs attributes are regular
+/// files, so anything else is unreadable. Before the fix the probe blocked
+/// forever in `open(2)` on the first FIFO.
+#[test]
+fn fifo_attributes_are_unreadable_not_a_hang() {
+    let t = tree_with_numa(|d| {
+        for attr in ["numa_node", "uevent", "local_cpulist", "vendor", "device"] {
+            mkfifo(&d.join(attr));
+        }
+    });
+    let online = t.path().join("sys/devices/system/node/online");
+    fs::remove_file(&online).unwrap();
+    mkfifo(&online);
+    let devs = accel::probe_in(t.path()).unwrap();
+    assert_eq!(devs.len(), 1);
+    let d = &devs[0];
+    assert_eq!((d.numa_node, &d.local_cpus), (None, &None));
+    assert_eq!(
+        d.notes,
+        ["numa_node: unreadable: not a regular file"],
+        "{d:?}"
+    );
+    let pci = d.pci.as_ref().expect("the PCI address comes from the path");
+    assert_eq!((pci.vendor_id, pci.device_id), (None, None));
+    assert_eq!(accel::device_numa_node(t.path(), d), None);
+}
+
 #[test]
 fn random_garbage_never_panics() {
     let mut rng = fastrand::Rng::with_seed(0x5eed);

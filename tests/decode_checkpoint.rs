@@ -159,3 +159,136 @@ fn inconsistent_headers_and_trailing_bytes_are_errors() {
     let e = checkpoint::load(std::path::Path::new("/nonexistent/m.bin")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/m.bin"), "{e}");
 }
+
+fn header(f: [i32; 7]) -> Vec<u8> {
+    f.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Zero weights of any shape, written as a shared-classifier checkpoint.
+fn zero_checkpoint(c: Config) -> Vec<u8> {
+    let (l, d, h, kv, v) = (c.n_layers, c.dim, c.hidden_dim, c.kv_dim(), c.vocab_size);
+    let z = |n: usize| vec![0.0f32; n];
+    let w = Weights {
+        config: c,
+        token_embedding: z(v * d),
+        rms_att: z(l * d),
+        wq: z(l * d * d),
+        wk: z(l * kv * d),
+        wv: z(l * kv * d),
+        wo: z(l * d * d),
+        rms_ffn: z(l * d),
+        w1: z(l * h * d),
+        w2: z(l * d * h),
+        w3: z(l * h * d),
+        rms_final: z(d),
+        wcls: z(v * d),
+    };
+    bytes(&w, true)
+}
+
+/// The error of a checkpoint expected to fail (no Debug dump of the weights).
+fn parse_err(b: &[u8]) -> CheckpointError {
+    match checkpoint::parse(b) {
+        Ok(w) => panic!("checkpoint with {:?} loaded", w.config),
+        Err(e) => e,
+    }
+}
+
+/// A checkpoint the loader accepts is one the model can run: before the fix a
+/// head size above the attention kernel's 256 (or a count at or above 2^24)
+/// loaded fine and the run then failed with a bare "invalid argument
+/// (XTC_E_INVAL)" naming no field. Now the loader names it, from the header
+/// alone (before any tensor is read).
+#[test]
+fn shapes_the_model_cannot_run_are_refused_naming_the_field() {
+    let wide = Config {
+        dim: 260,
+        hidden_dim: 4,
+        n_layers: 1,
+        n_heads: 1,
+        n_kv_heads: 1,
+        vocab_size: 4,
+        seq_len: 4,
+    };
+    let e = parse_err(&zero_checkpoint(wide));
+    assert!(
+        matches!(
+            e,
+            CheckpointError::Inconsistent {
+                field: "n_heads",
+                value: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("256"), "{e}");
+    let ok = checkpoint::parse(&zero_checkpoint(Config { dim: 256, ..wide })).unwrap();
+    ok.validate().unwrap();
+    for (i, field) in ["dim", "hidden_dim", "n_layers", "vocab_size", "seq_len"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut f = [8, 16, 1, 2, 1, 10, 4];
+        let slot = [0, 1, 2, 5, 6][i];
+        f[slot] = 1 << 24;
+        if field == "dim" {
+            f[3] = 1 << 16; // keep the head size legal: only the count is wrong
+        }
+        let e = parse_err(&header(f));
+        assert!(
+            matches!(e, CheckpointError::Inconsistent { field: got, .. } if got == field),
+            "{field}: {e}"
+        );
+    }
+}
+
+/// A tokenizer for another vocabulary is an error saying so: before the fix
+/// one with more tokens than the model's `vocab_size` loaded silently (the
+/// text printed was another vocabulary's) and one with fewer said only
+/// "tokenizer truncated in score of token N".
+#[test]
+fn tokenizer_of_another_vocabulary_is_refused() {
+    use xtc::decode::tokenizer::{self, Tokenizer, TokenizerError};
+    let pieces = ["<unk>", "<s>", "</s>", " a", " b"];
+    let bin = tokenizer::write(&pieces);
+    assert_eq!(Tokenizer::parse(&bin, 5).unwrap().vocab_size(), 5);
+    let more = Tokenizer::parse(&bin, 4).unwrap_err();
+    assert_eq!(
+        more,
+        TokenizerError::VocabMismatch {
+            tokens: Some(5),
+            vocab_size: 4
+        }
+    );
+    assert!(
+        more.to_string().contains("5 tokens") && more.to_string().contains("vocab_size 4"),
+        "{more}"
+    );
+    let fewer = Tokenizer::parse(&bin, 7).unwrap_err();
+    assert_eq!(
+        fewer,
+        TokenizerError::VocabMismatch {
+            tokens: Some(5),
+            vocab_size: 7
+        }
+    );
+    // Bytes after the last token that are no whole token: trailing garbage.
+    let mut junk = bin.clone();
+    junk.extend([1, 2, 3]);
+    assert_eq!(
+        Tokenizer::parse(&junk, 5).unwrap_err(),
+        TokenizerError::VocabMismatch {
+            tokens: None,
+            vocab_size: 5
+        }
+    );
+    // A file cut inside a token is still reported where it was cut.
+    assert_eq!(
+        Tokenizer::parse(&bin[..bin.len() - 1], 5).unwrap_err(),
+        TokenizerError::Truncated {
+            field: "piece",
+            token: 4
+        }
+    );
+}

@@ -321,3 +321,97 @@ fn a_late_trace_out_failure_keeps_the_report() {
     );
     assert!(err.contains("--trace-out /dev/full"), "{err}");
 }
+
+/// A tiny but positive `--time-scale` stretches the arrivals past what a
+/// clock holds: before the fix `Duration::div_f64` panicked ("cannot convert
+/// float seconds to Duration"); now it is an error naming the option, before
+/// the run.
+#[test]
+fn time_scale_too_small_for_the_clock_is_an_error() {
+    for scale in ["1e-300", "1e-12", "5e-324"] {
+        let (code, out, err) =
+            xtc_bin(&["--device", "toy", "--requests", "3", "--time-scale", scale]);
+        assert_eq!(code, 1, "{scale}: {err}");
+        assert!(err.contains(&format!("--time-scale {scale}")), "{err}");
+        assert!(err.contains("larger --time-scale"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!err.contains(BANNER), "{err}");
+        assert!(out.is_empty(), "{out}");
+    }
+    // Small but representable: runs (the first row arrives at 0 whatever the scale).
+    let (code, _, err) = xtc_bin(&[
+        "--device",
+        "toy",
+        "--requests",
+        "1",
+        "--time-scale",
+        "1e-300",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// Bad input loses nothing: before the fix `--trace-out` truncated an
+/// existing file before the rest of the input was checked, so a run that
+/// then failed (here: no such device) left the previous trace empty, and
+/// `--trace-out` naming the `--model` file destroyed the checkpoint before
+/// it was read.
+#[test]
+fn a_failed_run_leaves_an_existing_trace_out_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.json");
+    std::fs::write(&old, "previous trace").unwrap();
+    let o = old.to_str().unwrap();
+    let (code, _, err) = xtc_bin(&["--device", "no-such-gpu-name", "--trace-out", o]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "previous trace");
+    let m = dir.path().join("m.bin");
+    let mut b = Vec::new();
+    checkpoint::write(&Weights::synthetic(Config::tiny(), 1), true, &mut b).unwrap();
+    std::fs::write(&m, &b).unwrap();
+    let ms = m.to_str().unwrap();
+    let (code, _, err) = xtc_bin(&[&FAST[..], &["--model", ms, "--trace-out", ms]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--trace-out") && err.contains("--model"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&m).unwrap(),
+        b,
+        "the checkpoint was overwritten"
+    );
+}
+
+/// `--kv-blocks` beyond the 32-bit block ids is refused up front naming the
+/// option: before the fix the toy model first allocated one slot per
+/// position (16 GiB for 2^32 blocks of 1 position, which passed the host
+/// memory check) and only then failed with "invalid KV cache shape". The
+/// child runs under a 4 GiB address-space limit so the old behaviour fails
+/// (allocation abort) instead of exhausting this machine.
+#[test]
+fn kv_blocks_beyond_block_ids_are_refused_up_front() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"));
+    cmd.args(["decode", "--device", "toy", "--requests", "2"])
+        .args(["--kv-blocks", "4294967296", "--block-size", "1"]);
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit(2), which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = rustix::process::Rlimit {
+                current: Some(4 << 30),
+                maximum: Some(4 << 30),
+            };
+            rustix::process::setrlimit(rustix::process::Resource::As, lim)?;
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("4294967295 blocks") && err.contains("from --kv-blocks"),
+        "{err}"
+    );
+    assert!(!err.contains(BANNER), "{err}");
+}

@@ -177,3 +177,55 @@ fn any_out_of_order_row_is_an_error_naming_its_line() {
     let (line, _) = row_error(&format!("{HEADER}3,1,1\n3,1,1\n2.5,1,1\n"));
     assert_eq!(line, 4);
 }
+
+/// Civil timestamps outside the calendar are row errors naming the line:
+/// before the fix a year such as 99999999999999999 overflowed the day count
+/// (a panic in debug builds, a silently wrong arrival in release) and
+/// 2023-02-30 was read as 2023-03-02.
+#[test]
+fn impossible_dates_are_errors_naming_their_line() {
+    let ok = "2023-11-16 18:15:46,5,5\n";
+    for bad in [
+        "99999999999999999-01-01 00:00:00",
+        "9223372036854775807-12-31 23:59:59",
+        "10000-01-01 00:00:00",
+        "2023-02-29 00:00:00",
+        "2023-02-30 00:00:00",
+        "2023-04-31 00:00:00",
+        "2024-02-30 00:00:00",
+    ] {
+        let (line, msg) = row_error(&format!("{HEADER}{ok}{bad},5,5\n"));
+        assert_eq!(line, 3, "{bad}");
+        assert!(
+            msg.contains("TIMESTAMP") && msg.contains(bad),
+            "{bad}: {msg}"
+        );
+    }
+    // The calendar's real edges still parse.
+    for good in [
+        "2024-02-29 00:00:00",
+        "2023-12-31 23:59:60",
+        "9999-12-31 23:59:59",
+    ] {
+        assert!(trace::parse_timestamp(good).is_ok(), "{good}");
+    }
+}
+
+/// A byte that is not UTF-8 is a row error naming its line: before the fix
+/// the whole file failed with "stream did not contain valid UTF-8" and no
+/// line (a Latin-1 byte deep in a long trace could not be found).
+#[test]
+fn a_non_utf8_byte_names_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.csv");
+    let mut b = format!("{HEADER}0,5,5\n1,5,5\n").into_bytes();
+    b.extend(b"2,5\xe9,5\n3,5,5\n");
+    std::fs::write(&p, b).unwrap();
+    match trace::load(&p).unwrap_err() {
+        TraceError::Row { line, msg } => {
+            assert_eq!(line, 4);
+            assert!(msg.contains("UTF-8"), "{msg}");
+        }
+        e => panic!("expected a row error, got {e}"),
+    }
+}

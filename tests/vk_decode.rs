@@ -264,3 +264,49 @@ fn mismatched_weights_are_refused() {
         xtc::Error::Inval
     );
 }
+
+/// Buffer sizes that overflow are `Range`, never wrapped: before the fix a
+/// token budget of 2^62 rows made every `rows * width` activation size wrap
+/// to 0 in release builds, so the model loaded with activation buffers too
+/// small for the rows a plan may hold (`xtc decode --token-budget
+/// 4611686018427387904` ran and reported results: wrong tokens, logits off
+/// by ~11), and a ready vector of 2^62 members did the same to the
+/// per-member buffers.
+#[test]
+fn overflowing_buffer_sizes_are_range_errors() {
+    let w = Weights::synthetic(Config::tiny(), 5);
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    for (max_tokens, max_seqs) in [(1usize << 62, 8usize), (64, 1 << 62), (1 << 62, 1 << 62)] {
+        let o = GpuOptions {
+            max_tokens,
+            max_seqs,
+            ..opts(false)
+        };
+        assert_eq!(
+            GpuModel::new(&dev, &w, o).map(drop),
+            Err(xtc::Error::Range),
+            "max_tokens {max_tokens}, max_seqs {max_seqs}"
+        );
+    }
+    let o = GpuOptions {
+        max_seqs: 1 << 60,
+        ..opts(true)
+    };
+    assert_eq!(
+        GpuModel::new(&dev, &w, o).map(drop),
+        Err(xtc::Error::Range),
+        "the logits readback of 2^60 members"
+    );
+    // The command names the option: the buffers are sized by --token-budget too.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .args(["decode", "--requests", "2", "--time-scale", "1000"])
+        .args(["--token-budget", "4611686018427387904"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--token-budget 4611686018427387904"), "{err}");
+    assert!(!err.contains("requests        2"), "it ran:\n{err}");
+}

@@ -23,6 +23,7 @@
 //! | garbage                        | `None`      | `numa_node: unparsable "..."`          |
 //! | beyond the online nodes        | `None`      | `numa_node: 7 is not an online node (online: 0-1)` |
 //! | symlink loop                   | `None`      | `numa_node: unreadable: ... (os error 40)` |
+//! | a FIFO, device node or directory | `None`    | `numa_node: unreadable: not a regular file` |
 //!
 //! A node that cannot be opened (missing under `/dev`, permission denied, a
 //! plain file in a fixture) keeps its sysfs facts and carries the reason in

@@ -88,14 +88,20 @@ impl NodeKind {
 
 /// Splits a short node name into its kind and number: `renderD128` ->
 /// `(Render, 128)`, `accel0` -> `(Accel, 0)`. Returns `None` for any other
-/// name (`card0`, `renderD`, `accel-1`, `../x`), so a name from outside can
-/// never be used to build a path that leaves the class directory.
+/// name (`card0`, `renderD`, `accel-1`, `../x`, and `renderD0128`: the
+/// kernel writes the number without leading zeros, so the name rebuilt from
+/// the pair is always the name parsed), so a name from outside can never be
+/// used to build a path that leaves the class directory.
 pub fn parse_node_name(name: &str) -> Option<(NodeKind, u32)> {
     for kind in [NodeKind::Render, NodeKind::Accel] {
         let Some(digits) = name.strip_prefix(kind.prefix()) else {
             continue;
         };
-        if digits.is_empty() || digits.len() > 7 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        if digits.is_empty()
+            || digits.len() > 7
+            || !digits.bytes().all(|b| b.is_ascii_digit())
+            || (digits.len() > 1 && digits.starts_with('0'))
+        {
             return None;
         }
         let n: u32 = digits.parse().ok()?;
@@ -185,17 +191,7 @@ impl Rooted {
     /// `ELOOP` for a symlink loop, `InvalidData` for non-UTF-8 bytes, other
     /// I/O errors as they come (e.g. `EISDIR`).
     pub fn read_attr(&self, rel: impl AsRef<Path>) -> io::Result<Option<String>> {
-        let path = self.resolve(rel)?;
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let mut bytes = Vec::new();
-        file.take(MAX_ATTR_BYTES).read_to_end(&mut bytes)?;
-        String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "attribute is not UTF-8"))
+        read_attr_file(&self.resolve(rel)?)
     }
 
     /// The last component of a symlink's target without following it (how
@@ -235,6 +231,39 @@ impl Rooted {
         names.sort();
         Ok(names)
     }
+}
+
+/// Reads one attribute file at `path` (at most [`MAX_ATTR_BYTES`]) as text;
+/// `Ok(None)` when it does not exist. The open is non-blocking and anything
+/// but a regular file is refused (sysfs attributes are regular files), so a
+/// FIFO, a socket or a device node in a fixture tree is an error, never an
+/// open or read that blocks.
+///
+/// # Errors
+/// `InvalidInput` ("not a regular file") for a directory, FIFO or device
+/// node; `InvalidData` for non-UTF-8 bytes; other I/O errors as they come.
+pub fn read_attr_file(path: &Path) -> io::Result<Option<String>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_ATTR_BYTES).read_to_end(&mut bytes)?;
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "attribute is not UTF-8"))
 }
 
 fn components(p: &Path) -> impl DoubleEndedIterator<Item = OsString> + '_ {

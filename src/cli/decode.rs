@@ -65,7 +65,7 @@ pub struct DecodeArgs {
     /// Members in the ready vector at most (1 to 1048576).
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub max_active: usize,
-    /// Blocks in the KV cache (default: enough for max-active requests of the longest scaled length).
+    /// Blocks in the KV cache, at most 4294967295 (default: enough for max-active requests of the longest scaled length).
     #[arg(long, value_name = "N")]
     pub kv_blocks: Option<usize>,
     /// Positions per KV block.
@@ -84,7 +84,8 @@ pub struct DecodeArgs {
     #[arg(long)]
     pub json: bool,
     /// Write a Chrome trace / Perfetto JSON of iterations and requests (with
-    /// `--compare`: of the continuous run only). The file is created before the run.
+    /// `--compare`: of the continuous run only). The file is created before the
+    /// run (an existing one is kept as is until the run succeeds).
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
     /// Fraction of requests whose client cancels after a random number of tokens.
@@ -125,6 +126,12 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
         Some(p) => trace::load(p).map_err(|e| e.to_string())?,
         None => trace::embedded(),
     };
+    let replayed = &trace.requests[..args.requests.min(trace.requests.len())];
+    Scaling {
+        time_scale: args.time_scale,
+        ..Scaling::IDENTITY
+    }
+    .check_arrivals(replayed)?;
     if args.requests > trace.requests.len() {
         eprintln!(
             "xtc decode: warning: --requests {} but the trace has only {} rows: replaying {}",
@@ -151,7 +158,9 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     check_kv_size(args, &config, &opts, &device)?;
     let model = device.model(weights, &opts).map_err(|e| {
         format!(
-            "{e} (ready vector of --max-active {}; {})",
+            "{e} (buffers for --token-budget {} token rows and a ready vector of \
+             --max-active {}; {})",
+            opts.token_budget,
             opts.max_active,
             kv_origin(args, &opts)
         )
@@ -434,18 +443,47 @@ fn compare(
     traced.map_or(Ok(()), |out| write_trace(args, &out))
 }
 
-/// Creates (truncates) the `--trace-out` file before the run, so a bad path is
-/// reported before minutes of work rather than after.
+/// Opens (creating it if missing, never truncating) the `--trace-out` file
+/// before the run, so a bad path is reported before minutes of work rather
+/// than after; an existing file keeps its content until the trace is written
+/// after a successful run. A `--trace-out` that is one of the input files is
+/// refused.
 fn open_trace_out(args: &DecodeArgs) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
     let Some(path) = &args.trace_out else {
         return Ok(());
     };
-    std::fs::File::create(path).map(drop).map_err(|e| {
-        format!(
-            "--trace-out {}: cannot create the file: {e}",
-            path.display()
-        )
-    })
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| {
+            format!(
+                "--trace-out {}: cannot create the file: {e}",
+                path.display()
+            )
+        })?;
+    let Ok(out) = file.metadata() else {
+        return Ok(());
+    };
+    let inputs = [
+        ("--model", &args.model),
+        ("--trace", &args.trace),
+        ("--tokenizer", &args.tokenizer),
+    ];
+    for (opt, input) in inputs {
+        let Some(input) = input else { continue };
+        let same = std::fs::metadata(input)
+            .is_ok_and(|m| m.is_file() && (m.dev(), m.ino()) == (out.dev(), out.ino()));
+        if same {
+            return Err(format!(
+                "--trace-out {} is the {opt} file: it would be overwritten; write the trace elsewhere",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
@@ -521,7 +559,8 @@ fn kv_bytes(config: &Config, o: &JobOpts, toy: bool) -> Option<u128> {
 }
 
 /// Rejects a KV cache that cannot fit: larger than the host's memory on CPU
-/// devices (`cpu`, `toy`, lavapipe), naming the option the size came from.
+/// devices (`cpu`, `toy`, lavapipe), or more blocks than 32-bit block ids
+/// name, naming the option the size came from.
 fn check_kv_size(
     args: &DecodeArgs,
     config: &Config,
@@ -539,6 +578,12 @@ fn check_kv_size(
             "the KV cache needs {} MiB, more than this machine's {} MiB ({})",
             b >> 20,
             max >> 20,
+            kv_origin(args, o)
+        )),
+        // Checked before the model allocates anything for the cache.
+        _ if u32::try_from(o.kv_blocks).is_err() => Err(format!(
+            "the KV cache has more than the {} blocks block ids can name ({})",
+            u32::MAX,
             kv_origin(args, o)
         )),
         _ => Ok(()),

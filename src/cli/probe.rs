@@ -65,7 +65,9 @@ pub struct DeviceReport {
 /// The whole `xtc probe` answer (`--json` prints exactly this).
 #[derive(Debug, Clone, Serialize)]
 pub struct ProbeReport {
-    /// The root probed (`/` or `--sysfs-root`).
+    /// The root probed (`/` or `--sysfs-root`); a path that is not UTF-8 is
+    /// written lossily (U+FFFD), so the JSON is always whole.
+    #[serde(serialize_with = "lossy_path")]
     pub root: PathBuf,
     /// Online NUMA nodes; `null` when the host gives no NUMA information.
     pub online_nodes: Option<Vec<u32>>,
@@ -187,9 +189,11 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> i32 {
         }
     };
     let written = if args.json {
-        serde_json::to_writer_pretty(&mut *out, &rep)
+        // Serialized whole before anything is written: stdout never holds
+        // half a document.
+        serde_json::to_string_pretty(&rep)
             .map_err(std::io::Error::from)
-            .and_then(|()| writeln!(out))
+            .and_then(|json| writeln!(out, "{json}"))
     } else {
         write_table(&rep, out)
     };
@@ -200,6 +204,10 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> i32 {
             1
         }
     }
+}
+
+fn lossy_path<S: serde::Serializer>(p: &std::path::Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
 }
 
 fn write_table(rep: &ProbeReport, out: &mut dyn Write) -> std::io::Result<()> {

@@ -107,6 +107,11 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Every header count is below this (`Config::validate`).
+const MAX_COUNT: usize = 1 << 24;
+/// Largest `dim / n_heads` the attention kernel takes (`Config::validate`).
+const MAX_HEAD_SIZE: usize = 256;
+
 /// Header field names, in file order.
 const HEADER: [&str; 7] = [
     "dim",
@@ -232,6 +237,22 @@ fn bad(field: &'static str, value: i32, why: &'static str) -> CheckpointError {
 /// [`CheckpointError::Inconsistent`] naming the field that breaks a relation.
 pub fn check_config(c: &Config) -> Result<(), CheckpointError> {
     let v = |x: usize| x as i32;
+    // The limits of `Config::validate` (what the kernels and the CPU
+    // reference accept), each named: a file that loads is one that runs.
+    let counts = [
+        c.dim,
+        c.hidden_dim,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.vocab_size,
+        c.seq_len,
+    ];
+    for (name, n) in HEADER.iter().zip(counts) {
+        if n >= MAX_COUNT {
+            return Err(bad(name, v(n), "must be below 2^24 (16777216)"));
+        }
+    }
     if !c.dim.is_multiple_of(c.n_heads) {
         return Err(bad("n_heads", v(c.n_heads), "does not divide dim"));
     }
@@ -249,6 +270,17 @@ pub fn check_config(c: &Config) -> Result<(), CheckpointError> {
             "dim / n_heads must be even (RoPE pairs)",
         ));
     }
+    if c.head_size() > MAX_HEAD_SIZE {
+        return Err(bad(
+            "n_heads",
+            v(c.n_heads),
+            "dim / n_heads is above the attention kernel's head size of 256",
+        ));
+    }
+    debug_assert!(
+        c.validate().is_ok(),
+        "check_config and Config::validate agree"
+    );
     Ok(())
 }
 

@@ -170,12 +170,26 @@ impl GpuModel {
         };
         let (weights_buf, w) = upload_weights(dev, weights)?;
         let a = ActOffsets::new(&c, opts.max_tokens, opts.max_seqs)?;
-        let kv_layer = opts.kv.n_blocks as u64 * opts.kv.block_size as u64 * c.kv_dim() as u64;
-        let kv_len = 2 * c.n_layers as u64 * kv_layer;
+        // Every size is checked: a wrapped product would size a buffer
+        // smaller than what the kernels write (`Range`, never a wrap).
+        let mul = |a: u64, b: u64| a.checked_mul(b).ok_or(Error::Range);
+        let kv_layer = mul(
+            mul(opts.kv.n_blocks as u64, opts.kv.block_size as u64)?,
+            c.kv_dim() as u64,
+        )?;
+        let kv_len = mul(2 * c.n_layers as u64, kv_layer)?;
         u32_of(kv_len)?;
-        let meta_len =
-            4 * opts.max_tokens + opts.max_seqs * (c.seq_len.div_ceil(opts.kv.block_size) + 1);
-        let act = Buffer::new(dev, a.len * 4, Location::Device, "activations")?;
+        let per_seq = c.seq_len.div_ceil(opts.kv.block_size) as u64 + 1;
+        let meta_len = mul(4, opts.max_tokens as u64)?
+            .checked_add(mul(opts.max_seqs as u64, per_seq)?)
+            .ok_or(Error::Range)?;
+        u32_of(meta_len)?;
+        let tokens_len = mul(opts.max_seqs as u64, 4)?;
+        let logits_len = match opts.keep_logits {
+            true => Some(mul(mul(opts.max_seqs as u64, c.vocab_size as u64)?, 4)?),
+            false => None,
+        };
+        let act = Buffer::new(dev, mul(a.len, 4)?, Location::Device, "activations")?;
         let (kv, kv_image) = match image {
             Some(img) => {
                 let [w, h, l] = img.extent;
@@ -187,16 +201,11 @@ impl GpuModel {
             }
             None => (zeroed(dev, kv_len * 4, "kv cache")?, None),
         };
-        let meta = Buffer::new(dev, meta_len as u64 * 4, Location::Upload, "metadata")?;
-        let tokens = Buffer::new(dev, opts.max_seqs as u64 * 4, Location::Readback, "tokens")?;
-        let logits = match opts.keep_logits {
-            true => Some(Buffer::new(
-                dev,
-                (opts.max_seqs * c.vocab_size * 4) as u64,
-                Location::Readback,
-                "logits",
-            )?),
-            false => None,
+        let meta = Buffer::new(dev, meta_len * 4, Location::Upload, "metadata")?;
+        let tokens = Buffer::new(dev, tokens_len, Location::Readback, "tokens")?;
+        let logits = match logits_len {
+            Some(len) => Some(Buffer::new(dev, len, Location::Readback, "logits")?),
+            None => None,
         };
         let bound = [&weights_buf, &act, &kv, &meta, &tokens];
         if bound
@@ -224,7 +233,7 @@ impl GpuModel {
             w,
             a,
             kv_layer: u32_of(kv_layer)?,
-            scratch: Vec::with_capacity(meta_len),
+            scratch: Vec::with_capacity(meta_len as usize),
             iteration: 0,
         })
     }

@@ -119,24 +119,29 @@ impl ActOffsets {
             c.hidden_dim as u64,
             c.vocab_size as u64,
         );
+        // Checked: a wrapped `rows * width` (a token budget of 2^62 rows)
+        // would alias every activation at offset 0.
+        let mul = |a: u64, b: u64| a.checked_mul(b).ok_or(Error::Range);
         let sizes = [
-            t * d,
-            t * d,
-            t * d,
-            t * kv,
-            t * kv,
-            t * d,
-            t * h,
-            t * h,
-            s * d,
-            s * v,
+            mul(t, d)?,
+            mul(t, d)?,
+            mul(t, d)?,
+            mul(t, kv)?,
+            mul(t, kv)?,
+            mul(t, d)?,
+            mul(t, h)?,
+            mul(t, h)?,
+            mul(s, d)?,
+            mul(s, v)?,
         ];
         let mut offs = [0u32; 10];
         let mut at = 0u64;
         for (o, n) in offs.iter_mut().zip(sizes) {
             *o = u32_of(at)?;
-            at += n;
+            at = at.checked_add(n).ok_or(Error::Range)?;
         }
+        // The last offset must be addressable too (u32 element offsets).
+        u32_of(at)?;
         let [x, xb, q, k, v, att, h1, h3, sel, logits] = offs;
         Ok(ActOffsets {
             x,

@@ -32,6 +32,16 @@ pub enum TokenizerError {
         /// Token id being read (0 for the header).
         token: usize,
     },
+    /// The file holds a different number of tokens than the model's
+    /// vocabulary: a tokenizer for another model.
+    #[error("{}", vocab_mismatch(*tokens, *vocab_size))]
+    VocabMismatch {
+        /// Whole tokens in the file; `None` when bytes after the model's
+        /// `vocab_size` tokens are no whole token.
+        tokens: Option<usize>,
+        /// The model's `vocab_size`.
+        vocab_size: usize,
+    },
     /// A piece length is negative or above `max_token_length`.
     #[error("tokenizer token {token}: piece length {len} is outside 0..={max}")]
     BadLength {
@@ -67,25 +77,33 @@ impl Tokenizer {
     ///
     /// # Errors
     /// [`TokenizerError::Truncated`] or [`TokenizerError::BadLength`].
+    /// [`TokenizerError::VocabMismatch`] when the file ends cleanly before
+    /// `vocab_size` tokens or holds bytes after them.
     pub fn parse(bytes: &[u8], vocab_size: usize) -> Result<Self, TokenizerError> {
-        let mut off = 0usize;
-        let mut take = |n: usize, field: &'static str, token: usize| {
-            let s = bytes
-                .get(off..off + n)
-                .ok_or(TokenizerError::Truncated { field, token })?;
-            off += n;
-            Ok::<_, TokenizerError>(s)
-        };
-        let i32_of = |b: &[u8]| i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let max = i32_of(take(4, "max_token_length", 0)?);
-        let mut pieces = Vec::with_capacity(vocab_size);
+        let mut r = Reader { bytes, off: 0 };
+        let max = i32::from_le_bytes(r.take::<4>("max_token_length", 0)?);
+        let mut pieces = Vec::with_capacity(vocab_size.min(bytes.len() / 8));
         for token in 0..vocab_size {
-            take(4, "score", token)?;
-            let len = i32_of(take(4, "len", token)?);
-            if len < 0 || len > max {
-                return Err(TokenizerError::BadLength { token, len, max });
+            if r.at_end() {
+                return Err(TokenizerError::VocabMismatch {
+                    tokens: Some(token),
+                    vocab_size,
+                });
             }
-            pieces.push(take(len as usize, "piece", token)?.to_vec());
+            pieces.push(r.token(token, max)?);
+        }
+        if !r.at_end() {
+            let mut n = vocab_size;
+            let tokens = loop {
+                if r.at_end() {
+                    break Some(n);
+                }
+                match r.token(n, max) {
+                    Ok(_) => n += 1,
+                    Err(_) => break None,
+                }
+            };
+            return Err(TokenizerError::VocabMismatch { tokens, vocab_size });
         }
         Ok(Tokenizer { pieces })
     }
@@ -129,6 +147,65 @@ impl Tokenizer {
     }
 }
 
+fn vocab_mismatch(tokens: Option<usize>, vocab_size: usize) -> String {
+    match tokens {
+        Some(n) => format!(
+            "tokenizer has {n} tokens but the model has vocab_size {vocab_size} \
+             (a tokenizer for another model?)"
+        ),
+        None => format!(
+            "tokenizer has bytes after the model's vocab_size {vocab_size} tokens that are \
+             no whole token (a tokenizer for another model, or a damaged file?)"
+        ),
+    }
+}
+
+/// Byte reader over a `tokenizer.bin` that names what it runs out in.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    off: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn at_end(&self) -> bool {
+        self.off >= self.bytes.len()
+    }
+
+    fn slice(
+        &mut self,
+        n: usize,
+        field: &'static str,
+        token: usize,
+    ) -> Result<&'a [u8], TokenizerError> {
+        let s = self
+            .off
+            .checked_add(n)
+            .and_then(|end| self.bytes.get(self.off..end))
+            .ok_or(TokenizerError::Truncated { field, token })?;
+        self.off += n;
+        Ok(s)
+    }
+
+    fn take<const N: usize>(
+        &mut self,
+        field: &'static str,
+        token: usize,
+    ) -> Result<[u8; N], TokenizerError> {
+        let s = self.slice(N, field, token)?;
+        Ok(s.try_into().expect("slice of N bytes"))
+    }
+
+    /// One token record: score, length, piece.
+    fn token(&mut self, token: usize, max: i32) -> Result<Vec<u8>, TokenizerError> {
+        self.take::<4>("score", token)?;
+        let len = i32::from_le_bytes(self.take::<4>("len", token)?);
+        if len < 0 || len > max {
+            return Err(TokenizerError::BadLength { token, len, max });
+        }
+        Ok(self.slice(len as usize, "piece", token)?.to_vec())
+    }
+}
+
 /// Serialises pieces as a llama2.c `tokenizer.bin` (scores 0); for tests and examples.
 pub fn write(pieces: &[&str]) -> Vec<u8> {
     let max = pieces.iter().map(|p| p.len()).max().unwrap_or(0) as i32;
@@ -159,9 +236,16 @@ mod tests {
         let bin = write(&["a", "bb"]);
         assert_eq!(
             Tokenizer::parse(&bin, 3).unwrap_err(),
+            TokenizerError::VocabMismatch {
+                tokens: Some(2),
+                vocab_size: 3
+            }
+        );
+        assert_eq!(
+            Tokenizer::parse(&bin[..bin.len() - 4], 2).unwrap_err(),
             TokenizerError::Truncated {
-                field: "score",
-                token: 2
+                field: "len",
+                token: 1
             }
         );
         let mut bad = bin.clone();

@@ -112,16 +112,59 @@ impl Scaling {
         max_output: usize::MAX,
     };
 
-    /// Applies the scaling to one request.
+    /// Applies the scaling to one request. Never panics: an arrival the
+    /// speed-up cannot map to a `Duration` of at most [`MAX_ARRIVAL`] (a tiny,
+    /// zero, negative or NaN `time_scale`) saturates at [`MAX_ARRIVAL`];
+    /// [`Scaling::check_arrivals`] turns that into an error for the user.
     pub fn apply(&self, r: &TraceRequest) -> TraceRequest {
         let scale = |n: usize, div: usize, max: usize| n.div_ceil(div.max(1)).clamp(1, max.max(1));
         TraceRequest {
-            arrival: r.arrival.div_f64(self.time_scale),
+            arrival: self.arrival(r.arrival).unwrap_or(MAX_ARRIVAL),
             prompt_tokens: scale(r.prompt_tokens, self.prompt_div, self.max_prompt),
             output_tokens: scale(r.output_tokens, self.output_div, self.max_output),
         }
     }
 }
+
+impl Scaling {
+    /// `arrival / time_scale`, or `None` when that is no `Duration` of at
+    /// most [`MAX_ARRIVAL`].
+    fn arrival(&self, arrival: Duration) -> Option<Duration> {
+        if arrival.is_zero() {
+            return Some(Duration::ZERO);
+        }
+        Duration::try_from_secs_f64(arrival.as_secs_f64() / self.time_scale)
+            .ok()
+            .filter(|d| *d <= MAX_ARRIVAL)
+    }
+
+    /// Checks that every arrival of `requests` still fits the clock once
+    /// sped up by `time_scale`.
+    ///
+    /// # Errors
+    /// A message naming `--time-scale` and the arrival that does not fit.
+    pub fn check_arrivals(&self, requests: &[TraceRequest]) -> Result<(), String> {
+        let Some(last) = requests.iter().map(|r| r.arrival).max() else {
+            return Ok(());
+        };
+        match self.arrival(last) {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "--time-scale {:?}: the arrival {:.3} s after the first row would be replayed \
+                 {:.3e} s after the start, past the {} s (about 584 years) a run's clock holds; \
+                 use a larger --time-scale",
+                self.time_scale,
+                last.as_secs_f64(),
+                last.as_secs_f64() / self.time_scale,
+                MAX_ARRIVAL.as_secs()
+            )),
+        }
+    }
+}
+
+/// The latest arrival a trace (and a scaled replay of it) can hold: `u64::MAX`
+/// nanoseconds after the first row, about 584 years.
+pub const MAX_ARRIVAL: Duration = Duration::from_nanos(u64::MAX);
 
 /// The embedded slice of the Azure conversation trace.
 pub fn embedded() -> Trace {
@@ -131,13 +174,22 @@ pub fn embedded() -> Trace {
 /// Reads and parses a trace file.
 ///
 /// # Errors
-/// [`TraceError::Io`] when the file cannot be read, otherwise as [`parse`].
+/// [`TraceError::Io`] when the file cannot be read, [`TraceError::Row`]
+/// naming the line of the first byte that is not UTF-8, otherwise as [`parse`].
 pub fn load(path: &Path) -> Result<Trace, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TraceError::Io {
+    let bytes = std::fs::read(path).map_err(|e| TraceError::Io {
         path: path.display().to_string(),
         msg: e.to_string(),
     })?;
-    parse(&text)
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        let bad = e.valid_up_to();
+        let line = bytes[..bad].iter().filter(|&&b| b == b'\n').count() as u64 + 1;
+        TraceError::Row {
+            line,
+            msg: format!("byte {bad} of the file is not UTF-8 text"),
+        }
+    })?;
+    parse(text)
 }
 
 /// Parses trace CSV text (header + rows; `\n` or `\r\n` line ends).
@@ -257,7 +309,15 @@ pub fn parse_timestamp(s: &str) -> Result<i128, String> {
     let num = |x: &str| x.parse::<i64>().map_err(|_| bad());
     let (y, mo, da) = (num(d[0])?, num(d[1])?, num(d[2])?);
     let (h, mi, se) = (num(t[0])?, num(t[1])?, num(t[2])?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || h > 23 || mi > 59 || se > 60 {
+    // Years 0..=9999 (the `YYYY` of the form) keep the day count far from
+    // overflow; the day must exist in its month (no 2023-02-30 rolling over).
+    if !(0..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
+        || !(1..=days_in_month(y, mo)).contains(&da)
+        || !(0..=23).contains(&h)
+        || !(0..=59).contains(&mi)
+        || !(0..=60).contains(&se)
+    {
         return Err(bad());
     }
     let frac_ns = if frac.is_empty() {
@@ -317,6 +377,16 @@ fn split_zone(time: &str) -> Option<(&str, i64)> {
         return None;
     }
     Some((t, sign * (h * 3600 + m * 60)))
+}
+
+/// Days in month `m` (1..=12) of year `y` (proleptic Gregorian).
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
@@ -386,5 +456,30 @@ mod tests {
         assert_eq!(o.prompt_tokens, 3); // ceil(100/32)=4, clamped to 3
         assert_eq!(o.output_tokens, 1); // ceil(3/8)
         assert_eq!(Scaling::IDENTITY.apply(&r), r);
+    }
+
+    /// `apply` never panics: an arrival the speed-up cannot map to a
+    /// `Duration` (a tiny, zero, negative or NaN `time_scale`) saturates at
+    /// the latest arrival a trace can hold (`u64::MAX` ns). Before the fix
+    /// `Duration::div_f64` panicked.
+    #[test]
+    fn scaling_saturates_instead_of_panicking() {
+        let r = TraceRequest {
+            arrival: Duration::from_secs(10),
+            prompt_tokens: 1,
+            output_tokens: 1,
+        };
+        for time_scale in [1e-300, 0.0, -1.0, f64::NAN] {
+            let s = Scaling {
+                time_scale,
+                ..Scaling::IDENTITY
+            };
+            assert_eq!(s.apply(&r).arrival, MAX_ARRIVAL, "{time_scale}");
+        }
+        let s = Scaling {
+            time_scale: f64::INFINITY,
+            ..Scaling::IDENTITY
+        };
+        assert_eq!(s.apply(&r).arrival, Duration::ZERO);
     }
 }

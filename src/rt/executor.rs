@@ -50,8 +50,13 @@ impl Topology {
             else {
                 continue;
             };
-            let list =
-                std::fs::read_to_string(entry.path().join("cpulist")).map_err(|_| Error::Inval)?;
+            // Bounded, non-blocking read and bounded parse: a FIFO or a
+            // garbage range (`0-18446744073709551615`) is `Inval`, never a
+            // hang or an unbounded allocation.
+            let list = crate::accel::node::read_attr_file(&entry.path().join("cpulist"))
+                .ok()
+                .flatten()
+                .ok_or(Error::Inval)?;
             nodes.push((id, parse_cpulist(&list)?));
         }
         nodes.sort();
@@ -131,23 +136,13 @@ impl Topology {
 /// Parses a sysfs cpulist (`"0-3,8,10-11"`, possibly empty).
 ///
 /// # Errors
-/// `Inval` when malformed (or a range is reversed).
+/// `Inval` when malformed, a range is reversed, or an id is at or beyond
+/// [`crate::accel::sysfs::MAX_LIST_ID`] (the probe's parser, so a garbage
+/// range cannot make it allocate without bound).
 pub(crate) fn parse_cpulist(s: &str) -> Result<Vec<usize>> {
-    let mut cpus = Vec::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        let num = |t: &str| t.trim().parse::<usize>().map_err(|_| Error::Inval);
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (num(a)?, num(b)?);
-                if a > b {
-                    return Err(Error::Inval);
-                }
-                cpus.extend(a..=b);
-            }
-            None => cpus.push(num(part)?),
-        }
-    }
-    Ok(cpus)
+    crate::accel::sysfs::parse_cpulist(s)
+        .map(|ids| ids.into_iter().map(|c| c as usize).collect())
+        .map_err(|_| Error::Inval)
 }
 
 type SetupFn = Box<dyn FnOnce(&Loop) + Send + 'static>;
@@ -313,5 +308,33 @@ mod tests {
         assert_eq!(parse_cpulist("\n").unwrap(), Vec::<usize>::new());
         assert_eq!(parse_cpulist("3-1").unwrap_err(), Error::Inval);
         assert_eq!(parse_cpulist("a").unwrap_err(), Error::Inval);
+    }
+
+    /// A garbage cpulist in an injected topology root is `Inval`, never an
+    /// unbounded allocation (before the fix `0-18446744073709551615` panicked
+    /// with "capacity overflow" and `0-4000000000` tried to allocate 32 GB),
+    /// and a FIFO where a cpulist belongs is refused, never a blocking open.
+    #[test]
+    fn from_sysfs_refuses_huge_lists_and_non_files() {
+        let t = tempfile::tempdir().unwrap();
+        let node0 = t.path().join("node0");
+        std::fs::create_dir(&node0).unwrap();
+        for huge in ["0-18446744073709551615", "0-4000000000", "70000"] {
+            std::fs::write(node0.join("cpulist"), huge).unwrap();
+            assert_eq!(Topology::from_sysfs(t.path()), Err(Error::Inval), "{huge}");
+        }
+        std::fs::write(node0.join("cpulist"), "0-3\n").unwrap();
+        let topo = Topology::from_sysfs(t.path()).unwrap();
+        assert_eq!(topo.cpus_of(0), Some(&[0, 1, 2, 3][..]));
+        std::fs::remove_file(node0.join("cpulist")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            node0.join("cpulist"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert_eq!(Topology::from_sysfs(t.path()), Err(Error::Inval));
     }
 }
