@@ -2,9 +2,17 @@
 //!
 //! Every kernel uses the [`crate::vk::pipeline`] ABI: binding 0 = weights
 //! (f32), 1 = activations (f32), 2 = KV cache (f32), 3 = per-iteration
-//! metadata (u32), 4 = sampled tokens (u32). Offsets are in elements of their
-//! buffer. Each struct below is the kernel's `var<immediate>` block field for
-//! field (`#[repr(C)]`, all 4-byte fields), so it is uploaded as is.
+//! metadata (u32), 4 = sampled tokens (u32); 5 and 6 = the uniform windows
+//! over weights and activations; 7 = the storage image holding the KV cache
+//! on CPU devices ([`KvImage`]). Offsets are in elements of their buffer.
+//! Each struct below is the kernel's `var<immediate>` block field for field
+//! (`#[repr(C)]`, all 4-byte fields), so it is uploaded as is.
+//!
+//! On [`Variant::Cpu`] an op runs its windowed form when it has one and it
+//! applies ([`Op::windowed`]: operands read through the uniform windows, the
+//! op split into chunks that fit them), else its storage-buffer form; the
+//! choice never changes an op's results for a given vector, and the matmul
+//! forms agree bit for bit.
 //!
 //! Row records in the metadata buffer are `[n_rows][4]` u32:
 //! `(token, sequence index, position, block-table offset)`.
