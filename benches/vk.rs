@@ -8,10 +8,12 @@
 //!   and submitting that iteration's ONE command buffer.
 //! - `per_member/{8,32}`: the same work as `iteration/N`, but one submit (and
 //!   one fence wait) per member: the way this crate does not do it.
-//! - `matmul_cpu/{M}`, `matmul_gpu/{M}`: FLOP/s of the batched matmul in its
-//!   barrier-free (CPU device) and workgroup-tiled (GPU) forms, M token rows
-//!   times a 512x512 weight, 8 dispatches per command buffer (criterion's
-//!   elements/s = FLOP/s).
+//! - `matmul_cpu/{M}`, `matmul_cpu_storage/{M}`, `matmul_gpu/{M}`: FLOP/s of
+//!   the batched matmul in its CPU-device forms with the uniform windows
+//!   (`matmul_win`, chunked) and with storage-buffer loads only (`matmul8`,
+//!   ...), and its workgroup-tiled GPU form, M token rows times a 512x512
+//!   weight, 8 dispatches per command buffer (criterion's elements/s =
+//!   FLOP/s).
 //!
 //! Skips (prints a line) when no Vulkan device is present.
 
@@ -143,9 +145,17 @@ fn matmul(c: &mut Criterion, dev: &Device) {
         .collect();
     let set = BindingSet::new(&kernels, &[&w, &act, &small[0], &small[1], &small[2]]).unwrap();
     let mut pool = CommandPool::new(dev).unwrap();
-    for variant in [Variant::Cpu, Variant::Gpu] {
-        let ops = Ops::new(&kernels, variant).unwrap();
-        let mut g = c.benchmark_group(format!("matmul_{variant:?}").to_lowercase());
+    // `matmul_cpu`: the CPU forms with the uniform windows (matmul_win, the
+    // default); `matmul_cpu_storage`: storage-buffer loads only (matmul8 and
+    // friends); `matmul_gpu`: the workgroup-tiled GPU form.
+    let forms = [
+        ("matmul_cpu", Variant::Cpu, true),
+        ("matmul_cpu_storage", Variant::Cpu, false),
+        ("matmul_gpu", Variant::Gpu, false),
+    ];
+    for (name, variant, windows) in forms {
+        let ops = Ops::new(&kernels, variant).unwrap().with_windows(windows);
+        let mut g = c.benchmark_group(name);
         g.sample_size(10).measurement_time(Duration::from_secs(3));
         for m in [1usize, 32, 128] {
             g.throughput(Throughput::Elements(2 * (m * N * K) as u64 * REPS));
