@@ -7,8 +7,8 @@
 mod dispatch_support;
 
 use dispatch_support::{
-    Driver, THREADS, exit_while_peer_in_barrier as exit_while, exit_while_peer_in_barrier_with,
-    fault_during_drain, retry_aba_schedule as retry_aba_with,
+    Driver, THREADS, assert_split_barrier, exit_while_peer_in_barrier as exit_while,
+    exit_while_peer_in_barrier_with, fault_during_drain, retry_aba_schedule as retry_aba_with,
 };
 use xtc::Error;
 use xtc::dispatch::scenarios::sync_start_stress;
@@ -104,20 +104,7 @@ fn retry_aba_without_generation_tags_splits_the_barrier() {
         assert!(exercised, "not exercised: the retry never happened");
         match r {
             Err(RunError::Hang(h)) => {
-                let pts: Vec<Point> = h
-                    .stuck
-                    .iter()
-                    .filter(|s| s.0 < THREADS)
-                    .map(|s| s.1)
-                    .collect();
-                // The stale thread won attempt A's election after the reset and
-                // waits for staging; its peers wait for its ack of attempt A+1.
-                assert!(pts.contains(&Point::StageDone), "{h:?}");
-                assert_eq!(
-                    pts.iter().filter(|&&p| p == Point::AckBarrier).count(),
-                    2,
-                    "{h:?}"
-                );
+                assert_split_barrier(&h, seed);
             }
             other => panic!("expected a detected split barrier, got {other:?}"),
         }

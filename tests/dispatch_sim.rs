@@ -9,8 +9,8 @@
 mod dispatch_support;
 
 use dispatch_support::{
-    Driver, MS, THREADS, WINDOW, exit_while_peer_in_barrier, exit_while_peer_in_barrier_with,
-    fault_during_drain, open_scope_graph, retry_aba_schedule,
+    Driver, MS, THREADS, WINDOW, assert_split_barrier, exit_while_peer_in_barrier,
+    exit_while_peer_in_barrier_with, fault_during_drain, open_scope_graph, retry_aba_schedule,
 };
 use xtc::Error;
 use xtc::dispatch::scenarios::{decode_waves, sync_start_stress};
@@ -281,20 +281,7 @@ fn retry_aba_without_generation_tags_splits_the_barrier_under_sim() {
         match r {
             Err(RunError::Hang(h)) => {
                 assert_eq!(h.seed, seed);
-                let pts: Vec<Point> = h
-                    .stuck
-                    .iter()
-                    .filter(|s| s.0 < THREADS)
-                    .map(|s| s.1)
-                    .collect();
-                // The stale thread won attempt A's election after the reset and
-                // waits for staging; its peers wait for its ack of attempt A+1.
-                assert!(pts.contains(&Point::StageDone), "seed {seed}: {h:?}");
-                assert_eq!(
-                    pts.iter().filter(|&&p| p == Point::AckBarrier).count(),
-                    2,
-                    "seed {seed}: {h:?}"
-                );
+                assert_split_barrier(&h, seed);
             }
             other => panic!("seed {seed}: expected a detected split barrier, got {other:?}"),
         }

@@ -239,16 +239,7 @@ pub fn check_config(c: &Config) -> Result<(), CheckpointError> {
     let v = |x: usize| x as i32;
     // The limits of `Config::validate` (what the kernels and the CPU
     // reference accept), each named: a file that loads is one that runs.
-    let counts = [
-        c.dim,
-        c.hidden_dim,
-        c.n_layers,
-        c.n_heads,
-        c.n_kv_heads,
-        c.vocab_size,
-        c.seq_len,
-    ];
-    for (name, n) in HEADER.iter().zip(counts) {
+    for (name, n) in HEADER.iter().zip(c.counts()) {
         if n >= MAX_COUNT {
             return Err(bad(name, v(n), "must be below 2^24 (16777216)"));
         }

@@ -117,6 +117,20 @@ impl Config {
         }
     }
 
+    /// The seven counts in llama2.c header order: `dim, hidden_dim,
+    /// n_layers, n_heads, n_kv_heads, vocab_size, seq_len`.
+    pub fn counts(&self) -> [usize; 7] {
+        [
+            self.dim,
+            self.hidden_dim,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.vocab_size,
+            self.seq_len,
+        ]
+    }
+
     /// Checks the shape: every count > 0, `n_heads` divides `dim`,
     /// `n_kv_heads` divides `n_heads`, an even `head_size` of at most 256
     /// (the attention kernel's limit), and element counts that fit `u32`.
@@ -125,16 +139,7 @@ impl Config {
     /// [`crate::Error::Inval`] for any violation.
     pub fn validate(&self) -> crate::Result<()> {
         let c = self;
-        let counts = [
-            c.dim,
-            c.hidden_dim,
-            c.n_layers,
-            c.n_heads,
-            c.n_kv_heads,
-            c.vocab_size,
-            c.seq_len,
-        ];
-        let ok = counts.iter().all(|&n| n > 0 && n < (1 << 24))
+        let ok = c.counts().iter().all(|&n| n > 0 && n < (1 << 24))
             && c.dim.is_multiple_of(c.n_heads)
             && c.n_heads.is_multiple_of(c.n_kv_heads)
             && c.head_size().is_multiple_of(2)

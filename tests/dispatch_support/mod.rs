@@ -210,3 +210,21 @@ pub fn open_scope_graph() -> Graph {
     }
     g
 }
+
+/// The split barrier of the retry-ABA schedule without generation tags: the
+/// stale thread won attempt A's election after the reset and waits for
+/// staging (`StageDone`); its two peers wait for its ack of attempt A+1.
+pub fn assert_split_barrier(h: &xtc::dispatch::step::Hang, seed: u64) {
+    let pts: Vec<Point> = h
+        .stuck
+        .iter()
+        .filter(|s| s.0 < THREADS)
+        .map(|s| s.1)
+        .collect();
+    assert!(pts.contains(&Point::StageDone), "seed {seed}: {h:?}");
+    assert_eq!(
+        pts.iter().filter(|&&p| p == Point::AckBarrier).count(),
+        2,
+        "seed {seed}: {h:?}"
+    );
+}
