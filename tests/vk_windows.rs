@@ -282,3 +282,79 @@ fn windowed_rmsnorm_chunks_rows_and_matches_the_reference() {
         }
     }
 }
+
+/// Operands at the very end of their buffers: the windows cannot start at the
+/// operands (offset + range would pass the buffer end), so they are clamped
+/// back and the kernel reads from inside them; and operands that straddle
+/// several placements. Same bits as the storage form.
+#[test]
+fn windows_clamped_at_the_buffer_end_read_the_right_elements() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(15);
+    // (m, n, k, elements of act before y, gap between y and x)
+    for (m, n, k, y_at, gap) in [
+        (5usize, 40usize, 64usize, 20_000usize, 36usize),
+        (70, 24, 96, 30_000, 4),
+    ] {
+        let y = y_at;
+        let x_off = y + m * n + gap;
+        let act_len = x_off + m * k; // x ends exactly at the buffer's end
+        let w_pad = 20_000; // W ends at the weight buffer's end, after padding
+        let x = rand_vec(&mut rng, m * k);
+        let w = rand_vec(&mut rng, n * k);
+        let op = Matmul::plain(
+            m as u32,
+            n as u32,
+            k as u32,
+            x_off as u32,
+            w_pad as u32,
+            y as u32,
+            false,
+        );
+        let elems = [w_pad + n * k, act_len, 1, 1, 1];
+        let mut outs = Vec::new();
+        let mut chunks = None;
+        for windows in [true, false] {
+            let mut rig = Rig::with_variant(&dev, elems, Variant::Cpu);
+            rig.ops = rig.ops.clone().with_windows(windows);
+            if windows {
+                let win = rig.windows();
+                let c = op.windowed(Variant::Cpu, &win).expect("windowed");
+                // Both buffers exceed a window, so the placements over the
+                // operands at their ends are clamped: they start before the
+                // operand and end at the buffer's end.
+                assert!(win[0].buffer > win[0].range && win[1].buffer > win[1].range);
+                assert!(
+                    c.iter()
+                        .any(|d| d.offsets[1] + win[1].range == win[1].buffer && d.push.x_off > 0),
+                    "({m},{n},{k}): x window not clamped"
+                );
+                assert!(
+                    c.iter()
+                        .any(|d| d.offsets[0] + win[0].range == win[0].buffer && d.push.w_off > 0),
+                    "({m},{n},{k}): W window not clamped"
+                );
+                chunks = Some(c.len());
+            }
+            rig.write(0, w_pad, &w);
+            rig.write(1, x_off, &x);
+            rig.run(|ops, rec| ops.run(rec, &op).unwrap());
+            outs.push(rig.read::<f32>(1, y, m * n));
+        }
+        assert!(chunks.is_some());
+        assert!(
+            outs[0]
+                .iter()
+                .zip(&outs[1])
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        let mut want = vec![0f32; n];
+        for r in 0..m {
+            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            let d = max_abs_diff(&outs[0][r * n..][..n], &want);
+            assert!(d <= TOL * (k as f32).sqrt(), "({m},{n},{k}) row {r}: {d}");
+        }
+    }
+}
