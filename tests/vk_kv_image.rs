@@ -188,3 +188,83 @@ fn shapes_the_image_cannot_hold_are_refused_or_keep_the_buffer() {
     };
     assert_eq!(m.step(&plan).unwrap().len(), 1);
 }
+
+/// A submit that fails after its command buffer began (here: a plan of more
+/// token rows than a dispatch grid may have, so the first dispatch is
+/// refused) submits nothing, so the image's layout transition recorded in it
+/// never ran; the next submit must record it again. It did not: the image was
+/// then used in layout `UNDEFINED` as if it were `GENERAL`, which the
+/// validation layer reports at the submit (it is on in debug builds when
+/// installed, or with `XTC_VK_VALIDATION=1`; lavapipe itself ignores layouts,
+/// so without the layer only the logits are checked).
+#[test]
+fn a_failed_first_submit_leaves_the_image_layout_to_the_next() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let grid_rows = dev.max_compute_work_group_count()[1] as usize;
+    // Head size 4 and narrow rows: a plan of grid_rows + 1 rows stays cheap.
+    let c = Config {
+        dim: 4,
+        hidden_dim: 4,
+        n_layers: 1,
+        n_heads: 1,
+        n_kv_heads: 1,
+        vocab_size: 8,
+        seq_len: 16384,
+    };
+    let rows = grid_rows + 1;
+    let n_seqs = rows.div_ceil(c.seq_len);
+    let geo = KvGeometry {
+        block_size: 16,
+        n_blocks: n_seqs * c.seq_len / 16,
+    };
+    let w = Weights::synthetic(c, 5);
+    let opts = |max_tokens| GpuOptions {
+        kv: geo,
+        max_tokens,
+        max_seqs: n_seqs,
+        keep_logits: true,
+        variant: Some(Variant::Cpu),
+        kv_image: Some(true),
+    };
+    let mut m = GpuModel::new(&dev, &w, opts(rows)).unwrap();
+    let per_seq = c.seq_len / 16;
+    let big = BatchPlan {
+        seqs: (0..n_seqs)
+            .map(|s| {
+                let len = (rows - s * c.seq_len).min(c.seq_len);
+                SeqWork {
+                    tokens: (0..len as u32).map(|t| t % 8).collect(),
+                    start_pos: 0,
+                    block_table: (0..per_seq as u32)
+                        .map(|b| b + (s * per_seq) as u32)
+                        .collect(),
+                    sample: true,
+                }
+            })
+            .collect(),
+    };
+    assert_eq!(big.n_tokens(), rows);
+    assert!(m.submit(&big).is_err(), "a grid of {rows} rows is refused");
+    let small = BatchPlan {
+        seqs: vec![SeqWork {
+            tokens: vec![1, 2, 3, 4, 5],
+            start_pos: 0,
+            block_table: vec![3, 1],
+            sample: true,
+        }],
+    };
+    let got = {
+        let f = m.submit(&small).unwrap();
+        m.finish_with_logits(f).unwrap()
+    };
+    let mut fresh = GpuModel::new(&dev, &w, opts(8)).unwrap();
+    let want = {
+        let f = fresh.submit(&small).unwrap();
+        fresh.finish_with_logits(f).unwrap()
+    };
+    assert_eq!(got.0, want.0);
+    assert_eq!(got.1, want.1);
+    assert_eq!(xtc::vk::validation_errors(), 0, "Vulkan validation errors");
+}

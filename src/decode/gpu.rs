@@ -105,7 +105,8 @@ pub struct GpuModel {
     /// The KV buffer (a 4-byte placeholder at binding 2 when the cache is
     /// `kv_image`).
     kv: Buffer,
-    /// The KV cache as a storage image, and whether its layout was set up.
+    /// The KV cache as a storage image, and whether a submitted command
+    /// buffer moved it to layout `GENERAL` (`Recorder::init_image`).
     kv_image: Option<(StorageImage, bool)>,
     meta: Buffer,
     tokens: Buffer,
@@ -288,12 +289,16 @@ impl GpuModel {
         let sample_list = self.write_meta(plan)?;
         let n_samples = plan.n_samples();
         let mut rec = self.pool.record(&self.kernels, &self.set)?;
-        if let Some((img, ready)) = &mut self.kv_image
-            && !*ready
-        {
-            rec.init_image(img);
-            *ready = true;
-        }
+        // The layout transition counts as done only once a command buffer
+        // holding it was submitted: a recording that fails below is dropped
+        // unsubmitted, and the next one must transition the image again.
+        let init = match &self.kv_image {
+            Some((img, false)) => {
+                rec.init_image(img);
+                true
+            }
+            _ => false,
+        };
         let max_pos = plan
             .seqs
             .iter()
@@ -324,6 +329,9 @@ impl GpuModel {
         rec.host_barrier();
         let cmd = rec.finish()?;
         let sub = self.pool.submit(vec![cmd])?;
+        if init && let Some((_, ready)) = &mut self.kv_image {
+            *ready = true;
+        }
         self.iteration += 1;
         Ok(InFlight {
             sub,

@@ -492,6 +492,12 @@ impl Device {
         self.0.limits.max_storage_buffer_range.into()
     }
 
+    /// `maxComputeWorkGroupCount`: the largest dispatch grid in x, y, z
+    /// ([`super::Recorder::dispatch`] refuses larger ones).
+    pub fn max_compute_work_group_count(&self) -> [u32; 3] {
+        self.0.limits.max_compute_work_group_count
+    }
+
     /// `(maxUniformBufferRange, minUniformBufferOffsetAlignment)` in bytes:
     /// the most a uniform window ([`super::Window`]) may cover, and the
     /// multiple its dynamic offsets must be.
