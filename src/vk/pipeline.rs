@@ -111,6 +111,18 @@ impl Window {
         Some((off, covered))
     }
 }
+/// Accesses that [`Recorder::barrier`] makes earlier writes visible to:
+/// shader and transfer reads and writes, and uniform reads (the windows):
+/// `SHADER_READ` covers storage buffers and images but not uniform buffers,
+/// which only `UNIFORM_READ` names.
+const BARRIER_READS_WRITES: vk::AccessFlags = vk::AccessFlags::from_raw(
+    vk::AccessFlags::UNIFORM_READ.as_raw()
+        | vk::AccessFlags::SHADER_READ.as_raw()
+        | vk::AccessFlags::SHADER_WRITE.as_raw()
+        | vk::AccessFlags::TRANSFER_READ.as_raw()
+        | vk::AccessFlags::TRANSFER_WRITE.as_raw(),
+);
+
 /// Size of the push-constant range of the kernel ABI, in bytes.
 pub const PUSH_BYTES: u32 = 64;
 
@@ -714,11 +726,7 @@ impl Recorder<'_> {
     /// dispatches and copies (between dependent kernels).
     pub fn barrier(&mut self) {
         let stages = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
-        let access = vk::AccessFlags::SHADER_READ
-            | vk::AccessFlags::SHADER_WRITE
-            | vk::AccessFlags::TRANSFER_READ
-            | vk::AccessFlags::TRANSFER_WRITE;
-        self.memory_barrier(stages, stages, access);
+        self.memory_barrier(stages, stages, BARRIER_READS_WRITES);
     }
 
     /// Makes all earlier writes visible to the host once the submission's
@@ -777,5 +785,26 @@ impl Recorder<'_> {
         unsafe { self.pool.dev.raw().end_command_buffer(self.cmd) }
             .map_err(call("vkEndCommandBuffer"))?;
         Ok(Recorded(self.cmd))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kernels read activations written by the previous dispatch through the
+    /// uniform windows; the barrier between them must name uniform reads
+    /// (`SHADER_READ` does not cover uniform buffers).
+    #[test]
+    fn the_barrier_makes_writes_visible_to_uniform_window_reads() {
+        for a in [
+            vk::AccessFlags::UNIFORM_READ,
+            vk::AccessFlags::SHADER_READ,
+            vk::AccessFlags::SHADER_WRITE,
+            vk::AccessFlags::TRANSFER_READ,
+            vk::AccessFlags::TRANSFER_WRITE,
+        ] {
+            assert!(BARRIER_READS_WRITES.contains(a), "{a:?}");
+        }
     }
 }
