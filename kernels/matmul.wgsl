@@ -32,8 +32,11 @@
 //   llvmpipe, or a broadcast when every lane reads the same address, where a
 //   storage load is issued lane by lane). The host splits the product into chunks
 //   whose x rows and W rows each fit a 64 KiB window and dispatches one chunk at a
-//   time with the windows placed over its operands: in this form m is the chunk's
-//   row count, x_off and w_off are offsets inside the windows (multiples of 4),
+//   time with the windows placed over its operands (only where a window holds at
+//   least 8 rows of each, K <= 2048 for 64 KiB, or all of an operand's: with fewer
+//   the tile idles, the dispatches multiply and the storage forms are faster).
+//   In this form m is the chunk's row count, x_off and w_off are offsets inside
+//   the windows (multiples of 4),
 //   rows m_base .. m_base + m and columns n_base .. n_base + n_count of the whole
 //   product are computed, and n, n1, n2 keep describing the whole product's output
 //   layout. Requires K % 4 == 0. 8 rows x 2 columns per invocation, K read as vec4,

@@ -14,7 +14,7 @@ mod vk_support;
 use vk_support::{Rig, max_abs_diff, rand_vec};
 use xtc::decode::ops::{Matmul, Op, Variant};
 use xtc::decode::reference;
-use xtc::vk::{VkError, WINDOW_BYTES};
+use xtc::vk::{VkError, WINDOW_BYTES, Window};
 
 const TOL: f32 = 1e-4;
 
@@ -357,4 +357,44 @@ fn windows_clamped_at_the_buffer_end_read_the_right_elements() {
             assert!(d <= TOL * (k as f32).sqrt(), "({m},{n},{k}) row {r}: {d}");
         }
     }
+}
+
+/// Rows of K = 4096 and more fill a 64 KiB window with 4 rows or fewer: the
+/// windowed form then split a product into one dispatch per handful of
+/// outputs (K = 16384: one per output) and ran 2-20x slower on lavapipe than
+/// the storage forms it claims to beat, so it must not apply there; it still
+/// applies where a window holds 8 rows (K = 2048) or the whole operand.
+#[test]
+fn long_rows_that_leave_a_window_few_rows_take_the_storage_form() {
+    let big = Window {
+        range: WINDOW_BYTES,
+        align: 16,
+        buffer: 1 << 30,
+    };
+    let win = [big; 2];
+    for (m, n, k) in [
+        (1, 4096, 4096),
+        (16, 1024, 4096),
+        (8, 512, 11008),
+        (64, 256, 16384),
+    ] {
+        let op = Matmul::plain(m, n, k, 0, 0, m * k, false);
+        assert!(
+            op.windowed(Variant::Cpu, &win).is_none(),
+            "({m},{n},{k}) windowed"
+        );
+    }
+    for (m, n, k) in [(1, 768, 2048), (64, 768, 2048), (32, 32000, 288)] {
+        let op = Matmul::plain(m, n, k, 0, 0, m * k, false);
+        assert!(op.windowed(Variant::Cpu, &win).is_some(), "({m},{n},{k})");
+    }
+    // A weight of 3 rows of K = 4096 in a 48 KiB buffer: the window holds
+    // the whole operand, so the form applies.
+    let small = Window {
+        range: 3 * 4096 * 4,
+        align: 16,
+        buffer: 3 * 4096 * 4,
+    };
+    let op = Matmul::plain(1, 3, 4096, 0, 0, 4096, false);
+    assert!(op.windowed(Variant::Cpu, &[small, big]).is_some());
 }

@@ -317,8 +317,9 @@ impl Matmul {
     /// (`[weights, activations]`): each chunk's x rows fit one placement of
     /// the activation window and its W rows one placement of the weight
     /// window. `None` when the windowed form does not apply: `k` or an offset
-    /// not a multiple of 4 (the kernel reads `vec4`s), one row of x or W
-    /// larger than a window, or an operand outside its buffer.
+    /// not a multiple of 4 (the kernel reads `vec4`s), a window that holds
+    /// fewer than [`MIN_WINDOW_ROWS`] rows of x or W (fewer than the operand
+    /// has), or an operand outside its buffer.
     fn window_chunks(&self, win: &[Window; WINDOWS as usize]) -> Option<Vec<Windowed<Matmul>>> {
         if self.m == 0 || self.n == 0 || !self.k.is_multiple_of(4) || self.k == 0 {
             return None;
@@ -327,6 +328,10 @@ impl Matmul {
             return None;
         }
         let k = u64::from(self.k);
+        let holds = |w: &Window, rows: u32| w.range / (k * 4) >= MIN_WINDOW_ROWS.min(rows.into());
+        if !holds(&win[0], self.n) || !holds(&win[1], self.m) {
+            return None;
+        }
         let rows = spans(&win[1], self.x_off, self.m, k)?;
         let cols = spans(&win[0], self.w_off, self.n, k)?;
         let mut out = Vec::with_capacity(rows.len() * cols.len());
@@ -352,6 +357,16 @@ impl Matmul {
         Some(out)
     }
 }
+
+/// Fewest rows of x and of W (or all of them, when the operand has fewer)
+/// that one window must hold for [`Matmul`]'s windowed form to apply: with
+/// fewer, most of `matmul_win`'s 8 x 2 register tile and 128-column
+/// workgroup idles and the product splits into a dispatch per handful of
+/// outputs. On lavapipe (64 KiB windows) that ran far slower than the
+/// storage forms from K = 4096 up (4 rows a window: about 2x slower;
+/// K = 8192 to 16384: 7-20x), and about even at K = 3072; at K <= 2048
+/// (8 rows or more) the windowed form wins.
+pub const MIN_WINDOW_ROWS: u64 = 8;
 
 /// One window placement over consecutive rows of an operand: rows
 /// `first .. first + count`, the window's byte offset, and the first row's
