@@ -606,7 +606,8 @@ impl Recorder<'_> {
         };
         let mut dynamic = [0u32; WINDOWS as usize];
         for (i, (&off, w)) in offsets.iter().zip(&windows).enumerate() {
-            let fits = off.is_multiple_of(w.align) && off + w.range <= w.buffer;
+            let fits = off.is_multiple_of(w.align)
+                && off.checked_add(w.range).is_some_and(|end| end <= w.buffer);
             dynamic[i] = u32::try_from(off)
                 .ok()
                 .filter(|_| fits)
