@@ -183,6 +183,11 @@ impl Buffer {
         let mut pool = CommandPool::new(&self.dev)?;
         let mut rec = pool.record_plain()?;
         rec.copy(&staging, 0, self, offset, bytes.len() as u64)?;
+        // The copy's writes must be visible to the kernels of later
+        // submissions on this queue (a barrier's second scope reaches
+        // commands later in submission order; waiting on the host does not
+        // make device writes visible to later device reads).
+        rec.barrier();
         let done = rec.finish()?;
         let sub = pool.submit(vec![done])?;
         sub.wait(None)?;
