@@ -28,7 +28,10 @@
 //   KV cache held in the storage image (binding 7; see `kv_append_img`: position t of
 //   a sequence is row md[bt + t / block_size], texels (t % block_size) * kv_dim / 4 ..
 //   of layer kc_off (K) or vc_off (V)), which llvmpipe fetches with vector address
-//   arithmetic instead of one bounds-checked load per lane. head_size % 4 == 0 and
+//   arithmetic instead of one bounds-checked load per lane; the loops over the head's
+//   texels have a constant trip count (16, left early at head_size / 4) so the
+//   compiler can unroll them and keep q and the accumulator out of per-lane scratch
+//   memory (10-13% faster at 32-60 cached positions). head_size % 4 == 0 and
 //   <= 64, kv_dim % 4 == 0; the same arithmetic per element as `attention_lane` (the
 //   two forms agree bit for bit). Loop budget: (max_pos + 1) * (head_size / 2 + 1) +
 //   head_size / 2 < 60000. Workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
@@ -184,7 +187,8 @@ fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
     var q: array<vec4<f32>, 16>;
     var acc: array<vec4<f32>, 16>;
     let q_base = p.q_off + r * p.dim + h * hs;
-    for (var i = 0u; i < d4; i++) {
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= d4) { break; }
         let b = q_base + 4u * i;
         q[i] = vec4<f32>(act[b] * scale, act[b + 1u] * scale, act[b + 2u] * scale, act[b + 3u] * scale);
         acc[i] = vec4<f32>(0.0);
@@ -194,7 +198,8 @@ fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var t = 0u; t <= pos; t++) {
         let at = vec2<u32>((t % p.block_size) * kv4 + head4, md[bt + t / p.block_size]);
         var s = 0.0;
-        for (var i = 0u; i < d4; i++) {
+        for (var i = 0u; i < 16u; i++) {
+            if (i >= d4) { break; }
             let kk = textureLoad(kv_img, at + vec2<u32>(i, 0u), p.kc_off);
             let qq = q[i];
             s += qq.x * kk.x;
@@ -206,14 +211,16 @@ fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
         let corr = exp(m - m_new);
         let e = exp(s - m_new);
         l = l * corr + e;
-        for (var i = 0u; i < d4; i++) {
+        for (var i = 0u; i < 16u; i++) {
+            if (i >= d4) { break; }
             let vv = textureLoad(kv_img, at + vec2<u32>(i, 0u), p.vc_off);
             acc[i] = acc[i] * corr + e * vv;
         }
         m = m_new;
     }
     let out_base = p.out_off + r * p.dim + h * hs;
-    for (var i = 0u; i < d4; i++) {
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= d4) { break; }
         let v = acc[i] / l;
         let o = out_base + 4u * i;
         act[o] = v.x;
