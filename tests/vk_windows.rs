@@ -12,40 +12,73 @@
 mod vk_support;
 
 use vk_support::{Rig, max_abs_diff, rand_vec};
-use xtc::decode::ops::{Matmul, Op, Variant};
+use xtc::decode::ops::{Matmul, Op, Variant, Windowed};
 use xtc::decode::reference;
-use xtc::vk::{VkError, WINDOW_BYTES, Window};
+use xtc::vk::{VkError, WINDOW_BYTES, WINDOWS, Window};
 
 const TOL: f32 = 1e-4;
 
-/// Runs `op` with windows on and off on the same inputs; returns both outputs
-/// (`out_len` elements at `out_off` of the activations) and the number of
-/// windowed chunks the op was split into (`None`: not windowed).
+/// What one run of an op in both forms gives back.
+struct Forms {
+    /// Output with the windowed form.
+    on: Vec<f32>,
+    /// Output with the storage-buffer form.
+    off: Vec<f32>,
+    /// The windowed dispatches (`None`: not windowed) and the windows.
+    chunks: Option<Vec<Windowed<Matmul>>>,
+    windows: [Window; WINDOWS as usize],
+}
+
+impl Forms {
+    fn n_chunks(&self) -> Option<usize> {
+        self.chunks.as_ref().map(Vec::len)
+    }
+
+    fn same_bits(&self) -> bool {
+        self.on.len() == self.off.len()
+            && self
+                .on
+                .iter()
+                .zip(&self.off)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
+/// Runs `op` with windows on and off on the same inputs: each `(buffer,
+/// element offset, data)` of `writes` is written first; `out` is `(element
+/// offset, length)` of the activations to read back.
 fn both_forms(
     dev: &xtc::vk::Device,
     elems: [usize; 5],
-    w: &[f32],
-    x: &[f32],
-    x_off: usize,
+    writes: &[(usize, usize, &[f32])],
     op: Matmul,
     out: (usize, usize),
-) -> (Vec<f32>, Vec<f32>, Option<usize>) {
+) -> Forms {
     let mut results = Vec::new();
     let mut chunks = None;
-    for windows in [true, false] {
+    let mut windows = None;
+    for on in [true, false] {
         let mut rig = Rig::with_variant(dev, elems, Variant::Cpu);
-        rig.ops = rig.ops.clone().with_windows(windows);
-        if windows {
-            chunks = op.windowed(Variant::Cpu, &rig.windows()).map(|c| c.len());
+        rig.ops = rig.ops.clone().with_windows(on);
+        if on {
+            let win = rig.windows();
+            chunks = op.windowed(Variant::Cpu, &win);
+            windows = Some(win);
         }
-        rig.write(0, 0, w);
-        rig.write(1, x_off, x);
+        for &(buf, at, data) in writes {
+            rig.write(buf, at, data);
+        }
         rig.run(|ops, rec| ops.run(rec, &op).unwrap());
         results.push(rig.read::<f32>(1, out.0, out.1));
     }
     let off = results.pop().unwrap();
     let on = results.pop().unwrap();
-    (on, off, chunks)
+    Forms {
+        on,
+        off,
+        chunks,
+        windows: windows.expect("set on the windowed run"),
+    }
 }
 
 /// Plain products: one chunk, chunks over W rows (columns of y), chunks over
@@ -72,17 +105,20 @@ fn windowed_matmul_is_bit_identical_to_the_storage_form_and_chunks_what_does_not
         let w = rand_vec(&mut rng, n * k);
         let op = Matmul::plain(m as u32, n as u32, k as u32, 0, 0, (m * k) as u32, false);
         let elems = [n * k, m * k + m * n, 1, 1, 1];
-        let (on, off, chunks) = both_forms(&dev, elems, &w, &x, 0, op, (m * k, m * n));
-        let chunks = chunks.unwrap_or_else(|| panic!("({m},{n},{k}) not windowed"));
+        let f = both_forms(&dev, elems, &[(0, 0, &w), (1, 0, &x)], op, (m * k, m * n));
+        let (on, off) = (&f.on, &f.off);
+        let chunks = f
+            .n_chunks()
+            .unwrap_or_else(|| panic!("({m},{n},{k}) not windowed"));
         let need = (m * k).div_ceil(window_f32) * (n * k).div_ceil(window_f32);
         assert!(
             chunks >= least && chunks >= need,
             "({m},{n},{k}): {chunks} chunks"
         );
         assert!(
-            on.iter().zip(&off).all(|(a, b)| a.to_bits() == b.to_bits()),
+            f.same_bits(),
             "({m},{n},{k}) windowed differs from the storage form by {}",
-            max_abs_diff(&on, &off)
+            max_abs_diff(on, off)
         );
         let mut want = vec![0f32; n];
         for r in 0..m {
@@ -113,9 +149,10 @@ fn windowed_split_and_accumulate_match_the_storage_form_across_chunk_boundaries(
     let len = ys[0] + m * 100 - m * k;
     let elems = [n * k, m * k + len, 1, 1, 1];
     let op = Matmul::split(m as u32, k as u32, ns, 0, 0, ys.map(|y| y as u32));
-    let (on, off, chunks) = both_forms(&dev, elems, &w, &x, 0, op, (m * k, len));
+    let f = both_forms(&dev, elems, &[(0, 0, &w), (1, 0, &x)], op, (m * k, len));
+    let (on, chunks) = (&f.on, f.n_chunks());
     assert!(chunks.is_some_and(|c| c >= 2), "{chunks:?}");
-    assert!(on.iter().zip(&off).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(f.same_bits());
     let mut want = vec![0f32; n];
     for r in 0..m {
         reference::matmul(&mut want, &x[r * k..][..k], &w);
@@ -145,27 +182,15 @@ fn windowed_split_and_accumulate_match_the_storage_form_across_chunk_boundaries(
         true,
     );
     let elems = [n * k, y_off + m * n, 1, 1, 1];
-    let mut outs = Vec::new();
-    for windows in [true, false] {
-        let mut rig = Rig::with_variant(&dev, elems, Variant::Cpu);
-        rig.ops = rig.ops.clone().with_windows(windows);
-        rig.write(0, 0, &w);
-        rig.write(1, x_off, &x);
-        rig.write(1, y_off, &vec![0.5f32; m * n]);
-        rig.run(|ops, rec| ops.run(rec, &op).unwrap());
-        outs.push(rig.read::<f32>(1, y_off, m * n));
-    }
-    assert!(
-        outs[0]
-            .iter()
-            .zip(&outs[1])
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-    );
+    let y0 = vec![0.5f32; m * n];
+    let writes: [(usize, usize, &[f32]); 3] = [(0, 0, &w), (1, x_off, &x), (1, y_off, &y0)];
+    let f = both_forms(&dev, elems, &writes, op, (y_off, m * n));
+    assert!(f.same_bits());
     for r in 0..m {
         reference::matmul(&mut want[..n], &x[r * k..][..k], &w);
         let with_y: Vec<f32> = want[..n].iter().map(|v| v + 0.5).collect();
         assert!(
-            max_abs_diff(&outs[0][r * n..][..n], &with_y) <= TOL * 8.0,
+            max_abs_diff(&f.on[r * n..][..n], &with_y) <= TOL * 8.0,
             "row {r}"
         );
     }
@@ -193,7 +218,8 @@ fn unaligned_operands_fall_back_to_the_storage_form() {
             false,
         );
         let elems = [n * k, y + m * n, 1, 1, 1];
-        let (on, off, chunks) = both_forms(&dev, elems, &w, &x, x_off, op, (y, m * n));
+        let f = both_forms(&dev, elems, &[(0, 0, &w), (1, x_off, &x)], op, (y, m * n));
+        let (on, off, chunks) = (&f.on, &f.off, f.n_chunks());
         assert_eq!(
             chunks, None,
             "({m},{n},{k}) at {x_off} must not be windowed"
@@ -314,46 +340,33 @@ fn windows_clamped_at_the_buffer_end_read_the_right_elements() {
             false,
         );
         let elems = [w_pad + n * k, act_len, 1, 1, 1];
-        let mut outs = Vec::new();
-        let mut chunks = None;
-        for windows in [true, false] {
-            let mut rig = Rig::with_variant(&dev, elems, Variant::Cpu);
-            rig.ops = rig.ops.clone().with_windows(windows);
-            if windows {
-                let win = rig.windows();
-                let c = op.windowed(Variant::Cpu, &win).expect("windowed");
-                // Both buffers exceed a window, so the placements over the
-                // operands at their ends are clamped: they start before the
-                // operand and end at the buffer's end.
-                assert!(win[0].buffer > win[0].range && win[1].buffer > win[1].range);
-                assert!(
-                    c.iter()
-                        .any(|d| d.offsets[1] + win[1].range == win[1].buffer && d.push.x_off > 0),
-                    "({m},{n},{k}): x window not clamped"
-                );
-                assert!(
-                    c.iter()
-                        .any(|d| d.offsets[0] + win[0].range == win[0].buffer && d.push.w_off > 0),
-                    "({m},{n},{k}): W window not clamped"
-                );
-                chunks = Some(c.len());
-            }
-            rig.write(0, w_pad, &w);
-            rig.write(1, x_off, &x);
-            rig.run(|ops, rec| ops.run(rec, &op).unwrap());
-            outs.push(rig.read::<f32>(1, y, m * n));
-        }
-        assert!(chunks.is_some());
-        assert!(
-            outs[0]
-                .iter()
-                .zip(&outs[1])
-                .all(|(a, b)| a.to_bits() == b.to_bits())
+        let f = both_forms(
+            &dev,
+            elems,
+            &[(0, w_pad, &w), (1, x_off, &x)],
+            op,
+            (y, m * n),
         );
+        let (c, win) = (f.chunks.as_ref().expect("windowed"), f.windows);
+        // Both buffers exceed a window, so the placements over the operands
+        // at their ends are clamped: they start before the operand and end at
+        // the buffer's end.
+        assert!(win[0].buffer > win[0].range && win[1].buffer > win[1].range);
+        assert!(
+            c.iter()
+                .any(|d| d.offsets[1] + win[1].range == win[1].buffer && d.push.x_off > 0),
+            "({m},{n},{k}): x window not clamped"
+        );
+        assert!(
+            c.iter()
+                .any(|d| d.offsets[0] + win[0].range == win[0].buffer && d.push.w_off > 0),
+            "({m},{n},{k}): W window not clamped"
+        );
+        assert!(f.same_bits());
         let mut want = vec![0f32; n];
         for r in 0..m {
             reference::matmul(&mut want, &x[r * k..][..k], &w);
-            let d = max_abs_diff(&outs[0][r * n..][..n], &want);
+            let d = max_abs_diff(&f.on[r * n..][..n], &want);
             assert!(d <= TOL * (k as f32).sqrt(), "({m},{n},{k}) row {r}: {d}");
         }
     }
