@@ -495,6 +495,24 @@ mod avx2 {
 
     use super::{BLOCK, Block, GgmlType, LANES, QMatrix, f16_to_f32, reduce8};
 
+    /// Bytes ahead of the block in use that the kernel asks the CPU to
+    /// fetch. The weights stream from memory once per token and the hardware
+    /// prefetcher alone left the kernel waiting on loads: a 35 MB Q4_1
+    /// product ran at 0.6 GB/s without, 3.2-3.7 GB/s with 2048 bytes ahead
+    /// (1024: 2.4-3.2, 4096 and 8192 no better; shared 2-core machine,
+    /// interleaved runs).
+    const PREFETCH_AHEAD: usize = 2048;
+
+    /// Hints the cache to fetch the line at `base + off` (past the end of
+    /// `base` too: a prefetch never faults).
+    #[inline(always)]
+    fn prefetch(base: &[u8], off: usize) {
+        let p = base.as_ptr().wrapping_add(off).cast::<i8>();
+        // SAFETY: a prefetch is a hint that never faults and reads nothing
+        // into the program, whatever the address; SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
+    }
+
     #[inline(always)]
     fn bytes16(b: &[u8]) -> __m128i {
         bytemuck::cast(u128::from_le_bytes(b.try_into().expect("16 bytes")))
@@ -586,6 +604,7 @@ mod avx2 {
                 let mut acc = _mm256_setzero_ps();
                 let mut mins = 0f32;
                 for b in 0..nb {
+                    prefetch(row, b * B::BYTES + PREFETCH_AHEAD);
                     let (q, d, mn) = decode::<B>(&row[b * B::BYTES..(b + 1) * B::BYTES]);
                     let p = lane_dot(&q, &x[b * BLOCK..(b + 1) * BLOCK]);
                     acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), p));
@@ -605,6 +624,7 @@ mod avx2 {
             acc.fill(_mm256_setzero_ps());
             mins.fill(0.0);
             for b in 0..nb {
+                prefetch(row, b * B::BYTES + PREFETCH_AHEAD);
                 let (q, d, mn) = decode::<B>(&row[b * B::BYTES..(b + 1) * B::BYTES]);
                 let dv = _mm256_set1_ps(d);
                 for i in 0..m {
