@@ -2,7 +2,9 @@
 //!
 //! - [`model`]: the llama-style model's shape ([`model::Config`]), its weights
 //!   ([`model::Weights`], llama2.c tensor order) and one iteration's packed work
-//!   ([`model::BatchPlan`]).
+//!   ([`model::BatchPlan`]); and a real model from a GGUF file
+//!   ([`model::llama::Llama`], SmolLM2-135M-Instruct Q4_1 by default) with its
+//!   quantized CPU reference, tokenizer and sampling (`xtc generate`).
 //! - [`mod@reference`]: the CPU f32 forward pass the kernels are checked against.
 //! - [`ops`]: the kernels' push constants and how each is dispatched.
 //! - [`gpu`]: [`gpu::GpuModel`], the model on a Vulkan device: ONE command

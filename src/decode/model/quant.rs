@@ -42,7 +42,7 @@
 //! (test `avx2_and_baseline_kernels_agree_bit_for_bit`). Rows are split over the
 //! rayon pool when the product is large enough to pay for it.
 //!
-//! # The one `unsafe` block
+//! # Safety
 //! Calling the AVX2 kernel (`avx2::rows`, 256-bit intrinsics doing the
 //! portable code's operations lane for lane) is unsafe: it executes AVX2
 //! instructions. It is called only with [`Isa::Avx2`], which
