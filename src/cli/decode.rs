@@ -711,6 +711,11 @@ impl TraceOut {
                 }));
             }
         }
+        if existing.is_some() {
+            // A rename would replace a read-only file: refuse it, as writing would.
+            rustix::fs::access(path, rustix::fs::Access::WRITE_OK)
+                .map_err(|e| fail("cannot write it", &std::io::Error::from(e)))?;
+        }
         // Rename over the file a symlink points to, not over the link.
         let target = match &existing {
             Some(_) => std::fs::canonicalize(path).map_err(|e| fail("cannot resolve it", &e))?,
