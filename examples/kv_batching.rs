@@ -16,9 +16,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use xtc::decode::backend::{DecodeModel, Launch, ToyModel, toy_reference};
-use xtc::decode::kv_cache::BlockAllocator;
-use xtc::decode::seq::{self, Outcome, RequestSpec, Sequence};
+use xtc::decode::model::backend::{DecodeModel, Launch, ToyModel, toy_reference};
+use xtc::decode::serve::kv::BlockAllocator;
+use xtc::decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 
 const VOCAB: usize = 1000;
 const BLOCK_SIZE: usize = 4;

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use xtc::decode::backend::{ToyModel, toy_reference};
-use xtc::decode::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
-use xtc::decode::report::Report;
-use xtc::decode::seq::RequestSpec;
+use xtc::decode::model::backend::{ToyModel, toy_reference};
+use xtc::decode::serve::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
+use xtc::decode::serve::report::Report;
+use xtc::decode::serve::seq::RequestSpec;
 
 const VOCAB: usize = 97;
 
@@ -183,7 +183,7 @@ fn local_driver_agrees_with_the_group_driver() {
     for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
         let o = opts(mode);
         let mut m = ToyModel::new(VOCAB, o.kv_blocks, o.block_size);
-        let out = xtc::decode::local::run(&mut m, &wl, &o, &mut |_| {}).unwrap();
+        let out = xtc::decode::serve::local::run(&mut m, &wl, &o, &mut |_| {}).unwrap();
         assert_matches_reference(&wl, &out);
         let mut a: Vec<_> = out
             .finished

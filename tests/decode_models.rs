@@ -8,11 +8,11 @@ use std::time::Duration;
 
 mod vk_support;
 
-use xtc::decode::backend::{CpuModel, DecodeModel, VulkanModel, reference_greedy};
-use xtc::decode::checkpoint;
-use xtc::decode::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
+use xtc::decode::model::backend::{CpuModel, DecodeModel, VulkanModel, reference_greedy};
+use xtc::decode::model::checkpoint;
 use xtc::decode::model::{Config, KvGeometry, Weights};
-use xtc::decode::seq::RequestSpec;
+use xtc::decode::serve::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
+use xtc::decode::serve::seq::RequestSpec;
 
 const SMALL: Config = Config {
     dim: 32,

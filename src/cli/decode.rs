@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::decode::backend::{CpuModel, ToyModel, VulkanModel};
-use crate::decode::checkpoint;
-use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
-use crate::decode::kv_cache::BlockAllocator;
+use crate::decode::model::backend::{CpuModel, ToyModel, VulkanModel};
+use crate::decode::model::checkpoint;
+use crate::decode::model::tokenizer::{self, Tokenizer};
 use crate::decode::model::{Config, KvGeometry, Weights};
-use crate::decode::report::{Comparison, Report, chrome_trace};
-use crate::decode::tokenizer::{self, Tokenizer};
-use crate::decode::trace::{self, Scaling, Trace};
+use crate::decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
+use crate::decode::serve::kv::BlockAllocator;
+use crate::decode::serve::report::{Comparison, Report, chrome_trace};
+use crate::decode::serve::trace::{self, Scaling, Trace};
 use crate::vk;
 
 /// Default speed-up of the trace's arrival clock.
@@ -943,7 +943,7 @@ pub fn memory_need(
     }
     // The group holds every request's slot and max-active members several
     // times over (ready, blocked, the driver's items): a generous bound.
-    let seq = n(size_of::<crate::decode::seq::Sequence>());
+    let seq = n(size_of::<crate::decode::serve::seq::Sequence>());
     let slots = n(wl.requests.len().max(o.max_active));
     parts.push(("batch group", slots * (2 * seq + 64) + sq * (6 * seq + 64)));
     // Tokens live in the spec, the member and the output's copy; each token
@@ -1095,8 +1095,8 @@ fn samples(t: &Tokenizer, out: &RunOutput) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::job::RunOutput;
-    use crate::decode::trace::TraceRequest;
+    use crate::decode::serve::job::RunOutput;
+    use crate::decode::serve::trace::TraceRequest;
 
     fn report() -> Report {
         let out = RunOutput {

@@ -14,18 +14,5 @@
 //! - [`seq`]: a member's sequence state and the packing of one iteration.
 //! - [`backend`]: the device model seen by the job (one launch per iteration).
 //! - [`job`]: the `xtc decode` run; [`report`]: its figures.
-pub mod backend;
-pub mod checkpoint;
-pub mod gpu;
-pub mod grouped;
-pub mod job;
-pub mod kv_cache;
-pub mod local;
 pub mod model;
-pub mod ops;
-mod record;
-pub mod reference;
-pub mod report;
-pub mod seq;
-pub mod tokenizer;
-pub mod trace;
+pub mod serve;

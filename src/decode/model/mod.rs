@@ -4,10 +4,10 @@
 //! # Two kinds of weights
 //! - **f32, llama2.c order** (this file): [`Config`], [`Weights`] (seeded
 //!   synthetic weights, or a llama2.c checkpoint through
-//!   [`checkpoint`](super::checkpoint)), [`BatchPlan`] and [`KvGeometry`].
+//!   [`checkpoint`]), [`BatchPlan`] and [`KvGeometry`].
 //!   Every matrix is row-major `[out, in]` f32 and a matmul is
 //!   `y[o] = sum_i W[o*in + i] * x[i]`. `xtc decode`, the Vulkan model and
-//!   [`reference`](super::reference) use these.
+//!   [`reference`] use these.
 //! - **A real model in a GGUF file** (the submodules): SmolLM2-135M-Instruct
 //!   in Q4_1 is the one the project ships a fetch script for
 //!   ([`FETCH_SCRIPT`]), found at [`default_model_path`] unless a path is
@@ -36,14 +36,21 @@
 //!   [`llama`]): the same result for any thread count and any batch of
 //!   sequences a row is computed in.
 
+pub mod backend;
 pub mod bpe;
 pub mod chat;
+pub mod checkpoint;
 pub mod config;
 pub mod generate;
 pub mod gguf;
+pub mod gpu;
 pub mod llama;
+pub mod ops;
 pub mod quant;
+mod record;
+pub mod reference;
 pub mod sampling;
+pub mod tokenizer;
 
 use std::path::{Path, PathBuf};
 

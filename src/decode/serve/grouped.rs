@@ -28,13 +28,13 @@ use crate::Error;
 use crate::batch::{
     AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult,
 };
-use crate::decode::backend::Launch;
-use crate::decode::job::{
+use crate::decode::model::backend::Launch;
+use crate::decode::serve::job::{
     Finished, IterRecord, JobError, JobOpts, Mode, Progress, RejectReason, Rejected, RunOutput,
     SharedModel, Status, Workload, rejection,
 };
-use crate::decode::kv_cache::BlockAllocator;
-use crate::decode::seq::{self, Outcome, RequestSpec, Sequence};
+use crate::decode::serve::kv::BlockAllocator;
+use crate::decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 use crate::rt;
 
 /// The iteration in flight (between submit and collect).
@@ -245,7 +245,7 @@ pub fn run(
     opts: &JobOpts,
     progress: Box<dyn FnMut(&Progress)>,
 ) -> Result<RunOutput, JobError> {
-    crate::decode::job::check_opts(opts)?;
+    crate::decode::serve::job::check_opts(opts)?;
     let lp = rt::Loop::new()?;
     let start = Instant::now();
     let rt_start = lp.now();

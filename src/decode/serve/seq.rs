@@ -16,8 +16,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::decode::kv_cache::{BlockAllocator, KvError};
 use crate::decode::model::{BatchPlan, SeqWork};
+use crate::decode::serve::kv::{BlockAllocator, KvError};
 
 /// One request of a workload: what the arrival process submits.
 #[derive(Debug, Clone, PartialEq, Eq)]

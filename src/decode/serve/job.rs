@@ -7,7 +7,7 @@
 //! arrival process submits each request at its trace time with a charge of
 //! the KV blocks it may need; FCFS admission under the KV cache's capacity and
 //! `max_active` forms the ready vector; each iteration packs the ready vector
-//! into ONE plan ([`crate::decode::seq::pack`]) under the token budget, the device runs it,
+//! into ONE plan ([`crate::decode::serve::seq::pack`]) under the token budget, the device runs it,
 //! and members leave DONE at their output length (or cancelled).
 //!
 //! [`Mode`] selects the admission policy compared by `xtc decode --compare`:
@@ -17,10 +17,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::decode::backend::{DecodeModel, ModelError};
-use crate::decode::kv_cache::{BlockAllocator, KvError};
-use crate::decode::seq::{RequestSpec, Sequence, TokenCountMismatch};
-use crate::decode::trace::{Scaling, Trace};
+use crate::decode::model::backend::{DecodeModel, ModelError};
+use crate::decode::serve::kv::{BlockAllocator, KvError};
+use crate::decode::serve::seq::{RequestSpec, Sequence, TokenCountMismatch};
+use crate::decode::serve::trace::{Scaling, Trace};
 
 /// Admission policy of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -343,7 +343,7 @@ pub fn run(
     opts: &JobOpts,
     progress: Box<dyn FnMut(&Progress)>,
 ) -> Result<RunOutput, JobError> {
-    crate::decode::grouped::run(model, wl, opts, progress)
+    crate::decode::serve::grouped::run(model, wl, opts, progress)
 }
 
 #[cfg(test)]

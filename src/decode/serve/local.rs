@@ -10,12 +10,12 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::decode::backend::{DecodeModel, Launch};
-use crate::decode::job::{
+use crate::decode::model::backend::{DecodeModel, Launch};
+use crate::decode::serve::job::{
     Finished, IterRecord, JobError, JobOpts, Mode, Progress, RunOutput, Status, Workload, rejection,
 };
-use crate::decode::kv_cache::BlockAllocator;
-use crate::decode::seq::{self, Outcome, RequestSpec, Sequence};
+use crate::decode::serve::kv::BlockAllocator;
+use crate::decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 
 struct State<'w> {
     opts: JobOpts,
@@ -38,7 +38,7 @@ pub fn run(
     opts: &JobOpts,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<RunOutput, JobError> {
-    crate::decode::job::check_opts(opts)?;
+    crate::decode::serve::job::check_opts(opts)?;
     let start = Instant::now();
     let mut st = State {
         opts: *opts,

@@ -19,9 +19,9 @@
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::decode::gpu::{GpuModel, GpuOptions, InFlight};
+use crate::decode::model::gpu::{GpuModel, GpuOptions, InFlight};
+use crate::decode::model::reference::{self, CpuKvCache};
 use crate::decode::model::{BatchPlan, Config, KvGeometry, Weights};
-use crate::decode::reference::{self, CpuKvCache};
 use crate::vk;
 
 /// How the driver waits for a launched iteration.
