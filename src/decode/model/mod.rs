@@ -10,7 +10,7 @@
 //!   [`Weights`] (seeded synthetic weights, [`Config::tiny`]), [`BatchPlan`] /
 //!   [`SeqWork`] (the plan the serving side hands [`crate::decode::Model`]) and
 //!   [`KvGeometry`] (the shape of a paged KV cache the model holds).
-//! - References: [`reference`] (f32, llama2.c order, over a paged CPU KV
+//! - References: [`mod@reference`] (f32, llama2.c order, over a paged CPU KV
 //!   cache: the oracle of the Vulkan kernels) and [`llama`] (the GGUF model's
 //!   quantized CPU forward pass); [`sampling`] and [`generate`] (one stream).
 //! - The model on a Vulkan device: [`ops`] (the kernels' push constants and
@@ -45,7 +45,7 @@
 //!   [`checkpoint`]), [`BatchPlan`] and [`KvGeometry`].
 //!   Every matrix is row-major `[out, in]` f32 and a matmul is
 //!   `y[o] = sum_i W[o*in + i] * x[i]`. `xtc decode`, the Vulkan model and
-//!   [`reference`] use these.
+//!   [`mod@reference`] use these.
 //! - **A real model in a GGUF file** (the submodules): SmolLM2-135M-Instruct
 //!   in Q4_1 is the one the project ships a fetch script for
 //!   ([`FETCH_SCRIPT`]), found at [`default_model_path`] unless a path is
