@@ -117,14 +117,9 @@ impl Failure {
     }
 }
 
-/// Checks `--device` and `--threads`, finds and loads the model and its
-/// tokenizer; `what` names the command in messages. Returns the model, the
-/// tokenizer, the path and the thread pool to run in.
-pub(crate) fn load(
-    model: Option<&Path>,
-    device: &str,
-    threads: Option<usize>,
-) -> Result<(Llama, Bpe, PathBuf, rayon::ThreadPool), Failure> {
+/// Usage checks shared by the GGUF commands: `--device` is `cpu` or `auto`
+/// (the only path that runs GGUF models so far), `--threads` is not 0.
+pub(crate) fn check_options(device: &str, threads: Option<usize>) -> Result<(), Failure> {
     match device {
         "cpu" | "auto" => {}
         other => {
@@ -137,6 +132,18 @@ pub(crate) fn load(
     if threads == Some(0) {
         return Err(Failure::usage("--threads 0: at least one thread is needed"));
     }
+    Ok(())
+}
+
+/// Checks `--device` and `--threads`, finds and loads the model and its
+/// tokenizer; `what` names the command in messages. Returns the model, the
+/// tokenizer, the path and the thread pool to run in.
+pub(crate) fn load(
+    model: Option<&Path>,
+    device: &str,
+    threads: Option<usize>,
+) -> Result<(Llama, Bpe, PathBuf, rayon::ThreadPool), Failure> {
+    check_options(device, threads)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.unwrap_or(0))
         .build()
@@ -271,7 +278,7 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         writeln!(out, "{v:#}")
             .map_err(|e| Failure::error(format!("cannot write the output: {e}")))?;
     } else {
-        write!(out, "{tail}\n")
+        writeln!(out, "{tail}")
             .and_then(|_| out.flush())
             .map_err(|e| Failure::error(format!("cannot write the output: {e}")))?;
     }

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::generate::{Failure, load};
+use super::generate::{Failure, check_options, load};
 
 /// Default window length in tokens.
 pub const DEFAULT_CTX: usize = 512;
@@ -61,6 +61,13 @@ pub fn run(args: &PerplexityArgs, out: &mut dyn Write) -> i32 {
 }
 
 fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    check_options(&args.device, args.threads)?;
+    if args.ctx < 2 {
+        return Err(Failure::usage(format!(
+            "--ctx {}: a window needs at least 2 tokens",
+            args.ctx
+        )));
+    }
     let bytes = std::fs::read(&args.file)
         .map_err(|e| Failure::error(format!("cannot read {}: {e}", args.file.display())))?;
     let text = String::from_utf8(bytes).map_err(|e| {
@@ -70,12 +77,6 @@ fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> 
             e.utf8_error().valid_up_to()
         ))
     })?;
-    if args.ctx < 2 {
-        return Err(Failure::usage(format!(
-            "--ctx {}: a window needs at least 2 tokens",
-            args.ctx
-        )));
-    }
     let (model, tok, path, pool) = load(args.model.as_deref(), &args.device, args.threads)?;
     let max = model.config().shape.seq_len;
     if args.ctx > max {

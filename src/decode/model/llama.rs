@@ -885,7 +885,7 @@ mod tests {
     fn bad_chunks_are_refused_and_change_nothing() {
         let (_, model) = tiny(GgmlType::Q8_0, true);
         let mut seq = model.new_sequence();
-        let mut run = |tokens: &[u32], seq: &mut Sequence| {
+        let run = |tokens: &[u32], seq: &mut Sequence| {
             model
                 .forward(&mut [Chunk {
                     seq,

@@ -22,9 +22,9 @@
 //! The arithmetic is defined exactly, f32 throughout, so every build and
 //! every thread split gives the same bits (the Vulkan kernels are compared to
 //! it with a tolerance; this is the reference they are measured against):
-//! 1. per block `b` and lane `l in 0..8`: `p[l] = ((q[l]·x[l] + q[8+l]·x[8+l])
-//!    + q[16+l]·x[16+l]) + q[24+l]·x[24+l]`, each product and sum rounded
-//!    (no fused multiply-add: Rust never contracts, with or without FMA);
+//! 1. per block `b` and lane `l in 0..8`, with `c_k = q[8k+l]·x[8k+l]`:
+//!    `p[l] = ((c_0 + c_1) + c_2) + c_3`, each product and sum rounded (no
+//!    fused multiply-add: Rust never contracts, with or without FMA);
 //! 2. `acc[l] += d · p[l]` over the blocks in order (`acc` starts at 0);
 //! 3. blocks with a min (Q4_1): `mins += m · xsum_b` over the blocks in order,
 //!    `xsum_b` the block's sum of `x` in the same lane order and tree as 4;
