@@ -9,6 +9,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
+pub mod ci;
 pub mod decode;
 pub mod probe;
 
@@ -30,6 +31,9 @@ pub enum Command {
     /// KV-cache continuous batching of a replayed production trace (the main
     /// job): a llama-style model on the default Vulkan device.
     Decode(decode::DecodeArgs),
+    /// Device-in-the-loop CI: suites of kernel, fence, batch, dispatch,
+    /// decode and perf cases in child processes, judged against baselines.
+    Ci(ci::CiArgs),
 }
 
 /// Entry point of the `xtc` binary; returns the process exit status.
@@ -45,15 +49,23 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return e.exit_code();
+            // `xtc ci run` gives 2 to "only improvements": its usage errors are 3.
+            let ci = args.get(1).is_some_and(|a| a == "ci");
+            return if ci && e.use_stderr() {
+                crate::ci::status::EXIT_USAGE
+            } else {
+                e.exit_code()
+            };
         }
     };
     match &cli.command {
         Command::Probe(args) => probe::run(args, out),
         Command::Decode(args) => decode::run(args, out),
+        Command::Ci(args) => ci::run(args, out),
     }
 }
