@@ -82,6 +82,7 @@ pub mod rig;
 pub mod runner;
 pub mod status;
 pub mod suites;
+pub mod support;
 
 pub use case::{
     Case, CaseError, CaseFn, CaseResult, Ctx, DeviceId, Measure, Outcome, Record, Suite, case_seed,

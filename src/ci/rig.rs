@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::decode::ops::{Ops, Variant};
 use crate::vk::{
     BINDINGS, BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, StorageImage,
-    VkError, VkResult, WINDOWS, Window,
+    Submission, VkError, VkResult, WINDOWS, Window,
 };
 
 /// The kernel ABI's buffers (0 weights f32, 1 activations f32, 2 KV cache
@@ -140,16 +140,16 @@ impl Rig {
     }
 
     /// Records `f` into one command buffer (after the image's layout
-    /// transition on the first run), ends it with a host barrier, submits it
-    /// and waits for its completion; returns the validation-layer error
-    /// count of the process afterwards (0 when validation is off).
+    /// transition on the first submission), ends it with a host barrier and
+    /// submits it; the returned [`Submission`]'s fd signals completion. The
+    /// next call waits for it (the pool is reset).
     ///
     /// # Errors
     /// What `f` returns, and as [`CommandPool::record`] / `submit`.
-    pub fn run<E: From<VkError>>(
+    pub fn submit<E: From<VkError>>(
         &mut self,
         f: impl FnOnce(&Ops, &mut Recorder<'_>) -> Result<(), E>,
-    ) -> Result<u64, E> {
+    ) -> Result<Submission, E> {
         self.pool.reset()?;
         let mut rec = self.pool.record(&self.kernels, &self.set)?;
         if let Some((img, false)) = &self.image {
@@ -159,10 +159,24 @@ impl Rig {
         rec.host_barrier();
         let cmd = rec.finish()?;
         let sub = self.pool.submit(vec![cmd])?;
-        sub.wait(None)?;
         if let Some((_, inited)) = &mut self.image {
             *inited = true;
         }
+        Ok(sub)
+    }
+
+    /// [`Rig::submit`], then waits for the work; returns the
+    /// validation-layer error count of the process afterwards (0 when
+    /// validation is off).
+    ///
+    /// # Errors
+    /// As [`Rig::submit`] and [`Submission::wait`].
+    pub fn run<E: From<VkError>>(
+        &mut self,
+        f: impl FnOnce(&Ops, &mut Recorder<'_>) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        let sub = self.submit(f)?;
+        sub.wait(None)?;
         Ok(crate::vk::validation_errors())
     }
 }
