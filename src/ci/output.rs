@@ -71,7 +71,10 @@ pub fn write_csv<'a>(path: &Path, cases: impl Iterator<Item = &'a CaseRun>) -> R
 
 /// This run's perf figures and golden tokens, keyed by its device.
 pub fn records(run: &RunResult) -> (DeviceTable<Measure>, DeviceTable<Vec<u32>>) {
-    let key = run.device.as_ref().map(|d| d.key()).unwrap_or_default();
+    let key = run
+        .device
+        .as_ref()
+        .map_or_else(|| super::runner::NO_DEVICE.to_owned(), |d| d.key());
     let mut perf = DeviceTable {
         note: "perf figures of one `xtc ci run` (median after warm-up)".into(),
         ..DeviceTable::default()

@@ -21,6 +21,9 @@ use super::case::{Case, DeviceId, Measure, Record};
 use super::protocol::{EXIT_RESPAWN, Event};
 use super::status::Status;
 
+/// The baseline key of records from a run whose cases opened no device.
+pub const NO_DEVICE: &str = "no device";
+
 /// How a run executes and judges its cases.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -229,7 +232,7 @@ fn resolve(mut r: CaseRun, dev: Option<&DeviceId>, opts: &RunOptions) -> CaseRun
     if r.status != Status::Pass {
         return r;
     }
-    let key = dev.map(DeviceId::key).unwrap_or_default();
+    let key = dev.map_or_else(|| NO_DEVICE.to_owned(), DeviceId::key);
     match &r.record {
         Some(Record::Perf(m)) if !opts.write_baseline => {
             let base = opts

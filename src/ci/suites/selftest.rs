@@ -13,11 +13,14 @@
 //!   it as failing);
 //! - `stop.early` passes, then its child exits 0 without running the rest
 //!   of its group: `stop.missing` is `Missing`;
-//! - `panic.assert` panics (`Fail`, with the panic's message and place).
+//! - `panic.assert` panics (`Fail`, with the panic's message and place);
+//! - `record.perf` reports a fixed figure (100 us) and `record.golden` fixed
+//!   tokens (`[1, 2, 3]`), judged against `--perf-baseline` / `--golden`
+//!   under the key of "no device" ([`crate::ci::runner::NO_DEVICE`]).
 
 use std::time::Duration;
 
-use crate::ci::case::{Case, CaseError, Outcome, Suite};
+use crate::ci::case::{Case, CaseError, Measure, Outcome, Record, Suite};
 
 /// Registers the suite's cases.
 pub fn cases(v: &mut Vec<Case>) {
@@ -66,5 +69,16 @@ pub fn cases(v: &mut Vec<Case>) {
         let answer = 41;
         assert_eq!(answer, 42, "the answer");
         Ok(Outcome::pass())
+    }));
+    v.push(Case::new(s, "xtc.selftest.record.perf", |_| {
+        let m = Measure {
+            value: 100.0,
+            unit: "us".into(),
+            higher_is_better: false,
+        };
+        Ok(Outcome::record(Record::Perf(m), "100 us"))
+    }));
+    v.push(Case::new(s, "xtc.selftest.record.golden", |_| {
+        Ok(Outcome::record(Record::Golden(vec![1, 2, 3]), "3 tokens"))
     }));
 }
