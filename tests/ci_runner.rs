@@ -24,12 +24,21 @@ fn run_env(
 ) -> (i32, HashMap<String, String>, Output) {
     let out_dir = dir.join("out");
     let mut cmd = Command::new(XTC);
-    cmd.args(["ci", "run", "--suite", "selftest", "--include", include, "--timeout", "1"])
-        .arg("--output")
-        .arg(&out_dir)
-        .args(args)
-        .env("XTC_CI_SELFTEST_DIR", dir)
-        .env_remove("CI");
+    cmd.args([
+        "ci",
+        "run",
+        "--suite",
+        "selftest",
+        "--include",
+        include,
+        "--timeout",
+        "1",
+    ])
+    .arg("--output")
+    .arg(&out_dir)
+    .args(args)
+    .env("XTC_CI_SELFTEST_DIR", dir)
+    .env_remove("CI");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -106,7 +115,10 @@ fn failures_panics_and_early_stops_are_regressions() {
         .find(|c| c["name"] == "xtc.selftest.panic.assert")
         .unwrap();
     let msg = panic["message"].as_str().unwrap();
-    assert!(msg.contains("the answer") && msg.contains("selftest.rs"), "{msg}");
+    assert!(
+        msg.contains("the answer") && msg.contains("selftest.rs"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -115,7 +127,10 @@ fn failures_csv_is_the_next_baseline_expected_failures_and_improvements() {
     let (code, s, _) = run(dir.path(), r"\.(fail|pass)\.always", &[]);
     assert_eq!((code, status(&s, "fail.always")), (1, "Fail"));
     let failures = std::fs::read_to_string(dir.path().join("out/failures.csv")).unwrap();
-    assert!(failures.starts_with("xtc.selftest.fail.always,Fail,"), "{failures}");
+    assert!(
+        failures.starts_with("xtc.selftest.fail.always,Fail,"),
+        "{failures}"
+    );
     assert_eq!(failures.lines().count(), 1);
     let junit = std::fs::read_to_string(dir.path().join("out/junit.xml")).unwrap();
     assert!(junit.contains("xtc.selftest.fail.always") && junit.contains("<failure"));
@@ -130,7 +145,10 @@ fn failures_csv_is_the_next_baseline_expected_failures_and_improvements() {
     // A pass the baseline lists as failing: an improvement, exit 2.
     std::fs::write(&base, "xtc.selftest.pass.always,Fail\n").unwrap();
     let (code, s, _) = run(dir.path(), r"\.pass\.always", &["--baseline", b]);
-    assert_eq!((code, status(&s, "pass.always")), (2, "UnexpectedImprovement"));
+    assert_eq!(
+        (code, status(&s, "pass.always")),
+        (2, "UnexpectedImprovement")
+    );
 
     // A baseline that no longer matches (listed Crash, now Fail): a regression.
     std::fs::write(&base, "xtc.selftest.fail.always,Crash\n").unwrap();
@@ -178,7 +196,10 @@ fn perf_and_golden_records_are_judged_against_their_baselines() {
     );
     let args = ["--perf-baseline", p, "--golden", g];
     let (code, s, _) = run(dir.path(), r"\.record\.", &args);
-    assert_eq!((code, status(&s, "record.perf"), status(&s, "record.golden")), (0, "Pass", "Pass"));
+    assert_eq!(
+        (code, status(&s, "record.perf"), status(&s, "record.golden")),
+        (0, "Pass", "Pass")
+    );
 
     let set = |value: f64, tokens: &str| {
         let t = format!(
@@ -197,7 +218,10 @@ fn perf_and_golden_records_are_judged_against_their_baselines() {
     // Against 200 us: faster beyond the tolerance, an improvement.
     set(200.0, "[1, 2, 3]");
     let (code, s, _) = run(dir.path(), r"\.record\.", &args);
-    assert_eq!((code, status(&s, "record.perf")), (2, "UnexpectedImprovement"));
+    assert_eq!(
+        (code, status(&s, "record.perf")),
+        (2, "UnexpectedImprovement")
+    );
     // A wider tolerance takes it; other golden tokens fail.
     let wide = ["--perf-baseline", p, "--golden", g, "--perf-tolerance", "3"];
     set(200.0, "[1, 2, 4]");
@@ -223,7 +247,11 @@ fn without_a_device_cases_skip_but_with_ci_set_they_fail() {
         "--device",
         "no-such-device-anywhere",
     ];
-    let out = Command::new(XTC).args(base).env_remove("CI").output().unwrap();
+    let out = Command::new(XTC)
+        .args(base)
+        .env_remove("CI")
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("0 passed, 0 failed, 1 skipped"), "{text}");
@@ -276,5 +304,11 @@ fn list_names_every_suite_and_hides_the_selftests() {
         .output()
         .unwrap();
     let items: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(items.as_array().unwrap().iter().all(|i| i["suite"] == "selftest"));
+    assert!(
+        items
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["suite"] == "selftest")
+    );
 }

@@ -286,11 +286,11 @@ impl Ctx {
     }
 
     /// The running case's seed.
-    pub fn seed(&self) -> u64 {
+    pub fn case_seed(&self) -> u64 {
         self.case_seed
     }
 
-    /// A PRNG seeded with [`Ctx::seed`].
+    /// A PRNG seeded with [`Ctx::case_seed`].
     pub fn rng(&self) -> fastrand::Rng {
         fastrand::Rng::with_seed(self.case_seed)
     }

@@ -212,7 +212,7 @@ mod tests {
         let g = Guarded {
             name: "activations",
             before: vec![7; 10],
-            writable: vec![3..6],
+            writable: std::iter::once(3..6).collect(),
         };
         let mut after = vec![7; 10];
         after[3..6].copy_from_slice(&[1, 2, 3]);

@@ -53,7 +53,7 @@ pub fn select(all: &[Case], sel: &Selection) -> (Vec<Case>, Vec<Case>) {
         .filter(|c| suites.contains(&c.suite))
         .filter(|c| sel.include.as_ref().is_none_or(|r| r.is_match(&c.name)))
         .enumerate()
-        .filter(|(i, _)| *i >= start && (i - start) % fraction == 0)
+        .filter(|(i, _)| *i >= start && (i - start).is_multiple_of(fraction))
         .map(|(_, c)| c.clone());
     chosen.partition(|c| !sel.skips.as_ref().is_some_and(|s| s.is_match(&c.name)))
 }

@@ -82,6 +82,9 @@ pub struct RunResult {
     pub wall: Duration,
 }
 
+/// A judged group: its name, results and log (when kept).
+type Judged = (String, Vec<CaseRun>, Option<String>);
+
 /// One group's cases, in order.
 #[derive(Debug, Clone)]
 struct Group {
@@ -121,7 +124,7 @@ fn groups(cases: &[Case]) -> (Vec<Group>, Vec<Group>) {
 pub fn run(cases: &[Case], opts: &RunOptions, progress: &ProgressBar) -> RunResult {
     let t0 = Instant::now();
     let (shared, exclusive) = groups(cases);
-    let done: Mutex<Vec<(String, Vec<CaseRun>, Option<String>)>> = Mutex::new(Vec::new());
+    let done: Mutex<Vec<Judged>> = Mutex::new(Vec::new());
     let device: Mutex<Option<DeviceId>> = Mutex::new(None);
     for (list, jobs) in [(shared, opts.jobs.max(1)), (exclusive, 1)] {
         let queue = Mutex::new(VecDeque::from(list));

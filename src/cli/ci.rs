@@ -40,7 +40,7 @@ pub struct CiArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum CiCommand {
     /// Run suites of device-in-the-loop cases and compare with baselines.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the cases (stable dotted names), one a line.
     List(ListArgs),
     /// The child side of the runner's protocol (re-executed by `run`).

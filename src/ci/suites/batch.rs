@@ -366,7 +366,7 @@ fn sync_group(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
         sched_class: None,
     };
     let g = created(Group::create(&lp, o, SyncDevice { dev }, completer(&log)))?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     for id in 0..12 {
         submit(&g, Req::new(id, seed, 1 + (id % 4) as u32))?;
     }
@@ -393,7 +393,7 @@ fn sync_group(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
 
 fn one_buffer(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let s = async_group(ctx, opts(32, None, 0), Await::Device)?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     for id in 0..MAX_ACTIVE {
         submit(&s.group, Req::new(id, seed, 5))?;
     }
@@ -434,7 +434,7 @@ fn one_buffer(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
 fn independent(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let lengths = [1u32, 6, 3, 9, 2, 4, 7, 5, 1, 8, 2, 3];
     let s = async_group(ctx, opts(16, None, 0), Await::Device)?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     for (id, &n) in lengths.iter().enumerate() {
         submit(&s.group, Req::new(id, seed, n))?;
     }
@@ -484,7 +484,7 @@ fn independent(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
 
 fn cancel_in_flight(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let s = async_group(ctx, opts(8, None, 0), Await::Gate)?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     let mut handles = Vec::new();
     for id in 0..4 {
         handles.push(submit(&s.group, Req::new(id, seed, 3))?);
@@ -538,7 +538,7 @@ fn exec_timeout(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
         opts(8, Some(Duration::from_millis(50)), 0),
         Await::Gate,
     )?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     for id in 0..3 {
         submit(&s.group, Req::new(id, seed, 2))?;
     }
@@ -568,7 +568,7 @@ fn exec_timeout(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
 
 fn close_drain(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let s = async_group(ctx, opts(16, None, 0), Await::Device)?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     for id in 0..10 {
         submit(&s.group, Req::new(id, seed, 1 + id as u32 % 3))?;
     }
@@ -593,7 +593,7 @@ fn close_drain(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
 
 fn close_cancel(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let s = async_group(ctx, opts(16, None, 0), Await::Device)?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     for id in 0..6 {
         submit(&s.group, Req::new(id, seed, 1_000))?;
     }
@@ -628,7 +628,7 @@ fn cross_loop(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     const N: usize = 24;
     let s = async_group(ctx, opts(32, None, 64), Await::Device)?;
     let remote = created(s.group.remote())?;
-    let seed = ctx.seed();
+    let seed = ctx.case_seed();
     let producer = std::thread::spawn(move || -> Result<(), String> {
         for id in 0..N {
             let mut req = Req::new(id, seed, 2);

@@ -172,10 +172,9 @@ fn against_reference(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome,
     let mut plan = BatchPlan {
         seqs: vec![seq(m, p, m.prompts[p].to_vec(), 0)],
     };
-    let mut pos = m.prompts[p].len();
     let mut worst = 0f64;
     let mut ties = 0;
-    for step in 0..m.n_tokens {
+    for (step, pos) in (0..m.n_tokens).zip(m.prompts[p].len()..) {
         let want = reference::forward(&w, &mut cache, &plan)?;
         let f = gpu.submit(&plan)?;
         let (toks, logits) = gpu.finish_with_logits(f)?;
@@ -209,7 +208,6 @@ fn against_reference(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome,
         plan = BatchPlan {
             seqs: vec![seq(m, p, vec![tok], pos)],
         };
-        pos += 1;
     }
     Ok(Outcome::pass_with(format!(
         "{} steps, logits NMSE <= {worst:.2e}, {ties} near-ties",

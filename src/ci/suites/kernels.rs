@@ -199,10 +199,10 @@ impl Bench {
         ensure(after == before, || {
             format!("{} Vulkan validation errors", after - before)
         })?;
-        for i in 0..5 {
+        for (i, name) in NAMES.into_iter().enumerate() {
             let all: Vec<u32> = self.rig.read(i, 0, self.words[i].len())?;
             let g = Guarded {
-                name: NAMES[i],
+                name,
                 before: self.words[i].clone(),
                 writable: self.writable[i].clone(),
             };
