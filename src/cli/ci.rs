@@ -379,7 +379,19 @@ fn run_cmd(a: &RunArgs, out: &mut dyn Write) -> Result<i32, String> {
     }
     let counts = Counts::of(result.cases.iter().map(|c| c.status));
     let code = counts.exit_code();
-    let summary = output::summary(&result, a.verbose);
+    let mut summary = output::summary(&result, a.verbose);
+    if let Some(c) = result.cases.iter().find(|c| c.status.is_regression()) {
+        // Before the closing line, which stays last.
+        let hint = format!(
+            "replay: xtc ci run --seed {seed} --include '^{}$'\n",
+            regex::escape(&c.name)
+        );
+        let at = summary
+            .trim_end_matches('\n')
+            .rfind('\n')
+            .map_or(0, |i| i + 1);
+        summary.insert_str(at, &hint);
+    }
     let w = |e: std::io::Error| e.to_string();
     if a.json {
         let report = JsonReport {
