@@ -24,6 +24,10 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; boxing would buy nothing"
+)]
 pub enum Command {
     /// List render and accel nodes: driver, PCI address, NUMA node, and the
     /// executor loop each would be placed on.
@@ -42,7 +46,8 @@ pub fn main() -> i32 {
 }
 
 /// Parses `args` (program name first) and runs the subcommand, writing its
-/// report to `out`. Usage errors print clap's message and give status 2;
+/// report to `out`. Usage errors print clap's message and give status 2 (3
+/// for `xtc ci`, whose 2 means "only improvements");
 /// `--help`/`--version` print and give 0.
 pub fn run<I, T>(args: I, out: &mut dyn Write) -> i32
 where
