@@ -15,6 +15,7 @@
 //! - [`dispatch`]: batched doorbell publication on an emulated NPU.
 //! - [`decode`]: the KV-cache continuous-batching decode workload.
 //! - [`cli`]: the `xtc` command.
+//! - [`ci`]: the device-in-the-loop CI runner (`xtc ci run`).
 //!
 //! Ownership rule: a group owns each submitted request `R` from submit until it
 //! hands it back by value to `complete`; a failed submit hands it back in the
@@ -24,6 +25,7 @@
 
 pub mod accel;
 pub mod batch;
+pub mod ci;
 pub mod cli;
 pub mod decode;
 pub mod dispatch;
