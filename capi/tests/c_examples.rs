@@ -69,7 +69,15 @@ fn compile(name: &str) -> PathBuf {
     // The static library, then what Rust's std needs from the system
     // (`--print native-static-libs`).
     cmd.arg(staticlib())
-        .args(["-ldl", "-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-lc"])
+        .args([
+            "-ldl",
+            "-lgcc_s",
+            "-lutil",
+            "-lrt",
+            "-lpthread",
+            "-lm",
+            "-lc",
+        ])
         .arg("-o")
         .arg(&exe);
     let out = cmd.output().unwrap_or_else(|e| panic!("{cc}: {e}"));
@@ -135,8 +143,7 @@ fn check(name: &str, args: &[&str]) {
     let exe = compile(name);
     let got = run(&exe, args);
     let path = repo().join("examples/c").join(format!("{name}.expected"));
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if got != want {
         panic!(
             "{name}: output differs from {}\n--- expected\n{want}--- got\n{got}---",
@@ -164,4 +171,14 @@ fn submit_mt_from_pthreads_completes_each_handle_once() {
 fn router_over_two_executor_loops() {
     let fixture = repo().join("devices/nvidia-2node");
     check("router", &[fixture.to_str().expect("UTF-8 path")]);
+}
+
+#[test]
+fn errors_reach_their_codes_through_the_c_abi() {
+    check("errors", &[]);
+}
+
+#[test]
+fn exec_kinds_and_negative_statuses() {
+    check("exec_kinds", &[]);
 }
