@@ -155,7 +155,9 @@ mod tests {
 
     #[test]
     fn input_checks_size_then_version_then_tail() {
+        // SAFETY: x is a whole D; every size used below is at most size_of::<D>().
         let read = |x: &D| unsafe { read_in(ptr::from_ref(x)) };
+        // SAFETY: NULL is allowed.
         assert_eq!(unsafe { read_in::<D>(ptr::null()) }, Err(Error::Inval));
         assert_eq!(read(&d(24, 1)), Ok(d(24, 1)));
         assert_eq!(read(&d(15, 1)), Err(Error::Inval), "below VER0");
@@ -169,6 +171,8 @@ mod tests {
             d: d(32, 1),
             extra: [0; 8],
         };
+        // SAFETY: a Big is a D followed by 8 bytes; its sizes stay within it
+        // or are refused before the tail is read (4097).
         let rb = |x: &Big| unsafe { read_in(ptr::from_ref(x).cast::<D>()) };
         assert_eq!(rb(&big), Ok(d(32, 1)), "a zero tail is accepted");
         big.extra[7] = 1;
@@ -186,6 +190,7 @@ mod tests {
             a: 0,
             b: 55,
         };
+        // SAFETY: out is a whole, writable D declaring 16 bytes.
         unsafe { write_out(&mut out, &v) }.unwrap();
         assert_eq!((out.size, out.version, out.a, out.b), (16, 1, 7, 55));
         let mut big = Big {
@@ -196,6 +201,7 @@ mod tests {
             },
             extra: [3; 8],
         };
+        // SAFETY: big.d starts a writable Big of the 32 bytes it declares.
         unsafe { write_out(&mut big.d, &v) }.unwrap();
         assert_eq!((big.d.a, big.d.b, big.extra), (7, 9, [0; 8]));
         let mut bad = D {
@@ -203,6 +209,7 @@ mod tests {
             version: 3,
             ..D::default()
         };
+        // SAFETY: bad is a whole, writable D.
         assert_eq!(unsafe { write_out(&mut bad, &v) }, Err(Error::Version));
         assert_eq!(bad.a, 0, "nothing written on error");
     }

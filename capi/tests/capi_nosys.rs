@@ -14,11 +14,8 @@ use xtc_capi::*;
 fn every_batch_call_is_nosys() {
     let mut lp: *mut xtc_loop_t = null_mut();
     // SAFETY: a valid out pointer.
-    assert_eq!(
-        unsafe { xtc_loop_new(&mut lp) },
-        XTC_OK,
-        "runtime calls stay"
-    );
+    let rc = unsafe { xtc_loop_new(&mut lp) };
+    assert_eq!(rc, XTC_OK, "runtime calls stay");
     let mut g: *mut xtc_batch_t = null_mut();
     let mut h = 0u64;
     let mut st = xtc_batch_stats_t::default();

@@ -51,10 +51,7 @@ fn functions(h: &str) -> Vec<String> {
         }
         let Some(open) = d.find('(') else { continue };
         let head = &d[..open];
-        let name = head
-            .rsplit(|c: char| c == ' ' || c == '*')
-            .next()
-            .unwrap_or("");
+        let name = head.rsplit([' ', '*']).next().unwrap_or("");
         if name.starts_with("xtc_") {
             names.push(name.to_string());
         }
@@ -115,7 +112,7 @@ fn every_header_function_resolves_in_the_shared_library() {
         .iter()
         .map(|s| {
             let head = &s[..s.find('(').unwrap()];
-            head.rsplit(|c: char| c == ' ' || c == '*').next().unwrap()
+            head.rsplit([' ', '*']).next().unwrap()
         })
         .collect();
     for s in &synopsis {
