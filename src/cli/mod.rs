@@ -23,6 +23,10 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; boxing would buy nothing"
+)]
 pub enum Command {
     /// List render and accel nodes: driver, PCI address, NUMA node, and the
     /// executor loop each would be placed on.

@@ -30,8 +30,8 @@ use crate::batch::{
 };
 use crate::decode::backend::Launch;
 use crate::decode::job::{
-    Finished, IterRecord, JobError, JobOpts, Mode, Progress, Rejected, RunOutput, SharedModel,
-    Status, Workload, rejection,
+    Finished, IterRecord, JobError, JobOpts, Mode, Progress, RejectReason, Rejected, RunOutput,
+    SharedModel, Status, Workload, rejection,
 };
 use crate::decode::kv_cache::BlockAllocator;
 use crate::decode::seq::{self, Outcome, RequestSpec, Sequence};
@@ -387,11 +387,8 @@ impl Arrivals {
     /// A request as its member value, or `None` when it can never fit (recorded).
     fn admit(&self, spec: &RequestSpec) -> Option<Sequence> {
         let mut sh = self.sh.borrow_mut();
-        if let Some(reason) = rejection(spec, &sh.kv, self.seq_len) {
-            sh.out.rejected.push(Rejected {
-                id: spec.id,
-                reason,
-            });
+        if let Some(r) = rejection(spec, &sh.kv, self.seq_len) {
+            sh.out.rejected.push(r);
             sh.account(1);
             return None;
         }
@@ -417,7 +414,13 @@ impl Arrivals {
                 sh.outstanding -= 1;
                 let id = e.into_inner().id;
                 let reason = format!("request {id} rejected by the group: submit failed");
-                sh.out.rejected.push(Rejected { id, reason });
+                sh.out.rejected.push(Rejected {
+                    id,
+                    kind: RejectReason::Submit,
+                    need: 0,
+                    limit: 0,
+                    reason,
+                });
                 sh.account(1);
             }
         }

@@ -141,12 +141,43 @@ pub struct Finished {
     pub status: Status,
 }
 
+/// Why a request was refused before admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RejectReason {
+    /// Its charge (prompt + output, in KV blocks) is more than the cache holds.
+    KvBlocks,
+    /// Its positions (prompt + output - 1) are more than the model's `seq_len`.
+    SeqLen,
+    /// The group refused the submit.
+    Submit,
+}
+
+impl RejectReason {
+    /// The name printed in reports and JSON (`kv-blocks`, `seq-len`, `submit`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectReason::KvBlocks => "kv-blocks",
+            RejectReason::SeqLen => "seq-len",
+            RejectReason::Submit => "submit",
+        }
+    }
+}
+
 /// A request refused before admission because it can never fit.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Rejected {
     /// Request id.
     pub id: usize,
-    /// The clear message printed for it.
+    /// The kind of refusal (reports count requests per kind).
+    pub kind: RejectReason,
+    /// What the request needs: KV blocks ([`RejectReason::KvBlocks`]) or
+    /// positions ([`RejectReason::SeqLen`]); 0 for [`RejectReason::Submit`].
+    pub need: u64,
+    /// What there is: the cache's blocks or the model's `seq_len`; 0 for
+    /// [`RejectReason::Submit`].
+    pub limit: u64,
+    /// The clear message for it (`request N rejected: ...`).
     pub reason: String,
 }
 
@@ -221,33 +252,59 @@ pub enum JobError {
     /// The device returned the wrong number of tokens.
     #[error(transparent)]
     Tokens(#[from] TokenCountMismatch),
-    /// The batch engine refused an operation.
-    #[error("batch group: {0}")]
+    /// The batch engine refused an operation. `Nosys` says the binary was
+    /// built without the `sched-policy` feature (B-005).
+    #[error("batch group: {0}{hint}", hint = nosys_hint(*.0))]
     Batch(#[from] crate::Error),
     /// Options that cannot run.
     #[error("invalid options: {0}")]
     Opts(String),
 }
 
-/// The rejection message of a request that can never fit, if it cannot.
-pub fn rejection(spec: &RequestSpec, kv: &BlockAllocator, seq_len: usize) -> Option<String> {
+/// What `Nosys` from the batch engine means for a run: the batch API is
+/// compiled out (B-005), so the fix is a rebuild, not a retry.
+fn nosys_hint(e: crate::Error) -> &'static str {
+    match e {
+        crate::Error::Nosys => {
+            ": this xtc was built without the `sched-policy` feature (the batch API is \
+             compiled out); rebuild it with default features (`cargo build --release`)"
+        }
+        _ => "",
+    }
+}
+
+/// The rejection of a request that can never fit, if it cannot: its charge
+/// exceeds the cache's blocks, or its positions the model's `seq_len`.
+pub fn rejection(spec: &RequestSpec, kv: &BlockAllocator, seq_len: usize) -> Option<Rejected> {
     let charge = kv.charge_for(spec.prompt.len(), spec.output_tokens);
     let positions = spec.prompt.len() + spec.output_tokens - 1;
     if charge > kv.capacity() as u64 {
-        return Some(format!(
-            "request {} rejected: needs {charge} KV blocks ({} prompt + {} output tokens, {} positions per block) but the cache has {} blocks",
-            spec.id,
-            spec.prompt.len(),
-            spec.output_tokens,
-            kv.block_size(),
-            kv.capacity()
-        ));
+        return Some(Rejected {
+            id: spec.id,
+            kind: RejectReason::KvBlocks,
+            need: charge,
+            limit: kv.capacity() as u64,
+            reason: format!(
+                "request {} rejected: needs {charge} KV blocks ({} prompt + {} output tokens, {} positions per block) but the cache has {} blocks",
+                spec.id,
+                spec.prompt.len(),
+                spec.output_tokens,
+                kv.block_size(),
+                kv.capacity()
+            ),
+        });
     }
     if positions > seq_len {
-        return Some(format!(
-            "request {} rejected: needs {positions} positions but the model's seq_len is {seq_len}",
-            spec.id
-        ));
+        return Some(Rejected {
+            id: spec.id,
+            kind: RejectReason::SeqLen,
+            need: positions as u64,
+            limit: seq_len as u64,
+            reason: format!(
+                "request {} rejected: needs {positions} positions but the model's seq_len is {seq_len}",
+                spec.id
+            ),
+        });
     }
     None
 }
@@ -287,4 +344,23 @@ pub fn run(
     progress: Box<dyn FnMut(&Progress)>,
 ) -> Result<RunOutput, JobError> {
     crate::decode::grouped::run(model, wl, opts, progress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 12: a build without `sched-policy` said only "batch group: not
+    /// supported (XTC_E_NOSYS)".
+    #[test]
+    fn nosys_names_the_missing_feature() {
+        let m = JobError::Batch(crate::Error::Nosys).to_string();
+        assert!(m.contains("XTC_E_NOSYS"), "{m}");
+        assert!(
+            m.contains("built without the `sched-policy` feature"),
+            "{m}"
+        );
+        let other = JobError::Batch(crate::Error::Inval).to_string();
+        assert!(!other.contains("sched-policy"), "{other}");
+    }
 }

@@ -73,6 +73,15 @@ impl BlockAllocator {
         })
     }
 
+    /// Host bytes a cache of `n_blocks` blocks holds from [`new`](Self::new)
+    /// on, whatever is allocated: the free list (one `u32` id per block) and
+    /// the allocation flags (one `bool` per block). The KV tensors themselves
+    /// live in the model, not here. `xtc decode` counts this before creating
+    /// the allocator (4,294,967,295 blocks are 20 GiB of bookkeeping).
+    pub fn host_bytes(n_blocks: usize) -> u128 {
+        n_blocks as u128 * (size_of::<u32>() + size_of::<bool>()) as u128
+    }
+
     /// Positions per block.
     pub fn block_size(&self) -> usize {
         self.block_size
@@ -204,6 +213,20 @@ mod tests {
         assert_eq!(a.free(&mut vec![7]), Err(KvError::NotAllocated(7)));
         assert!(BlockAllocator::new(0, 4).is_err());
         assert!(BlockAllocator::new(4, 0).is_err());
+    }
+
+    /// The memory check of `xtc decode` counts what `new` really reserves.
+    #[test]
+    fn host_bytes_is_what_new_reserves() {
+        for n in [1, 7, 1000] {
+            let a = BlockAllocator::new(n, 16).unwrap();
+            let held = a.free.capacity() * size_of::<u32>() + a.allocated.capacity();
+            assert_eq!(BlockAllocator::host_bytes(n), held as u128, "{n} blocks");
+        }
+        assert_eq!(
+            BlockAllocator::host_bytes(u32::MAX as usize),
+            5 * u32::MAX as u128
+        );
     }
 
     #[test]

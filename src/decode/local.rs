@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::decode::backend::{DecodeModel, Launch};
 use crate::decode::job::{
-    Finished, IterRecord, JobError, JobOpts, Mode, Progress, Rejected, RunOutput, Status, Workload,
-    rejection,
+    Finished, IterRecord, JobError, JobOpts, Mode, Progress, RunOutput, Status, Workload, rejection,
 };
 use crate::decode::kv_cache::BlockAllocator;
 use crate::decode::seq::{self, Outcome, RequestSpec, Sequence};
@@ -98,10 +97,7 @@ impl State<'_> {
             }
             self.arrivals.pop_front();
             match rejection(spec, &self.kv, seq_len) {
-                Some(reason) => self.out.rejected.push(Rejected {
-                    id: spec.id,
-                    reason,
-                }),
+                Some(r) => self.out.rejected.push(r),
                 None => {
                     let charge = self.kv.charge_for(spec.prompt.len(), spec.output_tokens);
                     let s = Sequence::new(spec, charge, self.opts.stop_token, at);
