@@ -9,7 +9,9 @@
 //! from, with the same profile and target. So a clean clone needs nothing
 //! but `cargo test`.
 //!
-//! Environment knobs (off by default; results are in the report of issue 17):
+//! Environment knobs (off by default):
+//! - `XTC_BLESS_C=1`: write each program's output to its `.expected` file
+//!   (review the diff before committing it);
 //! - `CC`: the C compiler (default `cc`);
 //! - `XTC_C_SANITIZE=1`: build the C side with `-fsanitize=address,undefined`;
 //! - `XTC_C_VALGRIND=1`: run each program under `valgrind --error-exitcode=99`
@@ -156,6 +158,9 @@ fn check(name: &str, args: &[&str]) {
     let exe = compile(name);
     let got = run(&exe, args);
     let path = repo().join("examples/c").join(format!("{name}.expected"));
+    if on("XTC_BLESS_C") {
+        std::fs::write(&path, &got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
     let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if got != want {
         panic!(

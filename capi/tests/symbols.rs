@@ -147,3 +147,21 @@ fn every_header_function_resolves_in_the_shared_library() {
         path.display()
     );
 }
+
+/// docs/man/xtc_batch.3 documents every function the library exports (a
+/// `.Fn name` line in its SYNOPSIS) and names each in NAME.
+#[test]
+fn the_man_page_documents_every_header_function() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/man/xtc_batch.3");
+    let man = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    for n in functions(&header()) {
+        assert!(
+            man.lines().any(|l| l.starts_with(&format!(".Fn {n} "))),
+            "docs/man/xtc_batch.3 has no `.Fn {n}` synopsis line"
+        );
+        assert!(
+            man.lines().any(|l| l.starts_with(&format!(".Nm {n}"))),
+            "docs/man/xtc_batch.3 does not name {n} in NAME"
+        );
+    }
+}
