@@ -1,5 +1,5 @@
-//! `decode::gpu::GpuModel` on lavapipe against the CPU reference
-//! (`decode::reference`): greedy tokens, teacher-forced logits at every step,
+//! `decode::model::gpu::GpuModel` on lavapipe against the CPU reference
+//! (`decode::model::reference`): greedy tokens, teacher-forced logits at every step,
 //! and members joining/leaving the ready vector without disturbing others.
 //!
 //! Tolerance: logits (magnitude up to ~8 for the synthetic model) agree within
@@ -8,10 +8,10 @@
 
 mod vk_support;
 
-use xtc::decode::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::ops::Variant;
+use xtc::decode::model::reference::{self, CpuKvCache};
 use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
-use xtc::decode::ops::Variant;
-use xtc::decode::reference::{self, CpuKvCache};
 use xtc::vk::Device;
 
 const TOL: f32 = 1e-4;

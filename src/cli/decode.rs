@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::decode::backend::{CpuModel, ToyModel, VulkanModel};
-use crate::decode::checkpoint;
-use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
-use crate::decode::kv_cache::BlockAllocator;
+use crate::decode::model::backend::{CpuModel, ToyModel, VulkanModel};
+use crate::decode::model::checkpoint;
+use crate::decode::model::tokenizer::{self, Tokenizer};
 use crate::decode::model::{Config, KvGeometry, Weights};
-use crate::decode::report::{Comparison, Report, chrome_trace};
-use crate::decode::tokenizer::{self, Tokenizer};
-use crate::decode::trace::{self, Scaling, Trace};
+use crate::decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
+use crate::decode::serve::kv::KvLedger;
+use crate::decode::serve::report::{Comparison, Report, chrome_trace};
+use crate::decode::serve::trace::{self, Scaling, Trace};
 use crate::vk;
 
 /// Default speed-up of the trace's arrival clock.
@@ -573,7 +573,8 @@ fn run_once(
         b.set_position(p.done as u64);
         b.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
     };
-    let out = job::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
+    let out =
+        crate::decode::serve::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
     bar.finish_and_clear();
     out
 }
@@ -900,8 +901,8 @@ pub enum MemoryKind {
 
 /// Host memory of a run of `wl` under `o` on `kind` for a model of `config`
 /// with `weight_elems` `f32` weights; `compare` keeps a second run's records.
-/// The parts: the model's KV cache (by kind), the block allocator's free list
-/// and flags ([`BlockAllocator::host_bytes`]), the Vulkan activations and
+/// The parts: the model's KV cache (by kind), the KV ledger's block free list
+/// and flags ([`KvLedger::host_bytes`]), the Vulkan activations and
 /// metadata (`--token-budget` rows, `--max-active` sequences), the batch
 /// group's member storage (`--max-active`, `--requests`), and the requests'
 /// tokens and per-iteration records (`--requests` and the lengths).
@@ -929,7 +930,7 @@ pub fn memory_need(
     // 4 per row + a block table per sequence.
     let act = f32s(t * (4 * d + 2 * kvd + 2 * h) + sq * (d + v));
     let meta = f32s(4 * t + sq * (n(config.seq_len.div_ceil(o.block_size.max(1))) + 1));
-    let mut parts = vec![("block allocator", BlockAllocator::host_bytes(o.kv_blocks))];
+    let mut parts = vec![("block allocator", KvLedger::host_bytes(o.kv_blocks))];
     match kind {
         MemoryKind::Toy => parts.push(("KV cache", positions.saturating_mul(4))),
         MemoryKind::Cpu => parts.push(("KV cache", kv_f32)),
@@ -943,7 +944,7 @@ pub fn memory_need(
     }
     // The group holds every request's slot and max-active members several
     // times over (ready, blocked, the driver's items): a generous bound.
-    let seq = n(size_of::<crate::decode::seq::Sequence>());
+    let seq = n(size_of::<crate::decode::serve::seq::Sequence>());
     let slots = n(wl.requests.len().max(o.max_active));
     parts.push(("batch group", slots * (2 * seq + 64) + sq * (6 * seq + 64)));
     // Tokens live in the spec, the member and the output's copy; each token
@@ -1095,8 +1096,8 @@ fn samples(t: &Tokenizer, out: &RunOutput) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::job::RunOutput;
-    use crate::decode::trace::TraceRequest;
+    use crate::decode::serve::job::RunOutput;
+    use crate::decode::serve::trace::TraceRequest;
 
     fn report() -> Report {
         let out = RunOutput {

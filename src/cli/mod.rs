@@ -10,6 +10,8 @@ use std::io::Write;
 use clap::{Parser, Subcommand};
 
 pub mod decode;
+pub mod generate;
+pub mod perplexity;
 pub mod probe;
 
 /// `xtc`: bounded continuous batching for accelerator work.
@@ -34,6 +36,12 @@ pub enum Command {
     /// KV-cache continuous batching of a replayed production trace (the main
     /// job): a llama-style model on the default Vulkan device.
     Decode(decode::DecodeArgs),
+    /// One chat turn with the GGUF model (SmolLM2-135M-Instruct) on the CPU
+    /// reference, streamed as tokens come; tokens/s on stderr.
+    Generate(generate::GenerateArgs),
+    /// Mean negative log-likelihood and perplexity of the GGUF model over a
+    /// text file.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Entry point of the `xtc` binary; returns the process exit status.
@@ -59,5 +67,7 @@ where
     match &cli.command {
         Command::Probe(args) => probe::run(args, out),
         Command::Decode(args) => decode::run(args, out),
+        Command::Generate(args) => generate::run(args, out),
+        Command::Perplexity(args) => perplexity::run(args, out),
     }
 }

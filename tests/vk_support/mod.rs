@@ -53,7 +53,7 @@ pub fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) {
 /// memory (0 weights f32, 1 activations f32, 2 KV cache f32, 3 metadata u32,
 /// 4 tokens u32), one binding set and a command pool.
 pub struct Rig {
-    pub ops: xtc::decode::ops::Ops,
+    pub ops: xtc::decode::model::ops::Ops,
     pool: xtc::vk::CommandPool,
     set: xtc::vk::BindingSet,
     pub bufs: Vec<xtc::vk::Buffer>,
@@ -63,18 +63,22 @@ pub struct Rig {
 impl Rig {
     /// Buffers of `elems[i]` 4-byte elements each; the device's kernel variant.
     pub fn new(dev: &Device, elems: [usize; 5]) -> Rig {
-        Rig::with_variant(dev, elems, xtc::decode::ops::Variant::for_device(dev))
+        Rig::with_variant(
+            dev,
+            elems,
+            xtc::decode::model::ops::Variant::for_device(dev),
+        )
     }
 
     /// As [`Rig::new`] with the given kernel variant.
     pub fn with_variant(
         dev: &Device,
         elems: [usize; 5],
-        variant: xtc::decode::ops::Variant,
+        variant: xtc::decode::model::ops::Variant,
     ) -> Rig {
         use xtc::vk::{Buffer, Location};
         let kernels = xtc::vk::Kernels::new(dev).unwrap();
-        let ops = xtc::decode::ops::Ops::new(&kernels, variant).unwrap();
+        let ops = xtc::decode::model::ops::Ops::new(&kernels, variant).unwrap();
         let bufs: Vec<Buffer> = elems
             .iter()
             .map(|&n| Buffer::new(dev, (n.max(1) * 4) as u64, Location::Readback, "rig").unwrap())
@@ -115,7 +119,10 @@ impl Rig {
 
     /// Records `f` into one command buffer, submits it and waits for its fence
     /// fd; asserts the validation layer (on in debug builds) reported nothing.
-    pub fn run(&mut self, f: impl FnOnce(&xtc::decode::ops::Ops, &mut xtc::vk::Recorder<'_>)) {
+    pub fn run(
+        &mut self,
+        f: impl FnOnce(&xtc::decode::model::ops::Ops, &mut xtc::vk::Recorder<'_>),
+    ) {
         self.pool.reset().unwrap();
         let mut rec = self.pool.record(&self.kernels, &self.set).unwrap();
         f(&self.ops, &mut rec);

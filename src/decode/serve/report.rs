@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::decode::job::{RejectReason, Rejected, RunOutput, Status};
+use crate::decode::serve::job::{RejectReason, Rejected, RunOutput, Status};
 
 /// p50 and p99 of a latency, in milliseconds (nearest rank; 0 when empty).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -180,7 +180,7 @@ impl Report {
         let count = |st: fn(&Status) -> bool| fin.iter().filter(|f| st(&f.status)).count();
         let prompt_tokens = fin.iter().map(|f| f.seq.pos.min(f.seq.prompt.len())).sum();
         let generated_tokens: usize = fin.iter().map(|f| f.seq.generated.len()).sum();
-        let since = |a: Option<std::time::Instant>, f: &crate::decode::job::Finished| {
+        let since = |a: Option<std::time::Instant>, f: &crate::decode::serve::job::Finished| {
             a.map(|t| t.saturating_duration_since(f.seq.timing.arrived))
         };
         let queue = fin
