@@ -63,7 +63,11 @@ impl std::ops::DerefMut for Rig {
 impl Rig {
     /// Buffers of `elems[i]` 4-byte elements each; the device's kernel variant.
     pub fn new(dev: &Device, elems: [usize; 5]) -> Rig {
-        Rig::with_variant(dev, elems, xtc::decode::model::ops::Variant::for_device(dev))
+        Rig::with_variant(
+            dev,
+            elems,
+            xtc::decode::model::ops::Variant::for_device(dev),
+        )
     }
 
     /// As [`Rig::new`] with the given kernel variant.
@@ -93,7 +97,10 @@ impl Rig {
 
     /// Records `f` into one command buffer, submits it and waits for it;
     /// asserts the validation layer (on in debug builds) reported nothing.
-    pub fn run(&mut self, f: impl FnOnce(&xtc::decode::model::ops::Ops, &mut xtc::vk::Recorder<'_>)) {
+    pub fn run(
+        &mut self,
+        f: impl FnOnce(&xtc::decode::model::ops::Ops, &mut xtc::vk::Recorder<'_>),
+    ) {
         let errors = self
             .0
             .run(|ops, rec| -> Result<(), xtc::vk::VkError> {

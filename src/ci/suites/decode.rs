@@ -18,8 +18,8 @@
 use crate::ci::case::{Case, CaseError, Ctx, Outcome, Record, Suite, ensure};
 use crate::ci::check;
 use crate::decode::model::gpu::{GpuModel, GpuOptions};
-use crate::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use crate::decode::model::reference::{self, CpuKvCache};
+use crate::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 
 /// Largest NMSE of the device's logits against the reference's.
 pub const LOGITS_NMSE: f64 = 1e-8;

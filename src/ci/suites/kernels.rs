@@ -29,12 +29,12 @@ use std::sync::Arc;
 use crate::ci::case::{Case, CaseError, CaseResult, Ctx, Outcome, Suite, ensure};
 use crate::ci::check::{self, Guarded};
 use crate::ci::rig::Rig;
-use crate::decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
 use crate::decode::model::ops::{
     Argmax, Attention, AttentionImage, Embed, KvAppend, KvAppendImage, KvImage, Matmul, Op, Ops,
     RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
 use crate::decode::model::reference::{self, CpuKvCache, EPS};
+use crate::decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
 use crate::vk::Recorder;
 
 /// Elements of sentinel before (and after) every region a bench writes.

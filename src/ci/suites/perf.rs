@@ -18,8 +18,8 @@ use crate::ci::case::{Case, CaseError, Ctx, Measure, Outcome, Record, Suite};
 use crate::ci::rig::Rig;
 use crate::ci::support::empty_round_trip;
 use crate::decode::model::gpu::{GpuModel, GpuOptions};
-use crate::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use crate::decode::model::ops::{Matmul, Variant};
+use crate::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use crate::vk::CommandPool;
 
 /// Registers the suite's cases.
