@@ -22,9 +22,9 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
-use super::model::{BatchPlan, Config, KvGeometry, Weights};
 use super::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
 use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights};
+use super::{BatchPlan, Config, KvGeometry, Weights};
 use crate::vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage, Submission, VkResult,
 };

@@ -5,17 +5,19 @@
 //! tokens, wall time, tokens/s, iterations, mean ready-vector size, queue time
 //! (arrival to admission), time to first token (arrival to first generated
 //! token) and inter-token latency (gaps between a request's consecutive
-//! tokens) at p50 and p99, and the KV cache's peak use. [`chrome_trace`]
+//! tokens) at p50 and p99, the KV cache's peak use, and the rejected
+//! requests counted per reason ([`summarize_rejections`]). [`chrome_trace`]
 //! writes the run as Chrome trace / Perfetto JSON: one lane of iterations and
 //! one lane per request (queued, then running).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::decode::job::{RunOutput, Status};
+use crate::decode::serve::job::{RejectReason, Rejected, RunOutput, Status};
 
 /// p50 and p99 of a latency, in milliseconds (nearest rank; 0 when empty).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -90,8 +92,85 @@ pub struct Report {
     pub kv_blocks: usize,
     /// Blocks still allocated after the run (0 unless leaked).
     pub kv_leaked_blocks: usize,
-    /// Why requests were rejected.
-    pub rejections: Vec<String>,
+    /// Rejected requests, one entry per reason (in [`RejectReason`] order).
+    pub rejections: Vec<RejectionSummary>,
+}
+
+/// The requests rejected for one reason: a count and one line, instead of
+/// one line per request (a small cache can reject thousands).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RejectionSummary {
+    /// The reason (`kv-blocks`, `seq-len`, `submit`).
+    pub reason: RejectReason,
+    /// Requests rejected for it.
+    pub count: usize,
+    /// The most any of them needs: KV blocks or positions (0 for `submit`).
+    pub max_need: u64,
+    /// What there is: the cache's blocks or the model's `seq_len` (0 for `submit`).
+    pub limit: u64,
+    /// Their request ids, ascending.
+    pub ids: Vec<usize>,
+    /// The summary line (for a single request: its own message).
+    pub message: String,
+}
+
+/// Request ids shown in a summary line before "and N more".
+const SHOWN_IDS: usize = 5;
+
+/// Groups `rejected` by reason, in [`RejectReason`] order.
+pub fn summarize_rejections(rejected: &[Rejected]) -> Vec<RejectionSummary> {
+    let mut by: BTreeMap<RejectReason, Vec<&Rejected>> = BTreeMap::new();
+    for r in rejected {
+        by.entry(r.kind).or_default().push(r);
+    }
+    by.into_iter()
+        .map(|(reason, rs)| {
+            let mut ids: Vec<usize> = rs.iter().map(|r| r.id).collect();
+            ids.sort_unstable();
+            let max_need = rs.iter().map(|r| r.need).max().unwrap_or(0);
+            let limit = rs.iter().map(|r| r.limit).max().unwrap_or(0);
+            let message = match rs.as_slice() {
+                [one] => one.reason.clone(),
+                _ => {
+                    let shown: Vec<String> =
+                        ids.iter().take(SHOWN_IDS).map(|i| i.to_string()).collect();
+                    let more = match ids.len().saturating_sub(SHOWN_IDS) {
+                        0 => String::new(),
+                        n => format!(" and {n} more"),
+                    };
+                    let (what, hint) = match reason {
+                        RejectReason::KvBlocks => (
+                            format!("need up to {max_need} KV blocks but the cache has {limit}"),
+                            "; raise --kv-blocks or shorten the requests \
+                             (--prompt-div, --output-div)",
+                        ),
+                        RejectReason::SeqLen => (
+                            format!(
+                                "need up to {max_need} positions but the model's seq_len is {limit}"
+                            ),
+                            "; shorten the requests (--prompt-div, --output-div)",
+                        ),
+                        RejectReason::Submit => {
+                            ("were refused by the group's submit".to_string(), "")
+                        }
+                    };
+                    format!(
+                        "{} requests rejected: {what} (requests {}{more}){hint}",
+                        ids.len(),
+                        shown.join(", ")
+                    )
+                }
+            };
+            RejectionSummary {
+                reason,
+                count: ids.len(),
+                max_need,
+                limit,
+                ids,
+                message,
+            }
+        })
+        .collect()
 }
 
 impl Report {
@@ -101,7 +180,7 @@ impl Report {
         let count = |st: fn(&Status) -> bool| fin.iter().filter(|f| st(&f.status)).count();
         let prompt_tokens = fin.iter().map(|f| f.seq.pos.min(f.seq.prompt.len())).sum();
         let generated_tokens: usize = fin.iter().map(|f| f.seq.generated.len()).sum();
-        let since = |a: Option<std::time::Instant>, f: &crate::decode::job::Finished| {
+        let since = |a: Option<std::time::Instant>, f: &crate::decode::serve::job::Finished| {
             a.map(|t| t.saturating_duration_since(f.seq.timing.arrived))
         };
         let queue = fin
@@ -140,7 +219,7 @@ impl Report {
             kv_peak_blocks: out.kv_peak,
             kv_blocks: out.kv_capacity,
             kv_leaked_blocks: out.kv_leaked,
-            rejections: out.rejected.iter().map(|r| r.reason.clone()).collect(),
+            rejections: summarize_rejections(&out.rejected),
         }
     }
 
@@ -187,7 +266,7 @@ impl Report {
             );
         }
         for r in &self.rejections {
-            let _ = writeln!(s, "  {r}");
+            let _ = writeln!(s, "  {}", r.message);
         }
         s
     }
@@ -300,6 +379,41 @@ pub fn chrome_trace(out: &RunOutput) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rejected(id: usize, kind: RejectReason, need: u64, limit: u64) -> Rejected {
+        Rejected {
+            id,
+            kind,
+            need,
+            limit,
+            reason: format!("request {id} rejected: needs {need}"),
+        }
+    }
+
+    /// Issue 12: one line per rejected request (1,383 in one run); now one
+    /// per reason, with the count, the largest need and the first ids.
+    #[test]
+    fn rejections_are_summarised_per_reason() {
+        let mut rs: Vec<Rejected> = (0..1383)
+            .map(|i| rejected(1383 - i, RejectReason::KvBlocks, 3 + (i % 7) as u64, 4))
+            .collect();
+        rs.push(rejected(2000, RejectReason::SeqLen, 300, 256));
+        let s = summarize_rejections(&rs);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].reason, s[0].count, s[0].max_need),
+            (RejectReason::KvBlocks, 1383, 9)
+        );
+        assert_eq!(s[0].ids[..3], [1, 2, 3], "ascending");
+        assert!(
+            s[0].message.starts_with("1383 requests rejected: need up to 9 KV blocks but the cache has 4 (requests 1, 2, 3, 4, 5 and 1378 more)"),
+            "{}",
+            s[0].message
+        );
+        // A reason with one request keeps that request's own message.
+        assert_eq!(s[1].message, "request 2000 rejected: needs 300");
+        assert!(summarize_rejections(&[]).is_empty());
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

@@ -5,12 +5,12 @@
 //! that each layer's `wq|wk|wv` and `w1|w3` are stacked so one split-output
 //! matmul computes q, k and v (and the two FFN projections) in one dispatch.
 
-use super::model::{Config, Weights};
 use super::ops::{
     Argmax, Attention, AttentionImage, Embed, KvAppend, KvAppendImage, Matmul, Ops, RmsNorm, Rope,
     SwiGlu,
 };
 use super::reference::EPS;
+use super::{Config, Weights};
 use crate::vk::{Buffer, Device, Location, Recorder, VkResult};
 use crate::{Error, Result};
 

@@ -1,31 +1,34 @@
 //! A single-threaded driver of the decode job without the batch engine.
 //!
 //! It applies the same rules as the decode group (FCFS admission by charge
-//! under the KV capacity and `max_active`, one packed plan per iteration,
+//! under the KV capacity and `max_active` — here the KV ledger's own
+//! [`KvLedger::fits`] / [`KvLedger::admit`] —, one packed plan per iteration,
 //! members DONE at their output length, cancellation taking effect at the
-//! next iteration boundary) in a plain loop that blocks in
-//! [`DecodeModel::finish`] instead of polling the fence. The tests use it as a second, independent driver: both
-//! must produce the same tokens as the reference.
+//! next iteration boundary) in a plain loop that waits on each
+//! [`Completion`](crate::decode::Completion) in the calling thread
+//! ([`wait_here`](crate::decode::Completion::wait_here)) and blocks in
+//! [`Model::finish`] instead of polling the fence. The tests use it as a
+//! second, independent driver: both must produce the same tokens as the
+//! reference.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::decode::backend::{DecodeModel, Launch};
-use crate::decode::job::{
-    Finished, IterRecord, JobError, JobOpts, Mode, Progress, Rejected, RunOutput, Status, Workload,
-    rejection,
+use crate::decode::Model;
+use crate::decode::serve::job::{
+    Finished, IterRecord, JobError, JobOpts, Mode, Progress, RunOutput, Status, Workload,
+    check_opts, rejection,
 };
-use crate::decode::kv_cache::BlockAllocator;
-use crate::decode::seq::{self, Outcome, RequestSpec, Sequence};
+use crate::decode::serve::kv::KvLedger;
+use crate::decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 
 struct State<'w> {
     opts: JobOpts,
-    kv: BlockAllocator,
+    kv: KvLedger,
     start: Instant,
     arrivals: VecDeque<&'w RequestSpec>,
     queue: VecDeque<Sequence>,
     active: Vec<Sequence>,
-    reserved: u64,
     out: RunOutput,
 }
 
@@ -34,40 +37,28 @@ struct State<'w> {
 /// # Errors
 /// [`JobError`] from the model or the bookkeeping.
 pub fn run(
-    model: &mut dyn DecodeModel,
+    model: &mut dyn Model,
     wl: &Workload,
     opts: &JobOpts,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<RunOutput, JobError> {
-    crate::decode::job::check_opts(opts)?;
+    check_opts(opts)?;
     let start = Instant::now();
     let mut st = State {
         opts: *opts,
-        kv: BlockAllocator::new(opts.kv_blocks, opts.block_size)?,
+        kv: KvLedger::new(opts.kv_blocks, opts.block_size)?,
         start,
         arrivals: wl.requests.iter().collect(),
         queue: VecDeque::new(),
         active: Vec::new(),
-        reserved: 0,
-        out: RunOutput {
-            mode: opts.mode,
-            device: model.describe(),
-            finished: Vec::new(),
-            rejected: Vec::new(),
-            iterations: Vec::new(),
-            started: start,
-            wall: Duration::ZERO,
-            kv_capacity: opts.kv_blocks,
-            kv_peak: 0,
-            kv_leaked: 0,
-        },
+        out: RunOutput::new(opts.mode, model.describe(), opts.kv_blocks, start),
     };
     let seq_len = model.config().seq_len;
     let total = wl.requests.len();
     loop {
         st.arrive(seq_len);
         st.cancel()?;
-        st.admit();
+        st.admit()?;
         if st.active.is_empty() {
             match st.next_event() {
                 Some(at) => sleep_until(at),
@@ -98,13 +89,10 @@ impl State<'_> {
             }
             self.arrivals.pop_front();
             match rejection(spec, &self.kv, seq_len) {
-                Some(reason) => self.out.rejected.push(Rejected {
-                    id: spec.id,
-                    reason,
-                }),
+                Some(r) => self.out.rejected.push(r),
                 None => {
-                    let charge = self.kv.charge_for(spec.prompt.len(), spec.output_tokens);
-                    let s = Sequence::new(spec, charge, self.opts.stop_token, at);
+                    let kv = self.kv.account(spec.prompt.len(), spec.output_tokens);
+                    let s = Sequence::new(spec, kv, self.opts.stop_token, at);
                     self.queue.push_back(s);
                 }
             }
@@ -126,7 +114,8 @@ impl State<'_> {
             .into_iter()
             .partition(seq::cancel_due);
         self.queue = keep.into();
-        for s in gone {
+        for mut s in gone {
+            self.kv.free(&mut s.kv)?; // never admitted: closes the account
             self.out.finished.push(Finished {
                 seq: s,
                 status: Status::Cancelled,
@@ -135,35 +124,34 @@ impl State<'_> {
         Ok(())
     }
 
-    fn admit(&mut self) {
+    fn admit(&mut self) -> Result<(), JobError> {
         let max = self.opts.effective_max_active();
         if self.opts.mode == Mode::Static && !self.active.is_empty() {
-            return;
+            return Ok(());
         }
         while self.active.len() < max {
             let Some(s) = self.queue.front() else { break };
-            if self.reserved + s.charge > self.kv.capacity() as u64 {
+            if !self.kv.fits(&s.kv) {
                 break;
             }
-            let s = self.queue.pop_front().expect("front exists");
-            self.reserved += s.charge;
+            let mut s = self.queue.pop_front().expect("front exists");
+            self.kv.admit(&mut s.kv)?;
             self.active.push(s);
         }
+        Ok(())
     }
 
     fn next_event(&self) -> Option<Instant> {
         self.arrivals.front().map(|s| self.start + s.arrival)
     }
 
-    fn iterate(&mut self, model: &mut dyn DecodeModel) -> Result<(), JobError> {
+    fn iterate(&mut self, model: &mut dyn Model) -> Result<(), JobError> {
         let t0 = Instant::now();
         let mut members: Vec<&mut Sequence> = self.active.iter_mut().collect();
         let plan = seq::pack(&mut members, self.opts.token_budget, &mut self.kv, t0)?;
         let (prefill_tokens, decode_tokens) = seq::scheduled_rows(&members);
         // `finish` blocks until the device is done: no need to poll the fence here.
-        if let Launch::Blocking(work) = model.launch(&plan)? {
-            work();
-        }
+        model.launch(&plan)?.wait_here();
         let tokens = model.finish()?;
         let t1 = Instant::now();
         let outcomes = seq::apply(&mut members, &tokens, t1)?;
@@ -187,8 +175,7 @@ impl State<'_> {
     }
 
     fn finish(&mut self, mut s: Sequence, status: Status, now: Instant) -> Result<(), JobError> {
-        self.kv.free(&mut s.block_table)?;
-        self.reserved -= s.charge;
+        self.kv.free(&mut s.kv)?;
         s.timing.finished = Some(now);
         self.out.finished.push(Finished { seq: s, status });
         Ok(())

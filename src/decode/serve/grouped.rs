@@ -5,13 +5,17 @@
 //!   [`Sequence`] and whose resource is the KV cache: `resource_capacity` =
 //!   KV blocks, a request's charge = the blocks it may need, so FCFS
 //!   admission never over-commits the cache (B-036..B-040);
-//! - `DecodeStep`: `submit` packs the frozen ready vector into ONE plan and
-//!   launches it on the device model, returning `Exec::Fence(fd)` (or
-//!   `Exec::Blocking` for a host model, run on the blocking pool); `collect`
-//!   reads the sampled tokens and ends each member DONE at its output length,
-//!   else CONTINUE (B-058..B-105);
-//! - `complete`: frees the member's blocks (DONE, or `XTC_E_ABORTED` after a
-//!   cancel: consumed at the next boundary, so within one iteration);
+//! - `DecodeStep`: `submit` records the charges of newly admitted members in
+//!   the KV ledger, packs the frozen ready vector into ONE plan and launches
+//!   it on the model; the model's [`Completion`] becomes the engine's [`Exec`]
+//!   here and nowhere else (`exec_for`): a fence → `Exec::Fence` (the
+//!   completion's fd is kept open until `collect` returns, B-066, B-067), host
+//!   work → `Exec::Blocking` on the blocking pool, ready → `Exec::Inline`;
+//!   `collect` reads the sampled tokens and ends each member DONE at its
+//!   output length, else CONTINUE (B-058..B-105);
+//! - `complete`: frees the member's KV account through the ledger (DONE, or
+//!   `XTC_E_ABORTED` after a cancel: consumed at the next boundary, so within
+//!   one iteration; a member cancelled before admission frees nothing);
 //! - the arrival process, which submits each request at its trace time (or,
 //!   for static batching, a whole batch once the previous one finished) and
 //!   then closes the group with DRAIN;
@@ -21,6 +25,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -28,13 +33,13 @@ use crate::Error;
 use crate::batch::{
     AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult,
 };
-use crate::decode::backend::Launch;
-use crate::decode::job::{
-    Finished, IterRecord, JobError, JobOpts, Mode, Progress, Rejected, RunOutput, SharedModel,
-    Status, Workload, rejection,
+use crate::decode::Completion;
+use crate::decode::serve::job::{
+    Finished, IterRecord, JobError, JobOpts, Mode, Progress, RejectReason, Rejected, RunOutput,
+    SharedModel, Status, Workload, check_opts, rejection,
 };
-use crate::decode::kv_cache::BlockAllocator;
-use crate::decode::seq::{self, Outcome, RequestSpec, Sequence};
+use crate::decode::serve::kv::{KvError, KvLedger};
+use crate::decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 use crate::rt;
 
 /// The iteration in flight (between submit and collect).
@@ -45,12 +50,33 @@ struct InFlight {
     prefill: usize,
     decode: usize,
     launched: bool,
+    /// The completion's fence, open until `collect` returns (B-067).
+    fence: Option<Rc<dyn AsFd>>,
+}
+
+/// The ONE place a model's [`Completion`] becomes the engine's [`Exec`]. A
+/// fence goes to the engine as its raw fd while `keep` holds the
+/// completion's owned fd until `collect` returns (B-066, B-067); a host job
+/// runs on the blocking pool and leaves its own failure to `finish`.
+fn exec_for(c: Completion, keep: &mut Option<Rc<dyn AsFd>>) -> Exec {
+    match c {
+        Completion::Ready => Exec::Inline,
+        Completion::Fence(fd) => {
+            let raw = fd.as_fd().as_raw_fd();
+            *keep = Some(fd);
+            Exec::Fence(raw)
+        }
+        Completion::Host(job) => Exec::Blocking(Box::new(move || {
+            job();
+            Ok(()) // the model's own error, if any, comes out of finish()
+        })),
+    }
 }
 
 /// State shared by the step, `complete` and the processes (one loop: plain
 /// `RefCell`, never borrowed across an `.await`).
 struct Shared {
-    kv: BlockAllocator,
+    kv: KvLedger,
     out: RunOutput,
     start: Instant,
     total: usize,
@@ -111,7 +137,9 @@ impl AsyncStep<Sequence> for DecodeStep {
         let t0 = Instant::now();
         let mut ms = members(items);
         let mut sh = self.sh.borrow_mut();
-        let plan = match seq::pack(&mut ms, self.budget, &mut sh.kv, t0) {
+        let plan = match admit_new(&mut ms, &mut sh.kv)
+            .and_then(|()| seq::pack(&mut ms, self.budget, &mut sh.kv, t0))
+        {
             Ok(p) => p,
             Err(e) => return Err(sh.fail(e.into())),
         };
@@ -125,17 +153,16 @@ impl AsyncStep<Sequence> for DecodeStep {
             prefill,
             decode,
             launched,
+            fence: None,
         });
         if !launched {
             return Ok(Exec::Inline);
         }
         match self.model.borrow_mut().launch(&plan) {
-            Ok(Launch::Ready) => Ok(Exec::Inline),
-            Ok(Launch::Fence(fd)) => Ok(Exec::Fence(fd)),
-            Ok(Launch::Blocking(work)) => Ok(Exec::Blocking(Box::new(move || {
-                work();
-                Ok(()) // the model's own error, if any, comes out of finish()
-            }))),
+            Ok(c) => {
+                let fl = sh.in_flight.as_mut().expect("set above");
+                Ok(exec_for(c, &mut fl.fence))
+            }
             Err(e) => {
                 sh.in_flight = None;
                 Err(sh.fail(e.into()))
@@ -204,6 +231,15 @@ impl AsyncStep<Sequence> for DecodeStep {
     }
 }
 
+/// Records in the ledger the charges of the members the group admitted since
+/// the last iteration (the group reserved them under the same capacity).
+fn admit_new(members: &mut [&mut Sequence], kv: &mut KvLedger) -> Result<(), KvError> {
+    members
+        .iter_mut()
+        .filter(|s| s.kv.is_pending())
+        .try_for_each(|s| kv.admit(&mut s.kv))
+}
+
 fn set_results(results: &mut [StepResult], outcomes: &[Outcome]) {
     for (r, o) in results.iter_mut().zip(outcomes) {
         *r = match o {
@@ -213,10 +249,10 @@ fn set_results(results: &mut [StepResult], outcomes: &[Outcome]) {
     }
 }
 
-/// `complete`: frees the member's blocks and records how it ended.
+/// `complete`: frees the member's KV account and records how it ended.
 fn complete(sh: &Rc<RefCell<Shared>>, mut s: Sequence, outcome: crate::Result<()>) {
     let mut sh = sh.borrow_mut();
-    if let Err(e) = sh.kv.free(&mut s.block_table) {
+    if let Err(e) = sh.kv.free(&mut s.kv) {
         sh.fail(e.into());
     }
     s.timing.finished = Some(Instant::now());
@@ -235,35 +271,27 @@ fn complete(sh: &Rc<RefCell<Shared>>, mut s: Sequence, outcome: crate::Result<()
     sh.account(1);
 }
 
-/// Runs `wl` on `model` with one async batch group on a fresh loop.
+/// Runs `wl` on `model` under `opts` with one async batch group on a fresh
+/// loop (the `xtc decode` driver, also `serve::run`), calling `progress`
+/// after every iteration, and returns what the run observed.
 ///
 /// # Errors
-/// [`JobError`]: bad options, the loop or group refusing, a model failure.
+/// [`JobError`]: bad options, the loop or group refusing, a model failure,
+/// a KV ledger refusal (a bug).
 pub fn run(
     model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
     progress: Box<dyn FnMut(&Progress)>,
 ) -> Result<RunOutput, JobError> {
-    crate::decode::job::check_opts(opts)?;
+    check_opts(opts)?;
     let lp = rt::Loop::new()?;
     let start = Instant::now();
     let rt_start = lp.now();
     let (cancel_tx, cancel_rx) = rt::mailbox::<Handle>();
     let sh = Rc::new(RefCell::new(Shared {
-        kv: BlockAllocator::new(opts.kv_blocks, opts.block_size)?,
-        out: RunOutput {
-            mode: opts.mode,
-            device: model.borrow().describe(),
-            finished: Vec::new(),
-            rejected: Vec::new(),
-            iterations: Vec::new(),
-            started: start,
-            wall: std::time::Duration::ZERO,
-            kv_capacity: opts.kv_blocks,
-            kv_peak: 0,
-            kv_leaked: 0,
-        },
+        kv: KvLedger::new(opts.kv_blocks, opts.block_size)?,
+        out: RunOutput::new(opts.mode, model.borrow().describe(), opts.kv_blocks, start),
         start,
         total: wl.requests.len(),
         accounted: 0,
@@ -324,10 +352,12 @@ fn finish(sh: Rc<RefCell<Shared>>, start: Instant) -> Result<RunOutput, JobError
     if let Some(e) = sh.error.take() {
         return Err(e);
     }
-    sh.out.wall = start.elapsed();
-    sh.out.kv_peak = sh.kv.peak_used();
-    sh.out.kv_leaked = sh.kv.used();
-    Ok(sh.out.clone())
+    let empty = RunOutput::new(sh.out.mode, String::new(), 0, start);
+    let mut out = std::mem::replace(&mut sh.out, empty);
+    out.wall = start.elapsed();
+    out.kv_peak = sh.kv.peak_used();
+    out.kv_leaked = sh.kv.used();
+    Ok(out)
 }
 
 /// The arrival process: replays the workload's arrival times.
@@ -387,25 +417,22 @@ impl Arrivals {
     /// A request as its member value, or `None` when it can never fit (recorded).
     fn admit(&self, spec: &RequestSpec) -> Option<Sequence> {
         let mut sh = self.sh.borrow_mut();
-        if let Some(reason) = rejection(spec, &sh.kv, self.seq_len) {
-            sh.out.rejected.push(Rejected {
-                id: spec.id,
-                reason,
-            });
+        if let Some(r) = rejection(spec, &sh.kv, self.seq_len) {
+            sh.out.rejected.push(r);
             sh.account(1);
             return None;
         }
-        let charge = sh.kv.charge_for(spec.prompt.len(), spec.output_tokens);
+        let kv = sh.kv.account(spec.prompt.len(), spec.output_tokens);
         Some(Sequence::new(
             spec,
-            charge,
+            kv,
             self.opts.stop_token,
             self.start + spec.arrival,
         ))
     }
 
     fn submit(&self, s: Sequence) {
-        let (charge, cancel_now) = (s.charge, s.cancel_after == Some(0));
+        let (charge, cancel_now) = (s.kv.charge(), s.cancel_after == Some(0));
         self.sh.borrow_mut().outstanding += 1;
         match self.group.submit(s, charge) {
             Ok(h) if cancel_now => {
@@ -417,7 +444,13 @@ impl Arrivals {
                 sh.outstanding -= 1;
                 let id = e.into_inner().id;
                 let reason = format!("request {id} rejected by the group: submit failed");
-                sh.out.rejected.push(Rejected { id, reason });
+                sh.out.rejected.push(Rejected {
+                    id,
+                    kind: RejectReason::Submit,
+                    need: 0,
+                    limit: 0,
+                    reason,
+                });
                 sh.account(1);
             }
         }
@@ -432,7 +465,7 @@ impl Arrivals {
             .iter()
             .take(self.opts.effective_max_active())
             .take_while(|s| {
-                blocks += s.charge;
+                blocks += s.kv.charge();
                 blocks <= cap
             })
             .count();

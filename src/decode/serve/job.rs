@@ -1,14 +1,16 @@
-//! The `xtc decode` run: a trace-replayed workload decoded with KV-cache
-//! continuous batching.
+//! What an `xtc decode` run is: a trace-replayed workload decoded with
+//! KV-cache continuous batching — its options, its workload, what it observed
+//! and why it failed. The drivers ([`super::run`] on a batch group,
+//! [`super::local::run`] without one) import this module, never the reverse.
 //!
 //! A [`Workload`] is built from a trace ([`workload`]): arrivals, prompt
 //! lengths and output lengths of its first rows, scaled for the device, with
-//! seeded prompt tokens. [`run`] replays it against a [`DecodeModel`]: an
-//! arrival process submits each request at its trace time with a charge of
-//! the KV blocks it may need; FCFS admission under the KV cache's capacity and
+//! seeded prompt tokens. A driver replays it against a [`Model`]: an arrival
+//! process submits each request at its trace time with a charge of the KV
+//! blocks it may need; FCFS admission under the KV cache's capacity and
 //! `max_active` forms the ready vector; each iteration packs the ready vector
-//! into ONE plan ([`crate::decode::seq::pack`]) under the token budget, the device runs it,
-//! and members leave DONE at their output length (or cancelled).
+//! into ONE plan ([`super::seq::pack`]) under the token budget, the device
+//! runs it, and members leave DONE at their output length (or cancelled).
 //!
 //! [`Mode`] selects the admission policy compared by `xtc decode --compare`:
 //! continuous batching (a member joins as soon as there is room), static
@@ -17,10 +19,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::decode::backend::{DecodeModel, ModelError};
-use crate::decode::kv_cache::{BlockAllocator, KvError};
-use crate::decode::seq::{RequestSpec, Sequence, TokenCountMismatch};
-use crate::decode::trace::{Scaling, Trace};
+use crate::decode::serve::kv::{KvError, KvLedger};
+use crate::decode::serve::seq::{RequestSpec, Sequence, TokenCountMismatch};
+use crate::decode::serve::trace::{Scaling, Trace};
+use crate::decode::{DeviceError, Model};
 
 /// Admission policy of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -132,8 +134,8 @@ pub enum Status {
     Failed(String),
 }
 
-/// A request that left the group.
-#[derive(Debug, Clone)]
+/// A request that left the group (its KV account freed).
+#[derive(Debug)]
 pub struct Finished {
     /// Its final sequence state (generated tokens, timing).
     pub seq: Sequence,
@@ -141,12 +143,43 @@ pub struct Finished {
     pub status: Status,
 }
 
+/// Why a request was refused before admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RejectReason {
+    /// Its charge (prompt + output, in KV blocks) is more than the cache holds.
+    KvBlocks,
+    /// Its positions (prompt + output - 1) are more than the model's `seq_len`.
+    SeqLen,
+    /// The group refused the submit.
+    Submit,
+}
+
+impl RejectReason {
+    /// The name printed in reports and JSON (`kv-blocks`, `seq-len`, `submit`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectReason::KvBlocks => "kv-blocks",
+            RejectReason::SeqLen => "seq-len",
+            RejectReason::Submit => "submit",
+        }
+    }
+}
+
 /// A request refused before admission because it can never fit.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Rejected {
     /// Request id.
     pub id: usize,
-    /// The clear message printed for it.
+    /// The kind of refusal (reports count requests per kind).
+    pub kind: RejectReason,
+    /// What the request needs: KV blocks ([`RejectReason::KvBlocks`]) or
+    /// positions ([`RejectReason::SeqLen`]); 0 for [`RejectReason::Submit`].
+    pub need: u64,
+    /// What there is: the cache's blocks or the model's `seq_len`; 0 for
+    /// [`RejectReason::Submit`].
+    pub limit: u64,
+    /// The clear message for it (`request N rejected: ...`).
     pub reason: String,
 }
 
@@ -170,7 +203,7 @@ pub struct IterRecord {
 }
 
 /// Everything a run observed (the report is computed from it).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RunOutput {
     /// The policy run.
     pub mode: Mode,
@@ -194,6 +227,25 @@ pub struct RunOutput {
     pub kv_leaked: usize,
 }
 
+impl RunOutput {
+    /// The record of a run of `mode` on `device` over a cache of `kv_capacity`
+    /// blocks, started at `started`, before anything happened.
+    pub fn new(mode: Mode, device: String, kv_capacity: usize, started: Instant) -> Self {
+        RunOutput {
+            mode,
+            device,
+            finished: Vec::new(),
+            rejected: Vec::new(),
+            iterations: Vec::new(),
+            started,
+            wall: Duration::ZERO,
+            kv_capacity,
+            kv_peak: 0,
+            kv_leaked: 0,
+        }
+    }
+}
+
 /// Live figures handed to the progress callback after every iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
@@ -214,40 +266,66 @@ pub struct Progress {
 pub enum JobError {
     /// The device model failed.
     #[error(transparent)]
-    Model(#[from] ModelError),
-    /// The KV cache's bookkeeping failed (a bug).
+    Model(#[from] DeviceError),
+    /// The KV ledger refused an operation (a bug).
     #[error(transparent)]
     Kv(#[from] KvError),
     /// The device returned the wrong number of tokens.
     #[error(transparent)]
     Tokens(#[from] TokenCountMismatch),
-    /// The batch engine refused an operation.
-    #[error("batch group: {0}")]
+    /// The batch engine refused an operation. `Nosys` says the binary was
+    /// built without the `sched-policy` feature (B-005).
+    #[error("batch group: {0}{hint}", hint = nosys_hint(*.0))]
     Batch(#[from] crate::Error),
     /// Options that cannot run.
     #[error("invalid options: {0}")]
     Opts(String),
 }
 
-/// The rejection message of a request that can never fit, if it cannot.
-pub fn rejection(spec: &RequestSpec, kv: &BlockAllocator, seq_len: usize) -> Option<String> {
+/// What `Nosys` from the batch engine means for a run: the batch API is
+/// compiled out (B-005), so the fix is a rebuild, not a retry.
+fn nosys_hint(e: crate::Error) -> &'static str {
+    match e {
+        crate::Error::Nosys => {
+            ": this xtc was built without the `sched-policy` feature (the batch API is \
+             compiled out); rebuild it with default features (`cargo build --release`)"
+        }
+        _ => "",
+    }
+}
+
+/// The rejection of a request that can never fit, if it cannot: its charge
+/// exceeds the cache's blocks, or its positions the model's `seq_len`.
+pub fn rejection(spec: &RequestSpec, kv: &KvLedger, seq_len: usize) -> Option<Rejected> {
     let charge = kv.charge_for(spec.prompt.len(), spec.output_tokens);
     let positions = spec.prompt.len() + spec.output_tokens - 1;
     if charge > kv.capacity() as u64 {
-        return Some(format!(
-            "request {} rejected: needs {charge} KV blocks ({} prompt + {} output tokens, {} positions per block) but the cache has {} blocks",
-            spec.id,
-            spec.prompt.len(),
-            spec.output_tokens,
-            kv.block_size(),
-            kv.capacity()
-        ));
+        return Some(Rejected {
+            id: spec.id,
+            kind: RejectReason::KvBlocks,
+            need: charge,
+            limit: kv.capacity() as u64,
+            reason: format!(
+                "request {} rejected: needs {charge} KV blocks ({} prompt + {} output tokens, {} positions per block) but the cache has {} blocks",
+                spec.id,
+                spec.prompt.len(),
+                spec.output_tokens,
+                kv.block_size(),
+                kv.capacity()
+            ),
+        });
     }
     if positions > seq_len {
-        return Some(format!(
-            "request {} rejected: needs {positions} positions but the model's seq_len is {seq_len}",
-            spec.id
-        ));
+        return Some(Rejected {
+            id: spec.id,
+            kind: RejectReason::SeqLen,
+            need: positions as u64,
+            limit: seq_len as u64,
+            reason: format!(
+                "request {} rejected: needs {positions} positions but the model's seq_len is {seq_len}",
+                spec.id
+            ),
+        });
     }
     None
 }
@@ -263,28 +341,33 @@ pub fn check_opts(opts: &JobOpts) -> Result<(), JobError> {
     if opts.max_active == 0 {
         return Err(JobError::Opts("--max-active must be at least 1".into()));
     }
-    BlockAllocator::new(opts.kv_blocks, opts.block_size)?;
+    KvLedger::new(opts.kv_blocks, opts.block_size)?;
     Ok(())
 }
 
 /// The device model shared by the job's step and the caller (one loop).
-pub type SharedModel = std::rc::Rc<std::cell::RefCell<dyn DecodeModel>>;
+pub type SharedModel = std::rc::Rc<std::cell::RefCell<dyn Model>>;
 
-/// Wraps a model for [`run`].
-pub fn shared(model: impl DecodeModel + 'static) -> SharedModel {
+/// Wraps a model for [`super::run`].
+pub fn shared(model: impl Model + 'static) -> SharedModel {
     std::rc::Rc::new(std::cell::RefCell::new(model))
 }
 
-/// Runs `wl` on `model` under `opts`, calling `progress` after every
-/// iteration, and returns what the run observed.
-///
-/// # Errors
-/// [`JobError`]: bad options, a model failure, or a bookkeeping bug.
-pub fn run(
-    model: &SharedModel,
-    wl: &Workload,
-    opts: &JobOpts,
-    progress: Box<dyn FnMut(&Progress)>,
-) -> Result<RunOutput, JobError> {
-    crate::decode::grouped::run(model, wl, opts, progress)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 12: a build without `sched-policy` said only "batch group: not
+    /// supported (XTC_E_NOSYS)".
+    #[test]
+    fn nosys_names_the_missing_feature() {
+        let m = JobError::Batch(crate::Error::Nosys).to_string();
+        assert!(m.contains("XTC_E_NOSYS"), "{m}");
+        assert!(
+            m.contains("built without the `sched-policy` feature"),
+            "{m}"
+        );
+        let other = JobError::Batch(crate::Error::Inval).to_string();
+        assert!(!other.contains("sched-policy"), "{other}");
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! Each member of the decode group carries a [`Sequence`] as its request
 //! value: its prompt, the tokens generated so far, how many positions are in
-//! the KV cache, its block table and its timing. Every iteration [`pack`]
+//! the KV cache, its KV account (charge and block table, changed only by the
+//! [`KvLedger`]) and its timing. Every iteration [`pack`]
 //! turns the ready vector into ONE [`BatchPlan`] under a token budget: first
 //! one decode token per decoding member, then chunked prefill of prompts with
 //! what is left of the budget (FCFS, ready-vector order). [`apply`] folds the
@@ -16,8 +17,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::decode::kv_cache::{BlockAllocator, KvError};
-use crate::decode::model::{BatchPlan, SeqWork};
+use crate::decode::serve::kv::{KvAccount, KvError, KvLedger};
+use crate::decode::{BatchPlan, SeqWork};
 
 /// One request of a workload: what the arrival process submits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +63,8 @@ pub struct Timing {
 }
 
 /// The request value of a decode-group member: one sequence's state.
-#[derive(Debug, Clone)]
+/// Not `Clone`: it owns its KV account.
+#[derive(Debug)]
 pub struct Sequence {
     /// Request index (from [`RequestSpec::id`]).
     pub id: usize,
@@ -76,10 +78,9 @@ pub struct Sequence {
     pub generated: Vec<u32>,
     /// Positions already in the KV cache.
     pub pos: usize,
-    /// KV-cache block ids, in position order.
-    pub block_table: Vec<u32>,
-    /// Charge in KV blocks reserved at admission.
-    pub charge: u64,
+    /// Its share of the KV cache: the charge in blocks reserved at admission
+    /// and the block table (ids in position order), both kept by the ledger.
+    pub kv: KvAccount,
     /// Cancelled by its client after this many generated tokens, if set.
     pub cancel_after: Option<usize>,
     /// This iteration's work (`None` when the member got no share).
@@ -89,8 +90,9 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    /// A fresh sequence for `spec`, arrived at `now`, charged `charge` blocks.
-    pub fn new(spec: &RequestSpec, charge: u64, stop_token: Option<u32>, now: Instant) -> Self {
+    /// A fresh sequence for `spec`, arrived at `now`, with its KV account
+    /// ([`KvLedger::account`] of its prompt and output).
+    pub fn new(spec: &RequestSpec, kv: KvAccount, stop_token: Option<u32>, now: Instant) -> Self {
         Sequence {
             id: spec.id,
             prompt: spec.prompt.clone(),
@@ -98,8 +100,7 @@ impl Sequence {
             stop_token,
             generated: Vec::new(),
             pos: 0,
-            block_table: Vec::new(),
-            charge,
+            kv,
             cancel_after: spec.cancel_after,
             scheduled: None,
             timing: Timing {
@@ -161,16 +162,18 @@ impl Sequence {
 ///
 /// Decoding members get one row each first (ready-vector order), then
 /// prefilling members get chunks of what is left. Each scheduled member's
-/// block table grows to cover its new positions (blocks its charge
-/// reserved). Members left without a share have `scheduled == None`. The
-/// plan lists scheduled members in ready-vector order.
+/// block table grows through the ledger to cover its new positions (blocks
+/// its admitted charge reserved). Members left without a share have
+/// `scheduled == None`. The plan lists scheduled members in ready-vector
+/// order.
 ///
 /// # Errors
-/// [`KvError`] when the cache cannot cover a member (its charge was wrong).
+/// [`KvError`] when the ledger cannot cover a member (not admitted, or its
+/// charge was wrong).
 pub fn pack(
     members: &mut [&mut Sequence],
     token_budget: usize,
-    kv: &mut BlockAllocator,
+    kv: &mut KvLedger,
     now: Instant,
 ) -> Result<BatchPlan, KvError> {
     let mut left = token_budget;
@@ -185,12 +188,12 @@ pub fn pack(
     let mut plan = BatchPlan::default();
     for s in members.iter_mut() {
         let Some(w) = s.scheduled else { continue };
-        kv.grow(&mut s.block_table, s.pos + w.n_tokens)?;
+        kv.grow(&mut s.kv, s.pos + w.n_tokens)?;
         s.timing.admitted.get_or_insert(now);
         plan.seqs.push(SeqWork {
             tokens: (s.pos..s.pos + w.n_tokens).map(|i| s.token_at(i)).collect(),
             start_pos: s.pos,
-            block_table: s.block_table.clone(),
+            block_table: s.kv.table().to_vec(),
             sample: w.sample,
         });
     }
@@ -288,7 +291,8 @@ fn push_token(s: &mut Sequence, token: u32, now: Instant) {
 mod tests {
     use super::*;
 
-    fn seq(id: usize, prompt: usize, out: usize) -> Sequence {
+    /// An admitted member of `kv`.
+    fn seq(kv: &mut KvLedger, id: usize, prompt: usize, out: usize) -> Sequence {
         let spec = RequestSpec {
             id,
             arrival: Duration::ZERO,
@@ -296,21 +300,23 @@ mod tests {
             output_tokens: out,
             cancel_after: None,
         };
-        Sequence::new(&spec, 0, None, Instant::now())
+        let mut acct = kv.account(prompt, out);
+        kv.admit(&mut acct).unwrap();
+        Sequence::new(&spec, acct, None, Instant::now())
     }
 
     #[test]
     fn decodes_first_then_prefill_chunks_fill_the_budget() {
-        let mut kv = BlockAllocator::new(64, 4).unwrap();
-        let mut a = seq(0, 10, 3);
-        let mut b = seq(1, 2, 5);
+        let mut kv = KvLedger::new(64, 4).unwrap();
+        let mut a = seq(&mut kv, 0, 10, 3);
+        let mut b = seq(&mut kv, 1, 2, 5);
         let now = Instant::now();
         // iteration 1: budget 6 -> a gets 6 prefill rows, b none
         let plan = pack(&mut [&mut a, &mut b], 6, &mut kv, now).unwrap();
         assert_eq!(plan.n_tokens(), 6);
         assert_eq!(plan.seqs.len(), 1);
         assert!(!plan.seqs[0].sample);
-        assert_eq!(a.block_table.len(), 2);
+        assert_eq!(a.kv.table().len(), 2);
         assert_eq!(
             apply(&mut [&mut a, &mut b], &[], now).unwrap(),
             [Outcome::Continue; 2]
@@ -336,9 +342,9 @@ mod tests {
 
     #[test]
     fn decode_members_come_before_prefill_when_budget_is_short() {
-        let mut kv = BlockAllocator::new(64, 4).unwrap();
-        let mut a = seq(0, 8, 4);
-        let mut b = seq(1, 1, 4);
+        let mut kv = KvLedger::new(64, 4).unwrap();
+        let mut a = seq(&mut kv, 0, 8, 4);
+        let mut b = seq(&mut kv, 1, 1, 4);
         let now = Instant::now();
         pack(&mut [&mut b], 1, &mut kv, now).unwrap();
         apply(&mut [&mut b], &[5], now).unwrap();
@@ -354,8 +360,8 @@ mod tests {
 
     #[test]
     fn done_at_output_length_or_stop_token() {
-        let mut kv = BlockAllocator::new(8, 4).unwrap();
-        let mut a = seq(0, 1, 2);
+        let mut kv = KvLedger::new(8, 4).unwrap();
+        let mut a = seq(&mut kv, 0, 1, 2);
         let now = Instant::now();
         pack(&mut [&mut a], 4, &mut kv, now).unwrap();
         assert_eq!(
@@ -365,7 +371,7 @@ mod tests {
         pack(&mut [&mut a], 4, &mut kv, now).unwrap();
         assert_eq!(apply(&mut [&mut a], &[9], now).unwrap(), [Outcome::Done]);
         assert_eq!(a.pos, a.max_positions());
-        let mut b = seq(1, 1, 5);
+        let mut b = seq(&mut kv, 1, 1, 5);
         b.stop_token = Some(2);
         pack(&mut [&mut b], 4, &mut kv, now).unwrap();
         assert_eq!(apply(&mut [&mut b], &[2], now).unwrap(), [Outcome::Done]);
@@ -374,8 +380,8 @@ mod tests {
 
     #[test]
     fn token_count_mismatch_is_an_error() {
-        let mut kv = BlockAllocator::new(8, 4).unwrap();
-        let mut a = seq(0, 3, 2);
+        let mut kv = KvLedger::new(8, 4).unwrap();
+        let mut a = seq(&mut kv, 0, 3, 2);
         let now = Instant::now();
         pack(&mut [&mut a], 4, &mut kv, now).unwrap();
         let e = apply(&mut [&mut a], &[], now).unwrap_err();

@@ -1,74 +1,30 @@
-//! The device model seen by the decode job: one forward pass per iteration.
+//! The implementations of [`Model`], the trait the serving side drives: one
+//! forward pass of a [`BatchPlan`] per iteration.
 //!
-//! [`DecodeModel::launch`] starts the forward pass of one [`BatchPlan`] (the
-//! whole ready vector in one command buffer on a GPU) and says how the driver
-//! waits for it: [`Launch::Fence`] (a pollable fd — sync_file or eventfd —
-//! that becomes readable when the device finishes; the async group's
-//! `Exec::Fence`), [`Launch::Blocking`] (host compute to run off the loop, on
-//! the blocking pool: the group's `Exec::Blocking`, so the loop's other
-//! processes — arrivals, cancels — keep running meanwhile) or
-//! [`Launch::Ready`] (nothing left to wait for).
-//! [`DecodeModel::finish`] then returns the greedy next token of every
-//! sequence whose `sample` flag is set, in plan order.
+//! [`Model::launch`] starts the forward pass of one plan (the whole ready
+//! vector in one command buffer on a GPU) and returns its [`Completion`]:
+//! [`VulkanModel`] an owned fence fd (a duplicate of its submission's
+//! sync_file or eventfd, readable when the device finishes), [`CpuModel`] and
+//! [`ToyModel`] host work for the blocking pool (so the loop's other
+//! processes — arrivals, cancels — keep running meanwhile).
+//! [`Model::finish`] then returns the greedy next token of every sequence
+//! whose `sample` flag is set, in plan order.
 //!
 //! [`ToyModel`] is a device-free stand-in whose "forward pass" hashes each
 //! sequence's whole history read back through its block table, so any block
 //! table or position mistake of the job changes its tokens; tests compare it
 //! with [`toy_reference`].
 
-use std::os::fd::RawFd;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::decode::gpu::{GpuModel, GpuOptions, InFlight};
-use crate::decode::model::{BatchPlan, Config, KvGeometry, Weights};
-use crate::decode::reference::{self, CpuKvCache};
+use super::gpu::{GpuModel, GpuOptions, InFlight};
+use super::reference::{self, CpuKvCache};
+use super::{BatchPlan, Config, KvGeometry, Weights};
+use crate::decode::{Completion, DeviceError, Model};
 use crate::vk;
 
-/// How the driver waits for a launched iteration.
-pub enum Launch {
-    /// The result is already there (computed inline).
-    Ready,
-    /// Wait until this fd is readable (owned by the model; valid until `finish`).
-    Fence(RawFd),
-    /// Run this on a pool thread (or inline), then call `finish`.
-    Blocking(Box<dyn FnOnce() + Send>),
-}
-
-impl std::fmt::Debug for Launch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Launch::Ready => f.write_str("Ready"),
-            Launch::Fence(fd) => write!(f, "Fence({fd})"),
-            Launch::Blocking(_) => f.write_str("Blocking(..)"),
-        }
-    }
-}
-
-/// A device model failure, with the backend's message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("device model: {0}")]
-pub struct ModelError(pub String);
-
-/// A model that runs one packed iteration at a time.
-pub trait DecodeModel {
-    /// The model's shape.
-    fn config(&self) -> Config;
-    /// One line naming the device and model (for the report).
-    fn describe(&self) -> String;
-    /// Starts the forward pass of `plan` (KV writes + sampling).
-    ///
-    /// # Errors
-    /// The backend's failure; nothing is in flight then.
-    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError>;
-    /// The sampled tokens of the launched plan (plan order). Called after the
-    /// fence signalled, or earlier: then it blocks until the device is done.
-    ///
-    /// # Errors
-    /// The backend's failure, or no plan in flight.
-    fn finish(&mut self) -> Result<Vec<u32>, ModelError>;
-}
-
-type Outcome = Option<Result<Vec<u32>, ModelError>>;
+type Outcome = Option<Result<Vec<u32>, DeviceError>>;
 
 /// A host model's state and the result slot of its launched plan, shared
 /// with the closure that computes it on a pool thread.
@@ -89,20 +45,20 @@ impl<S: Send + 'static> HostCompute<S> {
     fn launch(
         &self,
         plan: &BatchPlan,
-        step: fn(&mut S, &BatchPlan) -> Result<Vec<u32>, ModelError>,
-    ) -> Launch {
+        step: fn(&mut S, &BatchPlan) -> Result<Vec<u32>, DeviceError>,
+    ) -> Completion {
         let (state, result, plan) = (self.state.clone(), self.result.clone(), plan.clone());
         *lock(&self.result) = None;
-        Launch::Blocking(Box::new(move || {
+        Completion::Host(Box::new(move || {
             let r = step(&mut lock(&state), &plan);
             *lock(&result) = Some(r);
         }))
     }
 
-    fn finish(&self) -> Result<Vec<u32>, ModelError> {
+    fn finish(&self) -> Result<Vec<u32>, DeviceError> {
         lock(&self.result)
             .take()
-            .unwrap_or_else(|| Err(ModelError("finish before the launched plan ran".into())))
+            .unwrap_or_else(|| Err(DeviceError("finish before the launched plan ran".into())))
     }
 }
 
@@ -158,10 +114,10 @@ impl ToyModel {
 }
 
 impl ToyState {
-    fn slot(&self, table: &[u32], pos: usize) -> Result<usize, ModelError> {
+    fn slot(&self, table: &[u32], pos: usize) -> Result<usize, DeviceError> {
         let block = table
             .get(pos / self.block_size)
-            .ok_or_else(|| ModelError(format!("position {pos} beyond the block table")))?;
+            .ok_or_else(|| DeviceError(format!("position {pos} beyond the block table")))?;
         Ok(*block as usize * self.block_size + pos % self.block_size)
     }
 }
@@ -192,7 +148,7 @@ pub fn toy_reference(prompt: &[u32], n: usize, vocab_size: usize) -> Vec<u32> {
     seq.split_off(prompt.len())
 }
 
-impl DecodeModel for ToyModel {
+impl Model for ToyModel {
     fn config(&self) -> Config {
         self.config
     }
@@ -201,17 +157,17 @@ impl DecodeModel for ToyModel {
         "toy model (no device)".into()
     }
 
-    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
         Ok(self.host.launch(plan, ToyState::step))
     }
 
-    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
+    fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
         self.host.finish()
     }
 }
 
 impl ToyState {
-    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, ModelError> {
+    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
         let mut out = Vec::new();
         for s in &plan.seqs {
             for (i, &t) in s.tokens.iter().enumerate() {
@@ -249,7 +205,7 @@ pub fn reference_greedy(w: &Weights, prompt: &[u32], n: usize) -> crate::Result<
     let mut tokens = prompt.to_vec();
     while out.len() < n {
         let plan = BatchPlan {
-            seqs: vec![crate::decode::model::SeqWork {
+            seqs: vec![super::SeqWork {
                 tokens: std::mem::take(&mut tokens),
                 start_pos: pos,
                 block_table: vec![0],
@@ -272,15 +228,15 @@ struct CpuState {
 }
 
 impl CpuState {
-    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, ModelError> {
+    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
         let logits = reference::forward(&self.weights, &mut self.cache, plan)
-            .map_err(|e| ModelError(format!("CPU reference: {e}")))?;
+            .map_err(|e| DeviceError(format!("CPU reference: {e}")))?;
         Ok(logits.iter().map(|l| reference::argmax(l)).collect())
     }
 }
 
 /// The CPU reference forward pass ([`reference::forward`]) over a host
-/// paged KV cache, computed off the loop ([`Launch::Blocking`]).
+/// paged KV cache, computed off the loop ([`Completion::Host`]).
 pub struct CpuModel {
     config: Config,
     host: HostCompute<CpuState>,
@@ -305,7 +261,7 @@ impl CpuModel {
     }
 }
 
-impl DecodeModel for CpuModel {
+impl Model for CpuModel {
     fn config(&self) -> Config {
         self.config
     }
@@ -314,17 +270,17 @@ impl DecodeModel for CpuModel {
         "CPU reference (no Vulkan)".into()
     }
 
-    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
         Ok(self.host.launch(plan, CpuState::step))
     }
 
-    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
+    fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
         self.host.finish()
     }
 }
 
 /// The model on a Vulkan device ([`GpuModel`]): `launch` records and submits
-/// ONE command buffer for the plan and returns its fence fd.
+/// ONE command buffer for the plan and completes with its fence fd (owned).
 pub struct VulkanModel {
     gpu: GpuModel,
     in_flight: Option<InFlight>,
@@ -351,7 +307,7 @@ impl VulkanModel {
         kv: KvGeometry,
         max_tokens: usize,
         max_seqs: usize,
-    ) -> Result<Self, ModelError> {
+    ) -> Result<Self, DeviceError> {
         let opts = GpuOptions {
             kv,
             max_tokens,
@@ -359,7 +315,7 @@ impl VulkanModel {
             ..GpuOptions::default()
         };
         let gpu = GpuModel::new(dev, weights, opts)
-            .map_err(|e| ModelError(format!("cannot load the model on the device: {e}")))?;
+            .map_err(|e| DeviceError(format!("cannot load the model on the device: {e}")))?;
         Ok(VulkanModel {
             gpu,
             in_flight: None,
@@ -367,7 +323,7 @@ impl VulkanModel {
     }
 }
 
-impl DecodeModel for VulkanModel {
+impl Model for VulkanModel {
     fn config(&self) -> Config {
         *self.gpu.config()
     }
@@ -377,31 +333,41 @@ impl DecodeModel for VulkanModel {
         format!("{} ({:?}, Vulkan)", info.name, info.kind)
     }
 
-    fn launch(&mut self, plan: &BatchPlan) -> Result<Launch, ModelError> {
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
         let f = self
             .gpu
             .submit(plan)
-            .map_err(|e| ModelError(format!("submit: {e}")))?;
-        let fd = f.as_raw_fd();
+            .map_err(|e| DeviceError(format!("submit: {e}")))?;
+        // The completion owns a duplicate of the fence fd (same open file,
+        // same readiness), so it stays valid however long the driver keeps
+        // it; the submission keeps its own for `finish`.
+        let fence = match f.fence_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Nothing may stay in flight after an error: wait it out.
+                let _ = self.gpu.finish(f);
+                return Err(DeviceError(format!("cannot duplicate the fence fd: {e}")));
+            }
+        };
         self.in_flight = Some(f);
-        Ok(Launch::Fence(fd))
+        Ok(Completion::Fence(Rc::new(fence)))
     }
 
-    fn finish(&mut self) -> Result<Vec<u32>, ModelError> {
+    fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
         let f = self
             .in_flight
             .take()
-            .ok_or_else(|| ModelError("finish without a launched plan".into()))?;
+            .ok_or_else(|| DeviceError("finish without a launched plan".into()))?;
         self.gpu
             .finish(f)
-            .map_err(|e| ModelError(format!("finish: {e}")))
+            .map_err(|e| DeviceError(format!("finish: {e}")))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::model::SeqWork;
+    use crate::decode::SeqWork;
 
     #[test]
     fn toy_model_reads_history_through_the_block_table() {
@@ -416,7 +382,7 @@ mod tests {
             }],
         };
         assert!(m.finish().is_err());
-        let Launch::Blocking(work) = m.launch(&plan).unwrap() else {
+        let Completion::Host(work) = m.launch(&plan).unwrap() else {
             panic!("host models run on the pool")
         };
         work();
@@ -431,7 +397,7 @@ mod tests {
                 sample: false,
             }],
         };
-        let Launch::Blocking(work) = m.launch(&short).unwrap() else {
+        let Completion::Host(work) = m.launch(&short).unwrap() else {
             panic!("host models run on the pool")
         };
         work();
