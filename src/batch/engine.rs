@@ -106,6 +106,7 @@ impl<R: 'static, A: AsyncStep<R> + 'static> Engine<R> for AsyncEngine<A> {
         fl.phase = Phase::Waiting;
         let status = self.await_exec(sh, &items, exec, &mut fl.blocking).await;
         count_status(&mut sh.core.borrow_mut(), status);
+        self.completion_boundary(sh, &items, seq0).await;
         fl.phase = Phase::Callback;
         let ret = {
             let _cb = InCallback::enter(sh);
@@ -241,6 +242,39 @@ impl<A> AsyncEngine<A> {
                     }
                 }
             }
+        }
+    }
+
+    /// The completion boundary (B-093, B-094, B-121, B-122): the wait ended
+    /// and the operation is still outstanding as far as the application
+    /// knows (collect has not run). Every cancel accepted before this point
+    /// is recorded here, whichever path carried it: the owner's is in the
+    /// core already, a cancel_mt is drained from the ring now (the operation
+    /// may have finished before the driver ever looked at the ring). Each
+    /// newly cancelled member gets its hint, then collect runs and the
+    /// member ends `Aborted` ("already recorded DONE wins" cannot apply: DONE
+    /// is recorded only after collect). Hints may yield, so the ring is
+    /// drained again after them; nothing suspends between the last drain
+    /// and collect. A cancel of a member written behind a position whose
+    /// producer is still writing is waited for by yielding (a producer
+    /// never pauses mid-write).
+    async fn completion_boundary<R>(&mut self, sh: &Shared<R>, items: &[Item<'_, R>], seq0: u64)
+    where
+        A: AsyncStep<R>,
+    {
+        let mut hinted_at = seq0;
+        loop {
+            let stuck = remote::drain_at_completion(sh, items);
+            let seq = sh.core.borrow().cancel_seq;
+            if seq != hinted_at {
+                hinted_at = seq;
+                self.hints(sh, items, false).await; // once per member (B-094)
+                continue;
+            }
+            if !stuck {
+                return;
+            }
+            rt::yield_now().await;
         }
     }
 

@@ -370,7 +370,12 @@ impl<R> Core<R> {
         }
         let mut n = 0;
         while let Some(front) = self.waiting.front() {
-            let fits = self.reserved + front.charge <= self.limits.resource_capacity;
+            // Checked: `reserved + charge` may exceed u64 near the top of a
+            // `u64::MAX` capacity (issue 12); no sum, no wrap, no panic.
+            let fits = self
+                .reserved
+                .checked_add(front.charge)
+                .is_some_and(|units| units <= self.limits.resource_capacity);
             if self.active >= self.limits.max_active || !fits {
                 break; // strict FCFS: nobody passes the front
             }
