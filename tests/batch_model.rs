@@ -34,6 +34,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -206,6 +207,8 @@ struct App {
     timeout: bool,
     /// Cross-loop flavour: FUTURE operations resolved by timer processes.
     mt: bool,
+    /// A real eventfd handed as the FENCE (the simulator cannot wait on it).
+    fence: Rc<dyn AsFd>,
 }
 
 impl App {
@@ -255,6 +258,12 @@ impl App {
     }
 }
 
+/// An eventfd for FENCE operations (B-070: `Nosys` under Sim).
+fn fence() -> Rc<dyn AsFd> {
+    let flags = rustix::event::EventfdFlags::CLOEXEC;
+    Rc::new(rustix::event::eventfd(0, flags).expect("eventfd"))
+}
+
 fn handles(items: &[Item<'_, Req>]) -> Vec<Handle> {
     items.iter().map(|i| i.handle).collect()
 }
@@ -297,7 +306,7 @@ impl AsyncStep<Req> for App {
         self.m.borrow_mut().inflight = Some(hs);
         Ok(match pick {
             4..30 => Exec::Inline,
-            30..34 => Exec::Fence(0),
+            30..34 => Exec::Fence(self.fence.clone()), // Nosys under Sim (B-070)
             34..45 if self.blocking => {
                 let fail = self.rng.u32(0..5) == 0;
                 Exec::Blocking(Box::new(
@@ -640,6 +649,7 @@ fn run_seed(seed: u64, is_async: bool, cover: &mut Cover) {
         blocking,
         timeout,
         mt: false,
+        fence: fence(),
     };
     let sink = Sink {
         m: m.clone(),
@@ -1080,6 +1090,7 @@ fn run_mt_seed(seed: u64, cover: &mut MtCover) {
         blocking: false,
         timeout,
         mt: true,
+        fence: fence(),
     };
     let sink = Sink {
         m: m.clone(),

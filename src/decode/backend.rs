@@ -16,7 +16,8 @@
 //! table or position mistake of the job changes its tokens; tests compare it
 //! with [`toy_reference`].
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::decode::gpu::{GpuModel, GpuOptions, InFlight};
@@ -28,8 +29,11 @@ use crate::vk;
 pub enum Launch {
     /// The result is already there (computed inline).
     Ready,
-    /// Wait until this fd is readable (owned by the model; valid until `finish`).
-    Fence(RawFd),
+    /// Wait until this fence's fd is readable. The model keeps its own
+    /// clone; the waiter holds this one until it is done with the fd (the
+    /// batch engine: until `collect` returns), so the fd stays open
+    /// meanwhile (`batch::Exec::Fence`, B-066, B-067).
+    Fence(Rc<dyn AsFd>),
     /// Run this on a pool thread (or inline), then call `finish`.
     Blocking(Box<dyn FnOnce() + Send>),
 }
@@ -38,7 +42,7 @@ impl std::fmt::Debug for Launch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Launch::Ready => f.write_str("Ready"),
-            Launch::Fence(fd) => write!(f, "Fence({fd})"),
+            Launch::Fence(fd) => write!(f, "Fence({})", fd.as_fd().as_raw_fd()),
             Launch::Blocking(_) => f.write_str("Blocking(..)"),
         }
     }
@@ -382,9 +386,9 @@ impl DecodeModel for VulkanModel {
             .gpu
             .submit(plan)
             .map_err(|e| ModelError(format!("submit: {e}")))?;
-        let fd = f.as_raw_fd();
+        let fence = f.fence();
         self.in_flight = Some(f);
-        Ok(Launch::Fence(fd))
+        Ok(Launch::Fence(fence))
     }
 
     fn finish(&mut self) -> Result<Vec<u32>, ModelError> {

@@ -20,7 +20,9 @@
 //!   list of sampled rows.
 //! - tokens `[u32]` (read back): the greedy token of each sampled sequence.
 
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::rc::Rc;
+use std::sync::Arc;
 
 use super::model::{BatchPlan, Config, KvGeometry, Weights};
 use super::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
@@ -71,21 +73,37 @@ impl Default for GpuOptions {
 /// done), then hand it to [`GpuModel::finish`].
 #[derive(Debug)]
 pub struct InFlight {
-    sub: Submission,
+    sub: Arc<SharedSubmission>,
     n_samples: usize,
     iteration: u64,
+}
+
+/// A submission shared between its [`InFlight`] (which stays `Send`) and
+/// the batch engine's FENCE wait: its completion fd stays open until the
+/// last clone drops, and dropping the last clone waits for the work (as
+/// [`Submission`] does).
+#[derive(Debug)]
+struct SharedSubmission(Submission);
+
+impl AsFd for SharedSubmission {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.fence_fd()
+    }
 }
 
 impl InFlight {
     /// The completion fd: an eventfd or sync_file, POLLIN once the
     /// iteration's command buffer has executed (B-066). Valid while `self` lives.
     pub fn fence_fd(&self) -> BorrowedFd<'_> {
-        self.sub.fence_fd()
+        self.sub.0.fence_fd()
     }
 
-    /// Raw form of [`fence_fd`](Self::fence_fd) (for `batch::Exec::Fence`).
-    pub fn as_raw_fd(&self) -> RawFd {
-        self.sub.fence_fd().as_raw_fd()
+    /// The completion fence as a shared owner, for `batch::Exec::Fence`
+    /// (B-066, B-067): the engine keeps this clone until its `collect`
+    /// returned, so the fd stays open for the whole wait even once
+    /// [`GpuModel::finish`] consumed `self`.
+    pub fn fence(&self) -> Rc<dyn AsFd> {
+        Rc::new(self.sub.clone()) // `Arc<T: AsFd>` is `AsFd`
     }
 
     /// Sequences of the plan that sample.
@@ -334,7 +352,7 @@ impl GpuModel {
         }
         self.iteration += 1;
         Ok(InFlight {
-            sub,
+            sub: Arc::new(SharedSubmission(sub)),
             n_samples,
             iteration: self.iteration,
         })
@@ -361,7 +379,7 @@ impl GpuModel {
         if f.iteration != self.iteration {
             return Err(Error::Inval);
         }
-        if !f.sub.wait(None)? {
+        if !f.sub.0.wait(None)? {
             return Err(Error::Internal);
         }
         let mut out = vec![0u32; f.n_samples];
