@@ -17,6 +17,15 @@
 //!    (held, waiting, active; a cancel of an in-flight member is recorded and
 //!    consumed at the completion boundary, B-122); for a completed handle the
 //!    core says `Inval` and the control is dropped: nothing is kept (B-123).
+//!    The driver also drains during an operation wait (so a hint fires) and
+//!    at the operation's completion boundary, before collect
+//!    ([`drain_at_completion`]): a cancel accepted while the operation was
+//!    outstanding is never lost to the operation finishing first.
+//!
+//! Only the driver (and, after it, the finalizer) drains: a drain disarms
+//! the doorbell the parked driver armed, so an owner-loop cancel of a handle
+//! still on the ring is a read-only look plus a note for the drain
+//! ([`MtState::owner_cancel`]), never a drain.
 //! 3. [`MtState::settle`] returns the SUBMIT record of every drained hand-in
 //!    that is no longer held (admitted, or ended `Aborted`), so
 //!    `mt_queue_cap` bounds accepted-but-unadmitted hand-ins (B-111) and held
