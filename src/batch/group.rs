@@ -270,7 +270,7 @@ impl<R> Core<R> {
         }
         e.cancelled = true;
         self.pending_cancels += 1;
-        self.cancel_seq += 1;
+        self.cancel_seq = self.cancel_seq.wrapping_add(1); // compared for change only
         Ok(())
     }
 
@@ -307,7 +307,7 @@ impl<R> Core<R> {
                 }
             }
         }
-        self.cancel_seq += 1;
+        self.cancel_seq = self.cancel_seq.wrapping_add(1); // compared for change only
     }
 
     /// Marks the hint of `handle` as fired; true when it had not fired and the
