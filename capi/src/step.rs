@@ -8,7 +8,7 @@
 //! most `max_active`), so steady-state iterations allocate nothing.
 
 use std::ffi::c_void;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::os::raw::c_int;
 use std::rc::Rc;
 
@@ -249,10 +249,10 @@ impl AsFd for AppFd {
     }
 }
 
-/// The shim between the C fence fd and the engine's `Exec::Fence`: the one
-/// line to change when the engine takes `Rc<dyn AsFd>`.
+/// The shim between the C fence fd and the engine's `Exec::Fence`: the
+/// engine holds this `Rc` for the wait and drops it after `collect` returns.
 fn fence(fd: Rc<dyn AsFd>) -> Exec {
-    Exec::Fence(fd.as_fd().as_raw_fd())
+    Exec::Fence(fd)
 }
 
 /// An operation the engine cannot await: a wait that fails at once with `e`,

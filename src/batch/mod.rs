@@ -80,7 +80,6 @@
 mod api;
 mod driver;
 mod engine;
-mod fence;
 pub(crate) mod group;
 pub mod placement;
 pub mod router;

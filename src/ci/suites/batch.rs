@@ -25,7 +25,7 @@
 //!   (the cross-loop admission ring); every request completes once.
 
 use std::cell::RefCell;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -194,10 +194,10 @@ impl Device {
 }
 
 /// The one place this suite turns a completion fd into an `Exec` (the
-/// engine's FENCE path; the fd stays owned by its submission or fence, which
-/// the step keeps until collect).
-fn fence_exec(fd: std::os::fd::BorrowedFd<'_>) -> Exec {
-    Exec::Fence(fd.as_raw_fd())
+/// engine's FENCE path): the engine holds a clone of the submission or
+/// fence for the wait and drops it after collect; the step keeps its own.
+fn fence_exec(fd: Rc<dyn AsFd>) -> Exec {
+    Exec::Fence(fd)
 }
 
 /// How an async step hands its operation to the driver.
@@ -213,19 +213,19 @@ enum Await {
 struct AsyncDevice {
     dev: Device,
     mode: Await,
-    sub: Option<Submission>,
+    sub: Option<Rc<Submission>>,
     gate: Rc<EventFence>,
     gated: bool,
 }
 
 impl AsyncStep<Req> for AsyncDevice {
     async fn submit(&mut self, items: &mut [Item<'_, Req>]) -> crate::Result<Exec> {
-        let sub = self.dev.submit(items)?;
+        let sub = Rc::new(self.dev.submit(items)?);
         let exec = if self.mode == Await::Gate && !self.gated {
             self.gated = true;
-            fence_exec(self.gate.as_fd())
+            fence_exec(self.gate.clone())
         } else {
-            fence_exec(sub.fence_fd())
+            fence_exec(sub.clone())
         };
         self.sub = Some(sub);
         Ok(exec)

@@ -20,7 +20,9 @@
 //!   list of sampled rows.
 //! - tokens `[u32]` (read back): the greedy token of each sampled sequence.
 
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::rc::Rc;
+use std::sync::Arc;
 
 use super::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
 use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights};
@@ -71,7 +73,10 @@ impl Default for GpuOptions {
 /// done), then hand it to [`GpuModel::finish`].
 #[derive(Debug)]
 pub struct InFlight {
-    sub: Submission,
+    /// Shared with the batch engine's FENCE wait ([`InFlight::fence`]);
+    /// `Arc` so `InFlight` stays `Send`. Dropping the last clone waits for
+    /// the work (as [`Submission`] does).
+    sub: Arc<Submission>,
     n_samples: usize,
     iteration: u64,
 }
@@ -83,9 +88,12 @@ impl InFlight {
         self.sub.fence_fd()
     }
 
-    /// Raw form of [`fence_fd`](Self::fence_fd) (for `batch::Exec::Fence`).
-    pub fn as_raw_fd(&self) -> RawFd {
-        self.sub.fence_fd().as_raw_fd()
+    /// The completion fence as a shared owner, for `batch::Exec::Fence`
+    /// (B-066, B-067): the engine keeps this clone until its `collect`
+    /// returned, so the fd stays open for the whole wait even once
+    /// [`GpuModel::finish`] consumed `self`.
+    pub fn fence(&self) -> Rc<dyn AsFd> {
+        Rc::new(self.sub.clone()) // `Arc<T: AsFd>` is `AsFd`
     }
 
     /// Sequences of the plan that sample.
@@ -334,7 +342,7 @@ impl GpuModel {
         }
         self.iteration += 1;
         Ok(InFlight {
-            sub,
+            sub: Arc::new(sub),
             n_samples,
             iteration: self.iteration,
         })
