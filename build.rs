@@ -50,7 +50,7 @@ fn compile(file: &Path, out_dir: &Path) -> Vec<(String, PathBuf)> {
             e.emit_to_string_with_path(&src, &file.display().to_string())
         )
     });
-    let info = Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES)
+    let info = Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16_IN_FLOAT32)
         .validate(&module)
         .unwrap_or_else(|e| panic!("{}: {}", file.display(), e.emit_to_string(&src)));
     let options = spv::Options {
