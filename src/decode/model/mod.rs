@@ -1,8 +1,152 @@
-//! The llama-style decoder's configuration, weights and per-iteration work plan.
+//! The llama-style decoder: its shape, its weights in two forms, and one
+//! iteration's work plan.
 //!
-//! Tensor layout follows llama2.c (Karpathy's `run.c`) so a user's own
-//! checkpoint loads as-is: every matrix is row-major `[out, in]` f32 and a
-//! matmul is `y[o] = sum_i W[o*in + i] * x[i]`.
+//! # Two kinds of weights
+//! - **f32, llama2.c order** (this file): [`Config`], [`Weights`] (seeded
+//!   synthetic weights, or a llama2.c checkpoint through
+//!   [`checkpoint`](super::checkpoint)), [`BatchPlan`] and [`KvGeometry`].
+//!   Every matrix is row-major `[out, in]` f32 and a matmul is
+//!   `y[o] = sum_i W[o*in + i] * x[i]`. `xtc decode`, the Vulkan model and
+//!   [`reference`](super::reference) use these.
+//! - **A real model in a GGUF file** (the submodules): SmolLM2-135M-Instruct
+//!   in Q4_1 is the one the project ships a fetch script for
+//!   ([`FETCH_SCRIPT`]), found at [`default_model_path`] unless a path is
+//!   given.
+//!   - [`gguf`]: the file: header, metadata, tensor table, mapped tensor
+//!     bytes (no copy), and a writer for tests.
+//!   - [`quant`]: the block formats F32, F16, Q4_0, Q4_1, Q8_0 and the
+//!     quantized matrix product (blocks decoded as they are used).
+//!   - [`config`]: [`config::LlamaConfig`] from the metadata (GQA, RoPE base,
+//!     RMSNorm epsilon, tied output), refusing what the kernels cannot run.
+//!   - [`llama`]: [`llama::Llama`], the quantized weights checked against the
+//!     config, and the CPU reference forward pass over per-sequence KV
+//!     caches: the oracle of the Vulkan kernels and `--device cpu`.
+//!   - [`bpe`]: the GPT-2 byte-level BPE tokenizer from the metadata;
+//!     [`chat`]: the ChatML template; [`sampling`]: greedy, temperature,
+//!     top-k, top-p, min-p with a seed; [`generate`]: the prefill/decode loop
+//!     of one stream and its timings.
+//!
+//! # Invariants of the GGUF side
+//! - Nothing is trusted from the file before it is bounded: every count,
+//!   offset and shape is checked ([`gguf::GgufError`], [`ModelError`] name
+//!   the key or tensor at fault) before a byte is read or allocated for it.
+//! - The weights stay in their file format in the mapped file; no f32 copy of
+//!   a matrix is ever made (only the RMSNorm vectors are decoded).
+//! - The CPU reference's arithmetic is defined to the bit ([`quant`],
+//!   [`llama`]): the same result for any thread count and any batch of
+//!   sequences a row is computed in.
+
+pub mod bpe;
+pub mod chat;
+pub mod config;
+pub mod generate;
+pub mod gguf;
+pub mod llama;
+pub mod quant;
+pub mod sampling;
+
+use std::path::{Path, PathBuf};
+
+/// File name of the model the fetch script downloads.
+pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The script (relative to the repository root) that fetches [`MODEL_FILE`]
+/// into [`default_model_path`]'s directory, checking its sha256; idempotent.
+pub const FETCH_SCRIPT: &str = "scripts/fetch-model.sh";
+
+/// Why a GGUF model could not be found or loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// No file at the path (the default one, or the one given).
+    #[error(
+        "model file {path} not found: run {FETCH_SCRIPT} to fetch SmolLM2-135M-Instruct (Q4_1), or pass --model PATH"
+    )]
+    NotFound {
+        /// The path looked at.
+        path: String,
+    },
+    /// The file is not a GGUF file xtc can read.
+    #[error(transparent)]
+    Gguf(gguf::GgufError),
+    /// A metadata value the model or the kernels cannot run.
+    #[error("model config: GGUF key `{field}` = {value}: {why}")]
+    Config {
+        /// The GGUF key.
+        field: String,
+        /// Its value as read.
+        value: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A tensor whose shape disagrees with the config.
+    #[error("GGUF tensor `{tensor}` has shape {found:?}, the config implies {expected:?}")]
+    Shape {
+        /// The tensor.
+        tensor: String,
+        /// The dimensions the config implies (`ne[0]` first).
+        expected: Vec<u64>,
+        /// The dimensions in the file.
+        found: Vec<u64>,
+    },
+    /// A tensor of a type its role does not allow (a norm vector must be F32 or F16).
+    #[error("GGUF tensor `{tensor}` has type {ty}: {why}")]
+    TensorType {
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        ty: gguf::GgmlType,
+        /// What the role needs.
+        why: &'static str,
+    },
+    /// Tokenizer metadata that cannot make a tokenizer.
+    #[error("tokenizer: GGUF key `{key}`: {why}")]
+    Tokenizer {
+        /// The key at fault (with an index for an array element).
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/xtc`, the fetch script's directory (the
+/// shell rule: an empty `XDG_CACHE_HOME` counts as unset); `None` when
+/// neither variable is set.
+pub fn cache_dir() -> Option<PathBuf> {
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(x) => PathBuf::from(x),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache"),
+    };
+    Some(base.join("xtc"))
+}
+
+/// Where the fetch script puts the model: [`cache_dir`]`/`[`MODEL_FILE`].
+pub fn default_model_path() -> Option<PathBuf> {
+    cache_dir().map(|d| d.join(MODEL_FILE))
+}
+
+/// The model to load: `explicit` if given, else [`default_model_path`]; the
+/// single place the model path is looked up (the CLI and the tests use it).
+///
+/// # Errors
+/// [`ModelError::NotFound`] (naming the path and [`FETCH_SCRIPT`]) when no
+/// file is there.
+pub fn find_model(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => default_model_path().ok_or_else(|| ModelError::NotFound {
+            path: format!(
+                "$XDG_CACHE_HOME or $HOME/.cache/xtc/{MODEL_FILE} (neither variable is set)"
+            ),
+        })?,
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ModelError::NotFound {
+            path: path.display().to_string(),
+        })
+    }
+}
 
 /// Model shape: the seven header fields of a llama2.c checkpoint.
 ///
