@@ -10,9 +10,13 @@
 // Bindings (group 0): 1 act f32 (read_write), 3 md u32 (read).
 // Workgroup: 64; grid (ceil(dim / 2 / 64), n_rows). Angles in radians.
 
-struct Params { n_rows: u32, dim: u32, kv_dim: u32, head_size: u32, rows_off: u32, q_off: u32, k_off: u32 }
+struct Params {
+    n_rows: u32, dim: u32, kv_dim: u32, head_size: u32, rows_off: u32, q_off: u32, k_off: u32,
+    tab_off: u32, // `rope_tab` only
+}
 var<immediate> p: Params;
 
+@group(0) @binding(0) var<storage, read> weights: array<f32>;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
 @group(0) @binding(3) var<storage, read> md: array<u32>;
 
@@ -39,6 +43,27 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>) {
     angle = angle - TWO_PI * floor(angle / TWO_PI); // keep cos/sin in their accurate range
     let c = cos(angle);
     let s = sin(angle);
+    rotate(p.q_off + r * p.dim + i, c, s);
+    if (i < p.kv_dim) {
+        rotate(p.k_off + r * p.kv_dim + i, c, s);
+    }
+}
+
+// `rope_tab`: the same rotation with cos and sin of each (position, pair) read
+// from a table in the weights buffer: weights[tab_off + (pos * head_size / 2 + i) * 2]
+// = cos, + 1 = sin, for pair i = (element % head_size) / 2 of a head (any RoPE base;
+// the host computes the table as the CPU reference does). Grid as `rope`.
+@compute @workgroup_size(64)
+fn rope_tab(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x * 2u;
+    let r = gid.y;
+    if (i >= p.dim || r >= p.n_rows) {
+        return;
+    }
+    let pos = md[p.rows_off + r * 4u + 2u];
+    let t = p.tab_off + (pos * (p.head_size / 2u) + (i % p.head_size) / 2u) * 2u;
+    let c = weights[t];
+    let s = weights[t + 1u];
     rotate(p.q_off + r * p.dim + i, c, s);
     if (i < p.kv_dim) {
         rotate(p.k_off + r * p.kv_dim + i, c, s);

@@ -5,6 +5,8 @@
 //!   ([`model::BatchPlan`]).
 //! - [`mod@reference`]: the CPU f32 forward pass the kernels are checked against.
 //! - [`ops`]: the kernels' push constants and how each is dispatched.
+//! - [`qweights`]: quantized weights repacked into the kernels' texel stream;
+//!   [`qops`]: the quantized products, embedding lookup and table RoPE.
 //! - [`gpu`]: [`gpu::GpuModel`], the model on a Vulkan device: ONE command
 //!   buffer per iteration for the whole ready vector.
 //! - [`trace`]: request traces in the Azure LLM inference trace schema (an
@@ -23,6 +25,8 @@ pub mod kv_cache;
 pub mod local;
 pub mod model;
 pub mod ops;
+pub mod qops;
+pub mod qweights;
 mod record;
 pub mod reference;
 pub mod report;

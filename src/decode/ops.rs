@@ -371,16 +371,16 @@ pub const MIN_WINDOW_ROWS: u64 = 8;
 /// One window placement over consecutive rows of an operand: rows
 /// `first .. first + count`, the window's byte offset, and the first row's
 /// element offset inside the window.
-struct Span {
-    first: u32,
-    count: u32,
-    offset: u64,
-    rel: u32,
+pub(crate) struct Span {
+    pub(crate) first: u32,
+    pub(crate) count: u32,
+    pub(crate) offset: u64,
+    pub(crate) rel: u32,
 }
 
 /// Covers `rows` rows of `k` f32 elements starting at element `base` of the
 /// window's buffer with as few window placements as possible.
-fn spans(win: &Window, base: u32, rows: u32, k: u64) -> Option<Vec<Span>> {
+pub(crate) fn spans(win: &Window, base: u32, rows: u32, k: u64) -> Option<Vec<Span>> {
     let row_bytes = k * 4;
     let mut out = Vec::new();
     let mut first = 0u32;

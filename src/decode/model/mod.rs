@@ -40,6 +40,7 @@ pub mod bpe;
 pub mod chat;
 pub mod config;
 pub mod generate;
+pub mod gpu_llama;
 pub mod gguf;
 pub mod llama;
 pub mod quant;
