@@ -509,6 +509,14 @@ impl Device {
         )
     }
 
+    /// Nanoseconds per timestamp tick (`timestampPeriod`), or `None` when
+    /// compute queues cannot write timestamps
+    /// (`timestampComputeAndGraphics`).
+    pub fn timestamp_period(&self) -> Option<f64> {
+        let l = &self.0.limits;
+        (l.timestamp_compute_and_graphics == vk::TRUE).then_some(f64::from(l.timestamp_period))
+    }
+
     /// `(maxImageDimension2D, maxImageArrayLayers)`: the largest
     /// [`super::StorageImage`] side and layer count.
     pub fn image_limits(&self) -> (u32, u32) {

@@ -35,7 +35,7 @@ pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
 pub use memory::{Buffer, Location};
 pub use pipeline::{
     BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, WEIGHT_IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
-    Recorder, WINDOW_BYTES, WINDOWS, Window,
+    Recorder, Timestamps, WINDOW_BYTES, WINDOWS, Window,
 };
 pub use queue::{FenceKind, Submission};
 

@@ -602,6 +602,78 @@ impl Drop for CommandPool {
     }
 }
 
+/// A pool of `count` timestamp queries ([`Recorder::timestamp`]): for
+/// profiling where one command buffer's time goes. Destroyed after the
+/// device's submitted work completed.
+pub struct Timestamps {
+    dev: Device,
+    raw: vk::QueryPool,
+    count: u32,
+}
+
+impl Timestamps {
+    /// A pool of `count` timestamps.
+    ///
+    /// # Errors
+    /// `Inval` for `count == 0` or a device whose compute queue cannot write
+    /// timestamps ([`Device::timestamp_period`]); `Call` otherwise.
+    pub fn new(dev: &Device, count: u32) -> VkResult<Timestamps> {
+        if count == 0 || dev.timestamp_period().is_none() {
+            return Err(VkError::Inval("no timestamps on this device (or count 0)".into()));
+        }
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(count);
+        // SAFETY: valid create info.
+        let raw = unsafe { dev.raw().create_query_pool(&info, None) }
+            .map_err(call("vkCreateQueryPool"))?;
+        Ok(Timestamps {
+            dev: dev.clone(),
+            raw,
+            count,
+        })
+    }
+
+    /// The queries' capacity.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The first `n` timestamps in nanoseconds, waiting until they are
+    /// available (call after the submission that wrote them).
+    ///
+    /// # Errors
+    /// `Inval` for `n` above the capacity; `Call` for a failed read.
+    pub fn read_ns(&self, n: u32) -> VkResult<Vec<f64>> {
+        if n > self.count {
+            return Err(VkError::Inval(format!("{n} of {} timestamps", self.count)));
+        }
+        let mut raw = vec![0u64; n as usize];
+        if n > 0 {
+            // SAFETY: the pool is live; `raw` holds `n` 64-bit results.
+            unsafe {
+                self.dev.raw().get_query_pool_results(
+                    self.raw,
+                    0,
+                    &mut raw,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            }
+            .map_err(call("vkGetQueryPoolResults"))?;
+        }
+        let period = self.dev.timestamp_period().unwrap_or(1.0);
+        Ok(raw.iter().map(|&t| t as f64 * period).collect())
+    }
+}
+
+impl Drop for Timestamps {
+    fn drop(&mut self) {
+        let _ = self.dev.wait_submitted();
+        // SAFETY: no submitted work uses the pool any more (waited above).
+        unsafe { self.dev.raw().destroy_query_pool(self.raw, None) };
+    }
+}
+
 /// Records one command buffer: kernel dispatches, barriers and copies.
 pub struct Recorder<'a> {
     pool: &'a mut CommandPool,
@@ -826,6 +898,38 @@ impl Recorder<'_> {
             )
         };
         self.barrier();
+        Ok(())
+    }
+
+    /// Resets every query of `ts` (record before the first [`timestamp`](Self::timestamp)).
+    pub fn reset_timestamps(&mut self, ts: &Timestamps) {
+        // SAFETY: recording state; the pool is live and of this device.
+        unsafe {
+            self.pool
+                .dev
+                .raw()
+                .cmd_reset_query_pool(self.cmd, ts.raw, 0, ts.count)
+        };
+    }
+
+    /// Writes timestamp `i` of `ts` once all earlier commands completed.
+    ///
+    /// # Errors
+    /// `Inval` for `i` beyond the pool or a pool of another device.
+    pub fn timestamp(&mut self, ts: &Timestamps, i: u32) -> VkResult<()> {
+        if i >= ts.count || !ts.dev.same(&self.pool.dev) {
+            return Err(VkError::Inval(format!("timestamp {i} of {}", ts.count)));
+        }
+        // SAFETY: recording state; the pool is live, of this device, and `i`
+        // is inside it (checked above); it was reset earlier in this buffer.
+        unsafe {
+            self.pool.dev.raw().cmd_write_timestamp(
+                self.cmd,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                ts.raw,
+                i,
+            )
+        };
         Ok(())
     }
 

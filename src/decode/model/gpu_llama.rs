@@ -46,7 +46,7 @@ use crate::decode::qweights::{QTensor, RepackError, TexelStream};
 use crate::decode::record::{ActOffsets, u32_of};
 use crate::vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, StorageImage,
-    TexelFormat, VkError, VkResult,
+    TexelFormat, Timestamps, VkError, VkResult,
 };
 use crate::{Error, Result};
 
@@ -81,7 +81,7 @@ impl Default for GpuLlamaOptions {
         GpuLlamaOptions {
             kv: KvGeometry {
                 block_size: 16,
-                n_blocks: 1024,
+                n_blocks: 256,
             },
             max_tokens: 256,
             max_seqs: 64,
@@ -480,6 +480,37 @@ impl GpuLlama {
     /// `Range` for more tokens or sequences than the options allow,
     /// `Internal`/`Nomem` for device failures. Nothing is submitted on error.
     pub fn submit(&mut self, plan: &BatchPlan) -> Result<InFlight> {
+        self.submit_with(plan, false).map(|(f, _)| f)
+    }
+
+    /// Runs `plan` as [`step`](Self::step) does, with a timestamp after each
+    /// group of dispatches; returns the tokens and the device time of each
+    /// group in order (`(label, nanoseconds)`: `qembed`, then per layer
+    /// `rmsnorm`, `qmm q|k|v`, ..., then the LM head and `argmax`). For
+    /// benches: it advances the sequences like any iteration.
+    ///
+    /// # Errors
+    /// As [`step`](Self::step); `Inval` on a device without compute
+    /// timestamps.
+    pub fn profile(&mut self, plan: &BatchPlan) -> Result<(Vec<u32>, Vec<(&'static str, f64)>)> {
+        let (f, ts) = self.submit_with(plan, true)?;
+        let toks = self.finish(f)?;
+        let (ts, labels) = ts.ok_or(Error::Internal)?;
+        let ns = ts.read_ns(labels.len() as u32 + 1)?;
+        let times = labels
+            .iter()
+            .zip(ns.windows(2))
+            .map(|(l, w)| (*l, w[1] - w[0]))
+            .collect();
+        Ok((toks, times))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn submit_with(
+        &mut self,
+        plan: &BatchPlan,
+        timed: bool,
+    ) -> Result<(InFlight, Option<(Timestamps, Vec<&'static str>)>)> {
         plan.validate(&self.shape, self.opts.kv)?;
         let n_rows = plan.n_tokens();
         if n_rows == 0 {
@@ -509,6 +540,10 @@ impl GpuLlama {
             max_pos,
         };
         let plan_rec = rec_ctx.plan();
+        let ts = match timed {
+            true => Some(Timestamps::new(&self.dev, plan_rec.groups() as u32 + 1)?),
+            false => None,
+        };
         let mut rec = self.pool.record(&self.kernels, &self.set)?;
         let init = match &self.kv_image {
             Some((img, false)) => {
@@ -517,7 +552,7 @@ impl GpuLlama {
             }
             _ => false,
         };
-        plan_rec.record(&self.ops, &mut rec)?;
+        let labels = plan_rec.record(&self.ops, &mut rec, ts.as_ref())?;
         if let Some(l) = &self.logits {
             let bytes = (n_samples * self.shape.vocab_size * 4) as u64;
             if bytes > 0 {
@@ -531,7 +566,8 @@ impl GpuLlama {
             *ready = true;
         }
         self.iteration += 1;
-        Ok(InFlight::new(sub, n_samples, self.iteration))
+        let timed = ts.map(|t| (t, labels));
+        Ok((InFlight::new(sub, n_samples, self.iteration), timed))
     }
 
     /// Waits for `f` and returns the greedy next token of each sampling
@@ -606,7 +642,8 @@ enum Step {
     Attend(Attention, bool),
     Glu(SwiGlu),
     Argmax(Argmax),
-    Barrier,
+    /// A barrier after the group of dispatches named by the label.
+    Barrier(&'static str),
 }
 
 impl Recording<'_> {
@@ -620,7 +657,7 @@ impl Recording<'_> {
             c.hidden_dim as u32,
         );
         let img = m.kv_image.is_some();
-        let mut p = vec![Step::Embed(QEmbed::new(&m.embed, t, 0, a.x)), Step::Barrier];
+        let mut p = vec![Step::Embed(QEmbed::new(&m.embed, t, 0, a.x)), Step::Barrier("qembed")];
         let norm = |w_off, out_off| RmsNorm {
             n_rows: t,
             dim: d,
@@ -642,9 +679,9 @@ impl Recording<'_> {
         for (l, lw) in m.layers.iter().enumerate() {
             let l = l as u32;
             p.push(Step::Norm(norm(lw.attn_norm, a.xb)));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("rmsnorm"));
             proj(&mut p, &lw.qkv, a.xb, [d, kvd, kvd], [a.q, a.k, a.v]);
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("qmm q|k|v"));
             p.push(Step::Rope(RopeTable {
                 rope: Rope {
                     n_rows: t,
@@ -657,7 +694,7 @@ impl Recording<'_> {
                 },
                 tab_off: m.rope_tab,
             }));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("rope_tab"));
             let (kc_off, vc_off) = match img {
                 true => (l, c.n_layers as u32 + l),
                 false => (l * m.kv_layer, (c.n_layers as u32 + l) * m.kv_layer),
@@ -676,7 +713,7 @@ impl Recording<'_> {
                 },
                 img,
             ));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("kv_append"));
             p.push(Step::Attend(
                 Attention {
                     n_rows: t,
@@ -695,22 +732,22 @@ impl Recording<'_> {
                 },
                 img,
             ));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("attention"));
             p.push(Step::Mm(QMatmul::plain(&lw.wo, t, a.att, a.x, true)));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("qmm o (+x)"));
             p.push(Step::Norm(norm(lw.ffn_norm, a.xb)));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("rmsnorm"));
             proj(&mut p, &lw.w13, a.xb, [h, h, 0], [a.h1, a.h3, 0]);
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("qmm gate|up"));
             p.push(Step::Glu(SwiGlu {
                 n_rows: t,
                 hidden_dim: h,
                 h1_off: a.h1,
                 h3_off: a.h3,
             }));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("swiglu"));
             p.push(Step::Mm(QMatmul::plain(&lw.w2, t, a.h1, a.x, true)));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("qmm down (+x)"));
         }
         if self.s > 0 {
             p.push(Step::Norm(RmsNorm {
@@ -718,22 +755,35 @@ impl Recording<'_> {
                 row_list: self.sample_list,
                 ..norm(m.out_norm, a.sel)
             }));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("rmsnorm (sampled rows)"));
             p.push(Step::Mm(QMatmul::plain(&m.head, self.s, a.sel, a.logits, false)));
-            p.push(Step::Barrier);
+            p.push(Step::Barrier("qmm LM head"));
             p.push(Step::Argmax(Argmax {
                 n_rows: self.s,
                 vocab: c.vocab_size as u32,
                 logits_off: a.logits,
                 out_off: 0,
             }));
+            p.push(Step::Barrier("argmax"));
         }
         PlanOps { steps: p }
     }
 }
 
 impl PlanOps {
-    fn record(&self, ops: &Ops, rec: &mut Recorder<'_>) -> VkResult<()> {
+    /// Records the steps; with `ts`, timestamp 0 first and one after each
+    /// barrier (the labels of the groups timed, in order, are returned).
+    fn record(
+        &self,
+        ops: &Ops,
+        rec: &mut Recorder<'_>,
+        ts: Option<&Timestamps>,
+    ) -> VkResult<Vec<&'static str>> {
+        let mut labels = vec![];
+        if let Some(ts) = ts {
+            rec.reset_timestamps(ts);
+            rec.timestamp(ts, 0)?;
+        }
         for s in &self.steps {
             match s {
                 Step::Embed(o) => ops.run(rec, o)?,
@@ -746,9 +796,20 @@ impl PlanOps {
                 Step::Attend(o, false) => ops.run(rec, o)?,
                 Step::Glu(o) => ops.run(rec, o)?,
                 Step::Argmax(o) => ops.run(rec, o)?,
-                Step::Barrier => rec.barrier(),
+                Step::Barrier(label) => {
+                    rec.barrier();
+                    if let Some(ts) = ts {
+                        labels.push(*label);
+                        rec.timestamp(ts, labels.len() as u32)?;
+                    }
+                }
             }
         }
-        Ok(())
+        Ok(labels)
+    }
+
+    /// Barriers (timed groups) in the plan.
+    fn groups(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s, Step::Barrier(_))).count()
     }
 }
