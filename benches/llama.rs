@@ -110,9 +110,9 @@ fn macs(label: &str, m: usize, samples: usize) -> Option<(f64, f64)> {
     // (multiply-adds per row, weight bytes) at SmolLM2-135M's shapes.
     let q41 = |n: f64, k: f64| (n * k, n * k * 20.0 / 32.0);
     let (per_row, bytes) = match label {
-        "qmm q|k|v" => q41(960.0, 576.0),
+        "qmm norm.q|k|v" => q41(960.0, 576.0),
         "qmm o (+x)" => q41(576.0, 576.0),
-        "qmm gate|up" => q41(3072.0, 576.0),
+        "qmm norm.gate|up, swiglu" => q41(3072.0, 576.0),
         "qmm down (+x)" => q41(576.0, 1536.0),
         "qmm LM head" => (49152.0 * 576.0, 49152.0 * 576.0 * 34.0 / 32.0),
         _ => return None,

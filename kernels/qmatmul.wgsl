@@ -21,36 +21,52 @@
 // - `qmm_<ty>_r<R>` (CPU devices such as lavapipe; subgroups of at least 8 lanes):
 //   workgroup 16; each invocation computes 4 consecutive outputs n for R consecutive
 //   rows m; x is read through the activation uniform window (binding 6; rows
-//   m_base .. m_base + m of the product start at element x_off of the window, K apart):
+//   m_base .. m_base + m of the product start at element x_off of the window, K apart;
+//   the RMSNorm weights, when fused, through the weight window, binding 5):
 //   lane l of a subgroup loads the vec4 l of the block's 32 x values and
 //   subgroupBroadcast hands each value to every lane, so x costs one gather per
 //   8 lanes and the weights are fetched as whole texels (vectorised on llvmpipe,
 //   where storage-buffer loads go lane by lane). Every lane stays active until the
 //   stores (the broadcasts need all 8), so invocations past N compute a clamped
-//   copy and store nothing. grid (ceil(N / 64), ceil(m / R)).
+//   copy and store nothing. grid (ceil(m / R), ceil(N / 64)): row tiles vary
+//   fastest, so the workgroups that llvmpipe runs one after the other reuse the
+//   same weight texels from cache (with the column groups fastest, a 30 MB LM head
+//   was streamed from memory once per row tile: 2-3x slower).
 // - `qmm_<ty>_gpu` (GPUs): workgroup 64 = 4 outputs x 16 threads, 4 rows m per
 //   workgroup; x staged through workgroup memory 512 columns at a time, each thread
 //   takes every 16th block of its output row, partial sums reduced in workgroup
 //   memory; weights from the storage buffer; x from act at x_off (absolute).
 //   grid (N / 4, ceil(m / 4)).
-// Outputs: column n < n1 -> y_off + row * n1 + n; n1 <= n < n1 + n2 -> y2_off + row * n2
-// + (n - n1); the rest -> y3_off + row * (N - n1 - n2) + (n - n1 - n2); accumulate != 0
-// adds to y (the residual add). Row index = m_base + chunk row.
+// Fused RMSNorm (norm_off != 0xffffffff): the product takes rmsnorm(x) * g for g the
+// [K] f32 vector at norm_off of the weights buffer (in the weight window, relative,
+// in the CPU form): x is scaled by g as it is loaded, the row's sum of squares is
+// accumulated alongside (subgroupAdd in the CPU form, workgroup memory in the GPU
+// form), and each output is multiplied by 1 / sqrt(mean + eps) at the end
+// (W (x * g) * inv == W (x * inv * g) up to rounding).
+// Outputs, by mode = p.mode & 255: 0 overwrite, 1 add (the residual add):
+// column n < n1 -> y_off + row * n1 + n; n1 <= n < n1 + n2 -> y2_off + row * n2
+// + (n - n1); the rest -> y3_off + row * (N - n1 - n2) + (n - n1 - n2);
+// 2 (SwiGLU): W's rows are gate and up interleaved (gate_j at row 2j, up_j at 2j+1,
+// `TexelStream::push_interleaved`), and h[row, j] = silu(gate_j . x) * (up_j . x) goes
+// to y_off + row * N / 2 + j. Row index = m_base + chunk row. p.mode >> 8 is the
+// weight type (host side only).
 //
 // `qembed_<ty>` (image) / `qembed_<ty>_buf` (buffer): x[r, :] = dequantized row
 // token(r) of the table (row records in md at rows_off, token first), one
 // invocation per (row, block); grid (ceil(K / 32 / 64), n_rows).
 
 struct Params {
-    m: u32, n: u32, k: u32, x_off: u32, qs_off: u32, sc_off: u32, y_off: u32, accumulate: u32,
-    n1: u32, n2: u32, y2_off: u32, y3_off: u32, m_base: u32, ty: u32,
+    m: u32, n: u32, k: u32, x_off: u32, qs_off: u32, sc_off: u32, y_off: u32, mode: u32,
+    n1: u32, n2: u32, y2_off: u32, y3_off: u32, m_base: u32, norm_off: u32, eps: f32,
 }
+const NO_NORM: u32 = 0xffffffffu;
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read> wbuf: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
 @group(0) @binding(3) var<storage, read> md: array<u32>;
 struct Window { v: array<vec4<f32>, 4096>, }
+@group(0) @binding(5) var<uniform> wwin: Window;
 @group(0) @binding(6) var<uniform> xwin: Window;
 @group(0) @binding(8) var wimg: texture_storage_2d_array<rgba32uint, read>;
 
@@ -67,11 +83,38 @@ fn store(m: u32, n: u32, v: f32) {
     } else {
         o = p.y3_off + m * (p.n - p.n1 - p.n2) + (n - p.n1 - p.n2);
     }
-    if (p.accumulate != 0u) {
+    if ((p.mode & 255u) == 1u) {
         act[o] += v;
     } else {
         act[o] = v;
     }
+}
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+/// Stores the outputs c0 .. c0 + 3 of row `row` by mode (see the header).
+fn store4(row: u32, c0: u32, y: vec4<f32>) {
+    if ((p.mode & 255u) == 2u) {
+        let o = p.y_off + row * (p.n / 2u) + c0 / 2u;
+        act[o] = silu(y.x) * y.y;
+        act[o + 1u] = silu(y.z) * y.w;
+    } else {
+        store(row, c0, y.x);
+        store(row, c0 + 1u, y.y);
+        store(row, c0 + 2u, y.z);
+        store(row, c0 + 3u, y.w);
+    }
+}
+
+/// 1 / sqrt(mean square + eps) for a row whose squares sum to `ss`, or 1
+/// without a fused norm.
+fn inv_rms(ss: f32) -> f32 {
+    if (p.norm_off == NO_NORM) {
+        return 1.0;
+    }
+    return 1.0 / sqrt(ss / f32(p.k) + p.eps);
 }
 
 fn i8x4(v: u32) -> vec4<f32> {
@@ -96,7 +139,9 @@ fn wbuf_tex(i: u32) -> vec4<u32> {
 
 const GT: u32 = 512u; // x columns staged per step (16 blocks)
 var<workgroup> xsh: array<f32, 2048>; // [4 rows][GT]
-var<workgroup> red: array<f32, 1024>; // [64 threads][4 rows]
+var<workgroup> red: array<f32, 256>; // [64 threads][4 rows]: partial dot products
+var<workgroup> red2: array<f32, 256>; // [64 threads][4 rows]: partial sums of squares
+var<workgroup> outv: array<f32, 16>; // [4 outputs][4 rows]
 fn deq_q41_img(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
     let dm = unpack2x16float(wtex(sc_off + (n / 4u) * nb + b)[n % 4u]);
@@ -213,21 +258,29 @@ fn deq_f32_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<
 }
 
 @compute @workgroup_size(16)
-fn qmm_q41_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 1u;
+fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 1u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 1u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
@@ -315,42 +368,51 @@ fn qmm_q41_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y0_2 += dm2.x * a0_2 + dm2.y * xs0;
         y0_3 += dm3.x * a0_3 + dm3.y * xs0;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_q41_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 2u;
+fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 2u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 1u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
         var xs0 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
@@ -470,70 +532,83 @@ fn qmm_q41_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y1_2 += dm2.x * a1_2 + dm2.y * xs1;
         y1_3 += dm3.x * a1_3 + dm3.y * xs1;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_q41_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 4u;
+fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 4u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 1u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
     var y2_0 = 0.0;
     var y2_1 = 0.0;
     var y2_2 = 0.0;
     var y2_3 = 0.0;
     let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
     var y3_0 = 0.0;
     var y3_1 = 0.0;
     var y3_2 = 0.0;
     var y3_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
         var xs0 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
         var a1_3 = 0.0;
         var xs1 = 0.0;
-        let mine2 = xwin.v[xr2 + b * 8u];
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
         var a2_0 = 0.0;
         var a2_1 = 0.0;
         var a2_2 = 0.0;
         var a2_3 = 0.0;
         var xs2 = 0.0;
-        let mine3 = xwin.v[xr3 + b * 8u];
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
         var a3_0 = 0.0;
         var a3_1 = 0.0;
         var a3_2 = 0.0;
@@ -717,30 +792,490 @@ fn qmm_q41_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y3_2 += dm2.x * a3_2 + dm2.y * xs3;
         y3_3 += dm3.x * a3_3 + dm3.y * xs3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
     if (r0 + 2u < p.m) {
-        store(p.m_base + r0 + 2u, c0 + 0u, y2_0);
-        store(p.m_base + r0 + 2u, c0 + 1u, y2_1);
-        store(p.m_base + r0 + 2u, c0 + 2u, y2_2);
-        store(p.m_base + r0 + 2u, c0 + 3u, y2_3);
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
     }
     if (r0 + 3u < p.m) {
-        store(p.m_base + r0 + 3u, c0 + 0u, y3_0);
-        store(p.m_base + r0 + 3u, c0 + 1u, y3_1);
-        store(p.m_base + r0 + 3u, c0 + 2u, y3_2);
-        store(p.m_base + r0 + 3u, c0 + 3u, y3_3);
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+}
+
+@compute @workgroup_size(16)
+fn qmm_q41_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 8u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
+    let nb = p.k / 32u;
+    let k4 = p.k / 4u;
+    let q0 = p.qs_off + c0 * 1u * nb;
+    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
+    var y0_0 = 0.0;
+    var y0_1 = 0.0;
+    var y0_2 = 0.0;
+    var y0_3 = 0.0;
+    let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
+    var y1_0 = 0.0;
+    var y1_1 = 0.0;
+    var y1_2 = 0.0;
+    var y1_3 = 0.0;
+    let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
+    var y2_0 = 0.0;
+    var y2_1 = 0.0;
+    var y2_2 = 0.0;
+    var y2_3 = 0.0;
+    let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
+    var y3_0 = 0.0;
+    var y3_1 = 0.0;
+    var y3_2 = 0.0;
+    var y3_3 = 0.0;
+    let xr4 = p.x_off / 4u + min(r0 + 4u, p.m - 1u) * k4 + (sl & 7u);
+    var ss4 = 0.0;
+    var y4_0 = 0.0;
+    var y4_1 = 0.0;
+    var y4_2 = 0.0;
+    var y4_3 = 0.0;
+    let xr5 = p.x_off / 4u + min(r0 + 5u, p.m - 1u) * k4 + (sl & 7u);
+    var ss5 = 0.0;
+    var y5_0 = 0.0;
+    var y5_1 = 0.0;
+    var y5_2 = 0.0;
+    var y5_3 = 0.0;
+    let xr6 = p.x_off / 4u + min(r0 + 6u, p.m - 1u) * k4 + (sl & 7u);
+    var ss6 = 0.0;
+    var y6_0 = 0.0;
+    var y6_1 = 0.0;
+    var y6_2 = 0.0;
+    var y6_3 = 0.0;
+    let xr7 = p.x_off / 4u + min(r0 + 7u, p.m - 1u) * k4 + (sl & 7u);
+    var ss7 = 0.0;
+    var y7_0 = 0.0;
+    var y7_1 = 0.0;
+    var y7_2 = 0.0;
+    var y7_3 = 0.0;
+    for (var b = 0u; b < nb; b++) {
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
+        var a0_0 = 0.0;
+        var a0_1 = 0.0;
+        var a0_2 = 0.0;
+        var a0_3 = 0.0;
+        var xs0 = 0.0;
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
+        var a1_0 = 0.0;
+        var a1_1 = 0.0;
+        var a1_2 = 0.0;
+        var a1_3 = 0.0;
+        var xs1 = 0.0;
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
+        var a2_0 = 0.0;
+        var a2_1 = 0.0;
+        var a2_2 = 0.0;
+        var a2_3 = 0.0;
+        var xs2 = 0.0;
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
+        var a3_0 = 0.0;
+        var a3_1 = 0.0;
+        var a3_2 = 0.0;
+        var a3_3 = 0.0;
+        var xs3 = 0.0;
+        let raw4 = xwin.v[xr4 + b * 8u];
+        ss4 += dot(raw4, raw4);
+        let mine4 = raw4 * g;
+        var a4_0 = 0.0;
+        var a4_1 = 0.0;
+        var a4_2 = 0.0;
+        var a4_3 = 0.0;
+        var xs4 = 0.0;
+        let raw5 = xwin.v[xr5 + b * 8u];
+        ss5 += dot(raw5, raw5);
+        let mine5 = raw5 * g;
+        var a5_0 = 0.0;
+        var a5_1 = 0.0;
+        var a5_2 = 0.0;
+        var a5_3 = 0.0;
+        var xs5 = 0.0;
+        let raw6 = xwin.v[xr6 + b * 8u];
+        ss6 += dot(raw6, raw6);
+        let mine6 = raw6 * g;
+        var a6_0 = 0.0;
+        var a6_1 = 0.0;
+        var a6_2 = 0.0;
+        var a6_3 = 0.0;
+        var xs6 = 0.0;
+        let raw7 = xwin.v[xr7 + b * 8u];
+        ss7 += dot(raw7, raw7);
+        let mine7 = raw7 * g;
+        var a7_0 = 0.0;
+        var a7_1 = 0.0;
+        var a7_2 = 0.0;
+        var a7_3 = 0.0;
+        var xs7 = 0.0;
+        let w0 = wtex(q0 + 0u * nb + b);
+        let w1 = wtex(q0 + 1u * nb + b);
+        let w2 = wtex(q0 + 2u * nb + b);
+        let w3 = wtex(q0 + 3u * nb + b);
+        {
+            let xa0 = subgroupBroadcast(mine0, 0u);
+            let xb0 = subgroupBroadcast(mine0, 4u);
+            xs0 += dot(xa0 + xb0, vec4<f32>(1.0));
+            let xa1 = subgroupBroadcast(mine1, 0u);
+            let xb1 = subgroupBroadcast(mine1, 4u);
+            xs1 += dot(xa1 + xb1, vec4<f32>(1.0));
+            let xa2 = subgroupBroadcast(mine2, 0u);
+            let xb2 = subgroupBroadcast(mine2, 4u);
+            xs2 += dot(xa2 + xb2, vec4<f32>(1.0));
+            let xa3 = subgroupBroadcast(mine3, 0u);
+            let xb3 = subgroupBroadcast(mine3, 4u);
+            xs3 += dot(xa3 + xb3, vec4<f32>(1.0));
+            let xa4 = subgroupBroadcast(mine4, 0u);
+            let xb4 = subgroupBroadcast(mine4, 4u);
+            xs4 += dot(xa4 + xb4, vec4<f32>(1.0));
+            let xa5 = subgroupBroadcast(mine5, 0u);
+            let xb5 = subgroupBroadcast(mine5, 4u);
+            xs5 += dot(xa5 + xb5, vec4<f32>(1.0));
+            let xa6 = subgroupBroadcast(mine6, 0u);
+            let xb6 = subgroupBroadcast(mine6, 4u);
+            xs6 += dot(xa6 + xb6, vec4<f32>(1.0));
+            let xa7 = subgroupBroadcast(mine7, 0u);
+            let xb7 = subgroupBroadcast(mine7, 4u);
+            xs7 += dot(xa7 + xb7, vec4<f32>(1.0));
+            let lo0 = nib_lo(w0[0u]);
+            let hi0 = nib_hi(w0[0u]);
+            let lo1 = nib_lo(w1[0u]);
+            let hi1 = nib_hi(w1[0u]);
+            let lo2 = nib_lo(w2[0u]);
+            let hi2 = nib_hi(w2[0u]);
+            let lo3 = nib_lo(w3[0u]);
+            let hi3 = nib_hi(w3[0u]);
+            a0_0 += dot(lo0, xa0) + dot(hi0, xb0);
+            a0_1 += dot(lo1, xa0) + dot(hi1, xb0);
+            a0_2 += dot(lo2, xa0) + dot(hi2, xb0);
+            a0_3 += dot(lo3, xa0) + dot(hi3, xb0);
+            a1_0 += dot(lo0, xa1) + dot(hi0, xb1);
+            a1_1 += dot(lo1, xa1) + dot(hi1, xb1);
+            a1_2 += dot(lo2, xa1) + dot(hi2, xb1);
+            a1_3 += dot(lo3, xa1) + dot(hi3, xb1);
+            a2_0 += dot(lo0, xa2) + dot(hi0, xb2);
+            a2_1 += dot(lo1, xa2) + dot(hi1, xb2);
+            a2_2 += dot(lo2, xa2) + dot(hi2, xb2);
+            a2_3 += dot(lo3, xa2) + dot(hi3, xb2);
+            a3_0 += dot(lo0, xa3) + dot(hi0, xb3);
+            a3_1 += dot(lo1, xa3) + dot(hi1, xb3);
+            a3_2 += dot(lo2, xa3) + dot(hi2, xb3);
+            a3_3 += dot(lo3, xa3) + dot(hi3, xb3);
+            a4_0 += dot(lo0, xa4) + dot(hi0, xb4);
+            a4_1 += dot(lo1, xa4) + dot(hi1, xb4);
+            a4_2 += dot(lo2, xa4) + dot(hi2, xb4);
+            a4_3 += dot(lo3, xa4) + dot(hi3, xb4);
+            a5_0 += dot(lo0, xa5) + dot(hi0, xb5);
+            a5_1 += dot(lo1, xa5) + dot(hi1, xb5);
+            a5_2 += dot(lo2, xa5) + dot(hi2, xb5);
+            a5_3 += dot(lo3, xa5) + dot(hi3, xb5);
+            a6_0 += dot(lo0, xa6) + dot(hi0, xb6);
+            a6_1 += dot(lo1, xa6) + dot(hi1, xb6);
+            a6_2 += dot(lo2, xa6) + dot(hi2, xb6);
+            a6_3 += dot(lo3, xa6) + dot(hi3, xb6);
+            a7_0 += dot(lo0, xa7) + dot(hi0, xb7);
+            a7_1 += dot(lo1, xa7) + dot(hi1, xb7);
+            a7_2 += dot(lo2, xa7) + dot(hi2, xb7);
+            a7_3 += dot(lo3, xa7) + dot(hi3, xb7);
+        }
+        {
+            let xa0 = subgroupBroadcast(mine0, 1u);
+            let xb0 = subgroupBroadcast(mine0, 5u);
+            xs0 += dot(xa0 + xb0, vec4<f32>(1.0));
+            let xa1 = subgroupBroadcast(mine1, 1u);
+            let xb1 = subgroupBroadcast(mine1, 5u);
+            xs1 += dot(xa1 + xb1, vec4<f32>(1.0));
+            let xa2 = subgroupBroadcast(mine2, 1u);
+            let xb2 = subgroupBroadcast(mine2, 5u);
+            xs2 += dot(xa2 + xb2, vec4<f32>(1.0));
+            let xa3 = subgroupBroadcast(mine3, 1u);
+            let xb3 = subgroupBroadcast(mine3, 5u);
+            xs3 += dot(xa3 + xb3, vec4<f32>(1.0));
+            let xa4 = subgroupBroadcast(mine4, 1u);
+            let xb4 = subgroupBroadcast(mine4, 5u);
+            xs4 += dot(xa4 + xb4, vec4<f32>(1.0));
+            let xa5 = subgroupBroadcast(mine5, 1u);
+            let xb5 = subgroupBroadcast(mine5, 5u);
+            xs5 += dot(xa5 + xb5, vec4<f32>(1.0));
+            let xa6 = subgroupBroadcast(mine6, 1u);
+            let xb6 = subgroupBroadcast(mine6, 5u);
+            xs6 += dot(xa6 + xb6, vec4<f32>(1.0));
+            let xa7 = subgroupBroadcast(mine7, 1u);
+            let xb7 = subgroupBroadcast(mine7, 5u);
+            xs7 += dot(xa7 + xb7, vec4<f32>(1.0));
+            let lo0 = nib_lo(w0[1u]);
+            let hi0 = nib_hi(w0[1u]);
+            let lo1 = nib_lo(w1[1u]);
+            let hi1 = nib_hi(w1[1u]);
+            let lo2 = nib_lo(w2[1u]);
+            let hi2 = nib_hi(w2[1u]);
+            let lo3 = nib_lo(w3[1u]);
+            let hi3 = nib_hi(w3[1u]);
+            a0_0 += dot(lo0, xa0) + dot(hi0, xb0);
+            a0_1 += dot(lo1, xa0) + dot(hi1, xb0);
+            a0_2 += dot(lo2, xa0) + dot(hi2, xb0);
+            a0_3 += dot(lo3, xa0) + dot(hi3, xb0);
+            a1_0 += dot(lo0, xa1) + dot(hi0, xb1);
+            a1_1 += dot(lo1, xa1) + dot(hi1, xb1);
+            a1_2 += dot(lo2, xa1) + dot(hi2, xb1);
+            a1_3 += dot(lo3, xa1) + dot(hi3, xb1);
+            a2_0 += dot(lo0, xa2) + dot(hi0, xb2);
+            a2_1 += dot(lo1, xa2) + dot(hi1, xb2);
+            a2_2 += dot(lo2, xa2) + dot(hi2, xb2);
+            a2_3 += dot(lo3, xa2) + dot(hi3, xb2);
+            a3_0 += dot(lo0, xa3) + dot(hi0, xb3);
+            a3_1 += dot(lo1, xa3) + dot(hi1, xb3);
+            a3_2 += dot(lo2, xa3) + dot(hi2, xb3);
+            a3_3 += dot(lo3, xa3) + dot(hi3, xb3);
+            a4_0 += dot(lo0, xa4) + dot(hi0, xb4);
+            a4_1 += dot(lo1, xa4) + dot(hi1, xb4);
+            a4_2 += dot(lo2, xa4) + dot(hi2, xb4);
+            a4_3 += dot(lo3, xa4) + dot(hi3, xb4);
+            a5_0 += dot(lo0, xa5) + dot(hi0, xb5);
+            a5_1 += dot(lo1, xa5) + dot(hi1, xb5);
+            a5_2 += dot(lo2, xa5) + dot(hi2, xb5);
+            a5_3 += dot(lo3, xa5) + dot(hi3, xb5);
+            a6_0 += dot(lo0, xa6) + dot(hi0, xb6);
+            a6_1 += dot(lo1, xa6) + dot(hi1, xb6);
+            a6_2 += dot(lo2, xa6) + dot(hi2, xb6);
+            a6_3 += dot(lo3, xa6) + dot(hi3, xb6);
+            a7_0 += dot(lo0, xa7) + dot(hi0, xb7);
+            a7_1 += dot(lo1, xa7) + dot(hi1, xb7);
+            a7_2 += dot(lo2, xa7) + dot(hi2, xb7);
+            a7_3 += dot(lo3, xa7) + dot(hi3, xb7);
+        }
+        {
+            let xa0 = subgroupBroadcast(mine0, 2u);
+            let xb0 = subgroupBroadcast(mine0, 6u);
+            xs0 += dot(xa0 + xb0, vec4<f32>(1.0));
+            let xa1 = subgroupBroadcast(mine1, 2u);
+            let xb1 = subgroupBroadcast(mine1, 6u);
+            xs1 += dot(xa1 + xb1, vec4<f32>(1.0));
+            let xa2 = subgroupBroadcast(mine2, 2u);
+            let xb2 = subgroupBroadcast(mine2, 6u);
+            xs2 += dot(xa2 + xb2, vec4<f32>(1.0));
+            let xa3 = subgroupBroadcast(mine3, 2u);
+            let xb3 = subgroupBroadcast(mine3, 6u);
+            xs3 += dot(xa3 + xb3, vec4<f32>(1.0));
+            let xa4 = subgroupBroadcast(mine4, 2u);
+            let xb4 = subgroupBroadcast(mine4, 6u);
+            xs4 += dot(xa4 + xb4, vec4<f32>(1.0));
+            let xa5 = subgroupBroadcast(mine5, 2u);
+            let xb5 = subgroupBroadcast(mine5, 6u);
+            xs5 += dot(xa5 + xb5, vec4<f32>(1.0));
+            let xa6 = subgroupBroadcast(mine6, 2u);
+            let xb6 = subgroupBroadcast(mine6, 6u);
+            xs6 += dot(xa6 + xb6, vec4<f32>(1.0));
+            let xa7 = subgroupBroadcast(mine7, 2u);
+            let xb7 = subgroupBroadcast(mine7, 6u);
+            xs7 += dot(xa7 + xb7, vec4<f32>(1.0));
+            let lo0 = nib_lo(w0[2u]);
+            let hi0 = nib_hi(w0[2u]);
+            let lo1 = nib_lo(w1[2u]);
+            let hi1 = nib_hi(w1[2u]);
+            let lo2 = nib_lo(w2[2u]);
+            let hi2 = nib_hi(w2[2u]);
+            let lo3 = nib_lo(w3[2u]);
+            let hi3 = nib_hi(w3[2u]);
+            a0_0 += dot(lo0, xa0) + dot(hi0, xb0);
+            a0_1 += dot(lo1, xa0) + dot(hi1, xb0);
+            a0_2 += dot(lo2, xa0) + dot(hi2, xb0);
+            a0_3 += dot(lo3, xa0) + dot(hi3, xb0);
+            a1_0 += dot(lo0, xa1) + dot(hi0, xb1);
+            a1_1 += dot(lo1, xa1) + dot(hi1, xb1);
+            a1_2 += dot(lo2, xa1) + dot(hi2, xb1);
+            a1_3 += dot(lo3, xa1) + dot(hi3, xb1);
+            a2_0 += dot(lo0, xa2) + dot(hi0, xb2);
+            a2_1 += dot(lo1, xa2) + dot(hi1, xb2);
+            a2_2 += dot(lo2, xa2) + dot(hi2, xb2);
+            a2_3 += dot(lo3, xa2) + dot(hi3, xb2);
+            a3_0 += dot(lo0, xa3) + dot(hi0, xb3);
+            a3_1 += dot(lo1, xa3) + dot(hi1, xb3);
+            a3_2 += dot(lo2, xa3) + dot(hi2, xb3);
+            a3_3 += dot(lo3, xa3) + dot(hi3, xb3);
+            a4_0 += dot(lo0, xa4) + dot(hi0, xb4);
+            a4_1 += dot(lo1, xa4) + dot(hi1, xb4);
+            a4_2 += dot(lo2, xa4) + dot(hi2, xb4);
+            a4_3 += dot(lo3, xa4) + dot(hi3, xb4);
+            a5_0 += dot(lo0, xa5) + dot(hi0, xb5);
+            a5_1 += dot(lo1, xa5) + dot(hi1, xb5);
+            a5_2 += dot(lo2, xa5) + dot(hi2, xb5);
+            a5_3 += dot(lo3, xa5) + dot(hi3, xb5);
+            a6_0 += dot(lo0, xa6) + dot(hi0, xb6);
+            a6_1 += dot(lo1, xa6) + dot(hi1, xb6);
+            a6_2 += dot(lo2, xa6) + dot(hi2, xb6);
+            a6_3 += dot(lo3, xa6) + dot(hi3, xb6);
+            a7_0 += dot(lo0, xa7) + dot(hi0, xb7);
+            a7_1 += dot(lo1, xa7) + dot(hi1, xb7);
+            a7_2 += dot(lo2, xa7) + dot(hi2, xb7);
+            a7_3 += dot(lo3, xa7) + dot(hi3, xb7);
+        }
+        {
+            let xa0 = subgroupBroadcast(mine0, 3u);
+            let xb0 = subgroupBroadcast(mine0, 7u);
+            xs0 += dot(xa0 + xb0, vec4<f32>(1.0));
+            let xa1 = subgroupBroadcast(mine1, 3u);
+            let xb1 = subgroupBroadcast(mine1, 7u);
+            xs1 += dot(xa1 + xb1, vec4<f32>(1.0));
+            let xa2 = subgroupBroadcast(mine2, 3u);
+            let xb2 = subgroupBroadcast(mine2, 7u);
+            xs2 += dot(xa2 + xb2, vec4<f32>(1.0));
+            let xa3 = subgroupBroadcast(mine3, 3u);
+            let xb3 = subgroupBroadcast(mine3, 7u);
+            xs3 += dot(xa3 + xb3, vec4<f32>(1.0));
+            let xa4 = subgroupBroadcast(mine4, 3u);
+            let xb4 = subgroupBroadcast(mine4, 7u);
+            xs4 += dot(xa4 + xb4, vec4<f32>(1.0));
+            let xa5 = subgroupBroadcast(mine5, 3u);
+            let xb5 = subgroupBroadcast(mine5, 7u);
+            xs5 += dot(xa5 + xb5, vec4<f32>(1.0));
+            let xa6 = subgroupBroadcast(mine6, 3u);
+            let xb6 = subgroupBroadcast(mine6, 7u);
+            xs6 += dot(xa6 + xb6, vec4<f32>(1.0));
+            let xa7 = subgroupBroadcast(mine7, 3u);
+            let xb7 = subgroupBroadcast(mine7, 7u);
+            xs7 += dot(xa7 + xb7, vec4<f32>(1.0));
+            let lo0 = nib_lo(w0[3u]);
+            let hi0 = nib_hi(w0[3u]);
+            let lo1 = nib_lo(w1[3u]);
+            let hi1 = nib_hi(w1[3u]);
+            let lo2 = nib_lo(w2[3u]);
+            let hi2 = nib_hi(w2[3u]);
+            let lo3 = nib_lo(w3[3u]);
+            let hi3 = nib_hi(w3[3u]);
+            a0_0 += dot(lo0, xa0) + dot(hi0, xb0);
+            a0_1 += dot(lo1, xa0) + dot(hi1, xb0);
+            a0_2 += dot(lo2, xa0) + dot(hi2, xb0);
+            a0_3 += dot(lo3, xa0) + dot(hi3, xb0);
+            a1_0 += dot(lo0, xa1) + dot(hi0, xb1);
+            a1_1 += dot(lo1, xa1) + dot(hi1, xb1);
+            a1_2 += dot(lo2, xa1) + dot(hi2, xb1);
+            a1_3 += dot(lo3, xa1) + dot(hi3, xb1);
+            a2_0 += dot(lo0, xa2) + dot(hi0, xb2);
+            a2_1 += dot(lo1, xa2) + dot(hi1, xb2);
+            a2_2 += dot(lo2, xa2) + dot(hi2, xb2);
+            a2_3 += dot(lo3, xa2) + dot(hi3, xb2);
+            a3_0 += dot(lo0, xa3) + dot(hi0, xb3);
+            a3_1 += dot(lo1, xa3) + dot(hi1, xb3);
+            a3_2 += dot(lo2, xa3) + dot(hi2, xb3);
+            a3_3 += dot(lo3, xa3) + dot(hi3, xb3);
+            a4_0 += dot(lo0, xa4) + dot(hi0, xb4);
+            a4_1 += dot(lo1, xa4) + dot(hi1, xb4);
+            a4_2 += dot(lo2, xa4) + dot(hi2, xb4);
+            a4_3 += dot(lo3, xa4) + dot(hi3, xb4);
+            a5_0 += dot(lo0, xa5) + dot(hi0, xb5);
+            a5_1 += dot(lo1, xa5) + dot(hi1, xb5);
+            a5_2 += dot(lo2, xa5) + dot(hi2, xb5);
+            a5_3 += dot(lo3, xa5) + dot(hi3, xb5);
+            a6_0 += dot(lo0, xa6) + dot(hi0, xb6);
+            a6_1 += dot(lo1, xa6) + dot(hi1, xb6);
+            a6_2 += dot(lo2, xa6) + dot(hi2, xb6);
+            a6_3 += dot(lo3, xa6) + dot(hi3, xb6);
+            a7_0 += dot(lo0, xa7) + dot(hi0, xb7);
+            a7_1 += dot(lo1, xa7) + dot(hi1, xb7);
+            a7_2 += dot(lo2, xa7) + dot(hi2, xb7);
+            a7_3 += dot(lo3, xa7) + dot(hi3, xb7);
+        }
+        let sc = wtex(s0 + b);
+        let dm0 = unpack2x16float(sc[0u]);
+        let dm1 = unpack2x16float(sc[1u]);
+        let dm2 = unpack2x16float(sc[2u]);
+        let dm3 = unpack2x16float(sc[3u]);
+        y0_0 += dm0.x * a0_0 + dm0.y * xs0;
+        y0_1 += dm1.x * a0_1 + dm1.y * xs0;
+        y0_2 += dm2.x * a0_2 + dm2.y * xs0;
+        y0_3 += dm3.x * a0_3 + dm3.y * xs0;
+        y1_0 += dm0.x * a1_0 + dm0.y * xs1;
+        y1_1 += dm1.x * a1_1 + dm1.y * xs1;
+        y1_2 += dm2.x * a1_2 + dm2.y * xs1;
+        y1_3 += dm3.x * a1_3 + dm3.y * xs1;
+        y2_0 += dm0.x * a2_0 + dm0.y * xs2;
+        y2_1 += dm1.x * a2_1 + dm1.y * xs2;
+        y2_2 += dm2.x * a2_2 + dm2.y * xs2;
+        y2_3 += dm3.x * a2_3 + dm3.y * xs2;
+        y3_0 += dm0.x * a3_0 + dm0.y * xs3;
+        y3_1 += dm1.x * a3_1 + dm1.y * xs3;
+        y3_2 += dm2.x * a3_2 + dm2.y * xs3;
+        y3_3 += dm3.x * a3_3 + dm3.y * xs3;
+        y4_0 += dm0.x * a4_0 + dm0.y * xs4;
+        y4_1 += dm1.x * a4_1 + dm1.y * xs4;
+        y4_2 += dm2.x * a4_2 + dm2.y * xs4;
+        y4_3 += dm3.x * a4_3 + dm3.y * xs4;
+        y5_0 += dm0.x * a5_0 + dm0.y * xs5;
+        y5_1 += dm1.x * a5_1 + dm1.y * xs5;
+        y5_2 += dm2.x * a5_2 + dm2.y * xs5;
+        y5_3 += dm3.x * a5_3 + dm3.y * xs5;
+        y6_0 += dm0.x * a6_0 + dm0.y * xs6;
+        y6_1 += dm1.x * a6_1 + dm1.y * xs6;
+        y6_2 += dm2.x * a6_2 + dm2.y * xs6;
+        y6_3 += dm3.x * a6_3 + dm3.y * xs6;
+        y7_0 += dm0.x * a7_0 + dm0.y * xs7;
+        y7_1 += dm1.x * a7_1 + dm1.y * xs7;
+        y7_2 += dm2.x * a7_2 + dm2.y * xs7;
+        y7_3 += dm3.x * a7_3 + dm3.y * xs7;
+    }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
+    let inv4 = inv_rms(subgroupAdd(ss4));
+    let inv5 = inv_rms(subgroupAdd(ss5));
+    let inv6 = inv_rms(subgroupAdd(ss6));
+    let inv7 = inv_rms(subgroupAdd(ss7));
+    if (!live) { return; }
+    if (r0 + 0u < p.m) {
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
+    }
+    if (r0 + 1u < p.m) {
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
+    }
+    if (r0 + 2u < p.m) {
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
+    }
+    if (r0 + 3u < p.m) {
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+    if (r0 + 4u < p.m) {
+        store4(p.m_base + r0 + 4u, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4);
+    }
+    if (r0 + 5u < p.m) {
+        store4(p.m_base + r0 + 5u, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5);
+    }
+    if (r0 + 6u < p.m) {
+        store4(p.m_base + r0 + 6u, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6);
+    }
+    if (r0 + 7u < p.m) {
+        store4(p.m_base + r0 + 7u, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7);
     }
 }
 
@@ -750,7 +1285,9 @@ fn qmm_q41_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let j = li % 16u;
     let r0 = wg.y * 4u;
     let nb = p.k / 32u;
+    let norm = p.norm_off != NO_NORM;
     var acc = vec4<f32>(0.0); // rows r0 .. r0 + 3
+    var ss = vec4<f32>(0.0); // this thread's share of each row's sum of squares
     for (var k0 = 0u; k0 < p.k; k0 += GT) {
         let cols = min(GT, p.k - k0);
         for (var i = li; i < 4u * GT; i += 64u) {
@@ -759,6 +1296,11 @@ fn qmm_q41_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
             var v = 0.0;
             if (c < cols && r0 + r < p.m) {
                 v = act[p.x_off + (r0 + r) * p.k + k0 + c];
+                ss[r] += v * v;
+                if (norm) {
+                    let e = p.norm_off + k0 + c;
+                    v *= bitcast<f32>(wbuf[e / 4u][e % 4u]);
+                }
             }
             xsh[i] = v;
         }
@@ -779,17 +1321,36 @@ fn qmm_q41_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
     for (var r = 0u; r < 4u; r++) {
         red[li * 4u + r] = acc[r];
+        red2[li * 4u + r] = ss[r];
     }
     workgroupBarrier();
     if (j < 4u) {
         let r = j;
         let base = (li / 16u) * 16u;
         var s = 0.0;
+        var sq = 0.0;
         for (var t = 0u; t < 16u; t++) {
             s += red[(base + t) * 4u + r];
         }
-        if (n < p.n && r0 + r < p.m) {
-            store(p.m_base + r0 + r, n, s);
+        for (var t = 0u; t < 64u; t++) {
+            sq += red2[t * 4u + r];
+        }
+        outv[(li / 16u) * 4u + r] = s * inv_rms(sq);
+    }
+    workgroupBarrier();
+    if (li < 16u) {
+        let slot = li / 4u;
+        let r = li % 4u;
+        let nn = wg.x * 4u + slot;
+        if (r0 + r < p.m && nn < p.n) {
+            if ((p.mode & 255u) == 2u) {
+                if (slot % 2u == 0u) {
+                    let o = p.y_off + (p.m_base + r0 + r) * (p.n / 2u) + nn / 2u;
+                    act[o] = silu(outv[slot * 4u + r]) * outv[(slot + 1u) * 4u + r];
+                }
+            } else {
+                store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
         }
     }
 }
@@ -833,21 +1394,29 @@ fn qembed_q41_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 @compute @workgroup_size(16)
-fn qmm_q80_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 1u;
+fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 1u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 2u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
@@ -946,41 +1515,50 @@ fn qmm_q80_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y0_2 += dm2.x * a0_2;
         y0_3 += dm3.x * a0_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_q80_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 2u;
+fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 2u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 2u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
@@ -1123,67 +1701,80 @@ fn qmm_q80_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y1_2 += dm2.x * a1_2;
         y1_3 += dm3.x * a1_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_q80_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 4u;
+fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 4u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 2u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
     var y2_0 = 0.0;
     var y2_1 = 0.0;
     var y2_2 = 0.0;
     var y2_3 = 0.0;
     let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
     var y3_0 = 0.0;
     var y3_1 = 0.0;
     var y3_2 = 0.0;
     var y3_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
         var a1_3 = 0.0;
-        let mine2 = xwin.v[xr2 + b * 8u];
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
         var a2_0 = 0.0;
         var a2_1 = 0.0;
         var a2_2 = 0.0;
         var a2_3 = 0.0;
-        let mine3 = xwin.v[xr3 + b * 8u];
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
         var a3_0 = 0.0;
         var a3_1 = 0.0;
         var a3_2 = 0.0;
@@ -1414,30 +2005,578 @@ fn qmm_q80_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y3_2 += dm2.x * a3_2;
         y3_3 += dm3.x * a3_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
     if (r0 + 2u < p.m) {
-        store(p.m_base + r0 + 2u, c0 + 0u, y2_0);
-        store(p.m_base + r0 + 2u, c0 + 1u, y2_1);
-        store(p.m_base + r0 + 2u, c0 + 2u, y2_2);
-        store(p.m_base + r0 + 2u, c0 + 3u, y2_3);
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
     }
     if (r0 + 3u < p.m) {
-        store(p.m_base + r0 + 3u, c0 + 0u, y3_0);
-        store(p.m_base + r0 + 3u, c0 + 1u, y3_1);
-        store(p.m_base + r0 + 3u, c0 + 2u, y3_2);
-        store(p.m_base + r0 + 3u, c0 + 3u, y3_3);
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+}
+
+@compute @workgroup_size(16)
+fn qmm_q80_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 8u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
+    let nb = p.k / 32u;
+    let k4 = p.k / 4u;
+    let q0 = p.qs_off + c0 * 2u * nb;
+    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
+    var y0_0 = 0.0;
+    var y0_1 = 0.0;
+    var y0_2 = 0.0;
+    var y0_3 = 0.0;
+    let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
+    var y1_0 = 0.0;
+    var y1_1 = 0.0;
+    var y1_2 = 0.0;
+    var y1_3 = 0.0;
+    let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
+    var y2_0 = 0.0;
+    var y2_1 = 0.0;
+    var y2_2 = 0.0;
+    var y2_3 = 0.0;
+    let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
+    var y3_0 = 0.0;
+    var y3_1 = 0.0;
+    var y3_2 = 0.0;
+    var y3_3 = 0.0;
+    let xr4 = p.x_off / 4u + min(r0 + 4u, p.m - 1u) * k4 + (sl & 7u);
+    var ss4 = 0.0;
+    var y4_0 = 0.0;
+    var y4_1 = 0.0;
+    var y4_2 = 0.0;
+    var y4_3 = 0.0;
+    let xr5 = p.x_off / 4u + min(r0 + 5u, p.m - 1u) * k4 + (sl & 7u);
+    var ss5 = 0.0;
+    var y5_0 = 0.0;
+    var y5_1 = 0.0;
+    var y5_2 = 0.0;
+    var y5_3 = 0.0;
+    let xr6 = p.x_off / 4u + min(r0 + 6u, p.m - 1u) * k4 + (sl & 7u);
+    var ss6 = 0.0;
+    var y6_0 = 0.0;
+    var y6_1 = 0.0;
+    var y6_2 = 0.0;
+    var y6_3 = 0.0;
+    let xr7 = p.x_off / 4u + min(r0 + 7u, p.m - 1u) * k4 + (sl & 7u);
+    var ss7 = 0.0;
+    var y7_0 = 0.0;
+    var y7_1 = 0.0;
+    var y7_2 = 0.0;
+    var y7_3 = 0.0;
+    for (var b = 0u; b < nb; b++) {
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
+        var a0_0 = 0.0;
+        var a0_1 = 0.0;
+        var a0_2 = 0.0;
+        var a0_3 = 0.0;
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
+        var a1_0 = 0.0;
+        var a1_1 = 0.0;
+        var a1_2 = 0.0;
+        var a1_3 = 0.0;
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
+        var a2_0 = 0.0;
+        var a2_1 = 0.0;
+        var a2_2 = 0.0;
+        var a2_3 = 0.0;
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
+        var a3_0 = 0.0;
+        var a3_1 = 0.0;
+        var a3_2 = 0.0;
+        var a3_3 = 0.0;
+        let raw4 = xwin.v[xr4 + b * 8u];
+        ss4 += dot(raw4, raw4);
+        let mine4 = raw4 * g;
+        var a4_0 = 0.0;
+        var a4_1 = 0.0;
+        var a4_2 = 0.0;
+        var a4_3 = 0.0;
+        let raw5 = xwin.v[xr5 + b * 8u];
+        ss5 += dot(raw5, raw5);
+        let mine5 = raw5 * g;
+        var a5_0 = 0.0;
+        var a5_1 = 0.0;
+        var a5_2 = 0.0;
+        var a5_3 = 0.0;
+        let raw6 = xwin.v[xr6 + b * 8u];
+        ss6 += dot(raw6, raw6);
+        let mine6 = raw6 * g;
+        var a6_0 = 0.0;
+        var a6_1 = 0.0;
+        var a6_2 = 0.0;
+        var a6_3 = 0.0;
+        let raw7 = xwin.v[xr7 + b * 8u];
+        ss7 += dot(raw7, raw7);
+        let mine7 = raw7 * g;
+        var a7_0 = 0.0;
+        var a7_1 = 0.0;
+        var a7_2 = 0.0;
+        var a7_3 = 0.0;
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 2u + 0u);
+            let w1 = wtex(q0 + (1u * nb + b) * 2u + 0u);
+            let w2 = wtex(q0 + (2u * nb + b) * 2u + 0u);
+            let w3 = wtex(q0 + (3u * nb + b) * 2u + 0u);
+            let x0_0 = subgroupBroadcast(mine0, 0u);
+            let x1_0 = subgroupBroadcast(mine1, 0u);
+            let x2_0 = subgroupBroadcast(mine2, 0u);
+            let x3_0 = subgroupBroadcast(mine3, 0u);
+            let x4_0 = subgroupBroadcast(mine4, 0u);
+            let x5_0 = subgroupBroadcast(mine5, 0u);
+            let x6_0 = subgroupBroadcast(mine6, 0u);
+            let x7_0 = subgroupBroadcast(mine7, 0u);
+            let v0_0 = i8x4(w0[0u]);
+            let v1_0 = i8x4(w1[0u]);
+            let v2_0 = i8x4(w2[0u]);
+            let v3_0 = i8x4(w3[0u]);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+            let x0_1 = subgroupBroadcast(mine0, 1u);
+            let x1_1 = subgroupBroadcast(mine1, 1u);
+            let x2_1 = subgroupBroadcast(mine2, 1u);
+            let x3_1 = subgroupBroadcast(mine3, 1u);
+            let x4_1 = subgroupBroadcast(mine4, 1u);
+            let x5_1 = subgroupBroadcast(mine5, 1u);
+            let x6_1 = subgroupBroadcast(mine6, 1u);
+            let x7_1 = subgroupBroadcast(mine7, 1u);
+            let v0_1 = i8x4(w0[1u]);
+            let v1_1 = i8x4(w1[1u]);
+            let v2_1 = i8x4(w2[1u]);
+            let v3_1 = i8x4(w3[1u]);
+            a0_0 += dot(v0_1, x0_1);
+            a0_1 += dot(v1_1, x0_1);
+            a0_2 += dot(v2_1, x0_1);
+            a0_3 += dot(v3_1, x0_1);
+            a1_0 += dot(v0_1, x1_1);
+            a1_1 += dot(v1_1, x1_1);
+            a1_2 += dot(v2_1, x1_1);
+            a1_3 += dot(v3_1, x1_1);
+            a2_0 += dot(v0_1, x2_1);
+            a2_1 += dot(v1_1, x2_1);
+            a2_2 += dot(v2_1, x2_1);
+            a2_3 += dot(v3_1, x2_1);
+            a3_0 += dot(v0_1, x3_1);
+            a3_1 += dot(v1_1, x3_1);
+            a3_2 += dot(v2_1, x3_1);
+            a3_3 += dot(v3_1, x3_1);
+            a4_0 += dot(v0_1, x4_1);
+            a4_1 += dot(v1_1, x4_1);
+            a4_2 += dot(v2_1, x4_1);
+            a4_3 += dot(v3_1, x4_1);
+            a5_0 += dot(v0_1, x5_1);
+            a5_1 += dot(v1_1, x5_1);
+            a5_2 += dot(v2_1, x5_1);
+            a5_3 += dot(v3_1, x5_1);
+            a6_0 += dot(v0_1, x6_1);
+            a6_1 += dot(v1_1, x6_1);
+            a6_2 += dot(v2_1, x6_1);
+            a6_3 += dot(v3_1, x6_1);
+            a7_0 += dot(v0_1, x7_1);
+            a7_1 += dot(v1_1, x7_1);
+            a7_2 += dot(v2_1, x7_1);
+            a7_3 += dot(v3_1, x7_1);
+            let x0_2 = subgroupBroadcast(mine0, 2u);
+            let x1_2 = subgroupBroadcast(mine1, 2u);
+            let x2_2 = subgroupBroadcast(mine2, 2u);
+            let x3_2 = subgroupBroadcast(mine3, 2u);
+            let x4_2 = subgroupBroadcast(mine4, 2u);
+            let x5_2 = subgroupBroadcast(mine5, 2u);
+            let x6_2 = subgroupBroadcast(mine6, 2u);
+            let x7_2 = subgroupBroadcast(mine7, 2u);
+            let v0_2 = i8x4(w0[2u]);
+            let v1_2 = i8x4(w1[2u]);
+            let v2_2 = i8x4(w2[2u]);
+            let v3_2 = i8x4(w3[2u]);
+            a0_0 += dot(v0_2, x0_2);
+            a0_1 += dot(v1_2, x0_2);
+            a0_2 += dot(v2_2, x0_2);
+            a0_3 += dot(v3_2, x0_2);
+            a1_0 += dot(v0_2, x1_2);
+            a1_1 += dot(v1_2, x1_2);
+            a1_2 += dot(v2_2, x1_2);
+            a1_3 += dot(v3_2, x1_2);
+            a2_0 += dot(v0_2, x2_2);
+            a2_1 += dot(v1_2, x2_2);
+            a2_2 += dot(v2_2, x2_2);
+            a2_3 += dot(v3_2, x2_2);
+            a3_0 += dot(v0_2, x3_2);
+            a3_1 += dot(v1_2, x3_2);
+            a3_2 += dot(v2_2, x3_2);
+            a3_3 += dot(v3_2, x3_2);
+            a4_0 += dot(v0_2, x4_2);
+            a4_1 += dot(v1_2, x4_2);
+            a4_2 += dot(v2_2, x4_2);
+            a4_3 += dot(v3_2, x4_2);
+            a5_0 += dot(v0_2, x5_2);
+            a5_1 += dot(v1_2, x5_2);
+            a5_2 += dot(v2_2, x5_2);
+            a5_3 += dot(v3_2, x5_2);
+            a6_0 += dot(v0_2, x6_2);
+            a6_1 += dot(v1_2, x6_2);
+            a6_2 += dot(v2_2, x6_2);
+            a6_3 += dot(v3_2, x6_2);
+            a7_0 += dot(v0_2, x7_2);
+            a7_1 += dot(v1_2, x7_2);
+            a7_2 += dot(v2_2, x7_2);
+            a7_3 += dot(v3_2, x7_2);
+            let x0_3 = subgroupBroadcast(mine0, 3u);
+            let x1_3 = subgroupBroadcast(mine1, 3u);
+            let x2_3 = subgroupBroadcast(mine2, 3u);
+            let x3_3 = subgroupBroadcast(mine3, 3u);
+            let x4_3 = subgroupBroadcast(mine4, 3u);
+            let x5_3 = subgroupBroadcast(mine5, 3u);
+            let x6_3 = subgroupBroadcast(mine6, 3u);
+            let x7_3 = subgroupBroadcast(mine7, 3u);
+            let v0_3 = i8x4(w0[3u]);
+            let v1_3 = i8x4(w1[3u]);
+            let v2_3 = i8x4(w2[3u]);
+            let v3_3 = i8x4(w3[3u]);
+            a0_0 += dot(v0_3, x0_3);
+            a0_1 += dot(v1_3, x0_3);
+            a0_2 += dot(v2_3, x0_3);
+            a0_3 += dot(v3_3, x0_3);
+            a1_0 += dot(v0_3, x1_3);
+            a1_1 += dot(v1_3, x1_3);
+            a1_2 += dot(v2_3, x1_3);
+            a1_3 += dot(v3_3, x1_3);
+            a2_0 += dot(v0_3, x2_3);
+            a2_1 += dot(v1_3, x2_3);
+            a2_2 += dot(v2_3, x2_3);
+            a2_3 += dot(v3_3, x2_3);
+            a3_0 += dot(v0_3, x3_3);
+            a3_1 += dot(v1_3, x3_3);
+            a3_2 += dot(v2_3, x3_3);
+            a3_3 += dot(v3_3, x3_3);
+            a4_0 += dot(v0_3, x4_3);
+            a4_1 += dot(v1_3, x4_3);
+            a4_2 += dot(v2_3, x4_3);
+            a4_3 += dot(v3_3, x4_3);
+            a5_0 += dot(v0_3, x5_3);
+            a5_1 += dot(v1_3, x5_3);
+            a5_2 += dot(v2_3, x5_3);
+            a5_3 += dot(v3_3, x5_3);
+            a6_0 += dot(v0_3, x6_3);
+            a6_1 += dot(v1_3, x6_3);
+            a6_2 += dot(v2_3, x6_3);
+            a6_3 += dot(v3_3, x6_3);
+            a7_0 += dot(v0_3, x7_3);
+            a7_1 += dot(v1_3, x7_3);
+            a7_2 += dot(v2_3, x7_3);
+            a7_3 += dot(v3_3, x7_3);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 2u + 1u);
+            let w1 = wtex(q0 + (1u * nb + b) * 2u + 1u);
+            let w2 = wtex(q0 + (2u * nb + b) * 2u + 1u);
+            let w3 = wtex(q0 + (3u * nb + b) * 2u + 1u);
+            let x0_0 = subgroupBroadcast(mine0, 4u);
+            let x1_0 = subgroupBroadcast(mine1, 4u);
+            let x2_0 = subgroupBroadcast(mine2, 4u);
+            let x3_0 = subgroupBroadcast(mine3, 4u);
+            let x4_0 = subgroupBroadcast(mine4, 4u);
+            let x5_0 = subgroupBroadcast(mine5, 4u);
+            let x6_0 = subgroupBroadcast(mine6, 4u);
+            let x7_0 = subgroupBroadcast(mine7, 4u);
+            let v0_0 = i8x4(w0[0u]);
+            let v1_0 = i8x4(w1[0u]);
+            let v2_0 = i8x4(w2[0u]);
+            let v3_0 = i8x4(w3[0u]);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+            let x0_1 = subgroupBroadcast(mine0, 5u);
+            let x1_1 = subgroupBroadcast(mine1, 5u);
+            let x2_1 = subgroupBroadcast(mine2, 5u);
+            let x3_1 = subgroupBroadcast(mine3, 5u);
+            let x4_1 = subgroupBroadcast(mine4, 5u);
+            let x5_1 = subgroupBroadcast(mine5, 5u);
+            let x6_1 = subgroupBroadcast(mine6, 5u);
+            let x7_1 = subgroupBroadcast(mine7, 5u);
+            let v0_1 = i8x4(w0[1u]);
+            let v1_1 = i8x4(w1[1u]);
+            let v2_1 = i8x4(w2[1u]);
+            let v3_1 = i8x4(w3[1u]);
+            a0_0 += dot(v0_1, x0_1);
+            a0_1 += dot(v1_1, x0_1);
+            a0_2 += dot(v2_1, x0_1);
+            a0_3 += dot(v3_1, x0_1);
+            a1_0 += dot(v0_1, x1_1);
+            a1_1 += dot(v1_1, x1_1);
+            a1_2 += dot(v2_1, x1_1);
+            a1_3 += dot(v3_1, x1_1);
+            a2_0 += dot(v0_1, x2_1);
+            a2_1 += dot(v1_1, x2_1);
+            a2_2 += dot(v2_1, x2_1);
+            a2_3 += dot(v3_1, x2_1);
+            a3_0 += dot(v0_1, x3_1);
+            a3_1 += dot(v1_1, x3_1);
+            a3_2 += dot(v2_1, x3_1);
+            a3_3 += dot(v3_1, x3_1);
+            a4_0 += dot(v0_1, x4_1);
+            a4_1 += dot(v1_1, x4_1);
+            a4_2 += dot(v2_1, x4_1);
+            a4_3 += dot(v3_1, x4_1);
+            a5_0 += dot(v0_1, x5_1);
+            a5_1 += dot(v1_1, x5_1);
+            a5_2 += dot(v2_1, x5_1);
+            a5_3 += dot(v3_1, x5_1);
+            a6_0 += dot(v0_1, x6_1);
+            a6_1 += dot(v1_1, x6_1);
+            a6_2 += dot(v2_1, x6_1);
+            a6_3 += dot(v3_1, x6_1);
+            a7_0 += dot(v0_1, x7_1);
+            a7_1 += dot(v1_1, x7_1);
+            a7_2 += dot(v2_1, x7_1);
+            a7_3 += dot(v3_1, x7_1);
+            let x0_2 = subgroupBroadcast(mine0, 6u);
+            let x1_2 = subgroupBroadcast(mine1, 6u);
+            let x2_2 = subgroupBroadcast(mine2, 6u);
+            let x3_2 = subgroupBroadcast(mine3, 6u);
+            let x4_2 = subgroupBroadcast(mine4, 6u);
+            let x5_2 = subgroupBroadcast(mine5, 6u);
+            let x6_2 = subgroupBroadcast(mine6, 6u);
+            let x7_2 = subgroupBroadcast(mine7, 6u);
+            let v0_2 = i8x4(w0[2u]);
+            let v1_2 = i8x4(w1[2u]);
+            let v2_2 = i8x4(w2[2u]);
+            let v3_2 = i8x4(w3[2u]);
+            a0_0 += dot(v0_2, x0_2);
+            a0_1 += dot(v1_2, x0_2);
+            a0_2 += dot(v2_2, x0_2);
+            a0_3 += dot(v3_2, x0_2);
+            a1_0 += dot(v0_2, x1_2);
+            a1_1 += dot(v1_2, x1_2);
+            a1_2 += dot(v2_2, x1_2);
+            a1_3 += dot(v3_2, x1_2);
+            a2_0 += dot(v0_2, x2_2);
+            a2_1 += dot(v1_2, x2_2);
+            a2_2 += dot(v2_2, x2_2);
+            a2_3 += dot(v3_2, x2_2);
+            a3_0 += dot(v0_2, x3_2);
+            a3_1 += dot(v1_2, x3_2);
+            a3_2 += dot(v2_2, x3_2);
+            a3_3 += dot(v3_2, x3_2);
+            a4_0 += dot(v0_2, x4_2);
+            a4_1 += dot(v1_2, x4_2);
+            a4_2 += dot(v2_2, x4_2);
+            a4_3 += dot(v3_2, x4_2);
+            a5_0 += dot(v0_2, x5_2);
+            a5_1 += dot(v1_2, x5_2);
+            a5_2 += dot(v2_2, x5_2);
+            a5_3 += dot(v3_2, x5_2);
+            a6_0 += dot(v0_2, x6_2);
+            a6_1 += dot(v1_2, x6_2);
+            a6_2 += dot(v2_2, x6_2);
+            a6_3 += dot(v3_2, x6_2);
+            a7_0 += dot(v0_2, x7_2);
+            a7_1 += dot(v1_2, x7_2);
+            a7_2 += dot(v2_2, x7_2);
+            a7_3 += dot(v3_2, x7_2);
+            let x0_3 = subgroupBroadcast(mine0, 7u);
+            let x1_3 = subgroupBroadcast(mine1, 7u);
+            let x2_3 = subgroupBroadcast(mine2, 7u);
+            let x3_3 = subgroupBroadcast(mine3, 7u);
+            let x4_3 = subgroupBroadcast(mine4, 7u);
+            let x5_3 = subgroupBroadcast(mine5, 7u);
+            let x6_3 = subgroupBroadcast(mine6, 7u);
+            let x7_3 = subgroupBroadcast(mine7, 7u);
+            let v0_3 = i8x4(w0[3u]);
+            let v1_3 = i8x4(w1[3u]);
+            let v2_3 = i8x4(w2[3u]);
+            let v3_3 = i8x4(w3[3u]);
+            a0_0 += dot(v0_3, x0_3);
+            a0_1 += dot(v1_3, x0_3);
+            a0_2 += dot(v2_3, x0_3);
+            a0_3 += dot(v3_3, x0_3);
+            a1_0 += dot(v0_3, x1_3);
+            a1_1 += dot(v1_3, x1_3);
+            a1_2 += dot(v2_3, x1_3);
+            a1_3 += dot(v3_3, x1_3);
+            a2_0 += dot(v0_3, x2_3);
+            a2_1 += dot(v1_3, x2_3);
+            a2_2 += dot(v2_3, x2_3);
+            a2_3 += dot(v3_3, x2_3);
+            a3_0 += dot(v0_3, x3_3);
+            a3_1 += dot(v1_3, x3_3);
+            a3_2 += dot(v2_3, x3_3);
+            a3_3 += dot(v3_3, x3_3);
+            a4_0 += dot(v0_3, x4_3);
+            a4_1 += dot(v1_3, x4_3);
+            a4_2 += dot(v2_3, x4_3);
+            a4_3 += dot(v3_3, x4_3);
+            a5_0 += dot(v0_3, x5_3);
+            a5_1 += dot(v1_3, x5_3);
+            a5_2 += dot(v2_3, x5_3);
+            a5_3 += dot(v3_3, x5_3);
+            a6_0 += dot(v0_3, x6_3);
+            a6_1 += dot(v1_3, x6_3);
+            a6_2 += dot(v2_3, x6_3);
+            a6_3 += dot(v3_3, x6_3);
+            a7_0 += dot(v0_3, x7_3);
+            a7_1 += dot(v1_3, x7_3);
+            a7_2 += dot(v2_3, x7_3);
+            a7_3 += dot(v3_3, x7_3);
+        }
+        let sc = wtex(s0 + b);
+        let dm0 = unpack2x16float(sc[0u]);
+        let dm1 = unpack2x16float(sc[1u]);
+        let dm2 = unpack2x16float(sc[2u]);
+        let dm3 = unpack2x16float(sc[3u]);
+        y0_0 += dm0.x * a0_0;
+        y0_1 += dm1.x * a0_1;
+        y0_2 += dm2.x * a0_2;
+        y0_3 += dm3.x * a0_3;
+        y1_0 += dm0.x * a1_0;
+        y1_1 += dm1.x * a1_1;
+        y1_2 += dm2.x * a1_2;
+        y1_3 += dm3.x * a1_3;
+        y2_0 += dm0.x * a2_0;
+        y2_1 += dm1.x * a2_1;
+        y2_2 += dm2.x * a2_2;
+        y2_3 += dm3.x * a2_3;
+        y3_0 += dm0.x * a3_0;
+        y3_1 += dm1.x * a3_1;
+        y3_2 += dm2.x * a3_2;
+        y3_3 += dm3.x * a3_3;
+        y4_0 += dm0.x * a4_0;
+        y4_1 += dm1.x * a4_1;
+        y4_2 += dm2.x * a4_2;
+        y4_3 += dm3.x * a4_3;
+        y5_0 += dm0.x * a5_0;
+        y5_1 += dm1.x * a5_1;
+        y5_2 += dm2.x * a5_2;
+        y5_3 += dm3.x * a5_3;
+        y6_0 += dm0.x * a6_0;
+        y6_1 += dm1.x * a6_1;
+        y6_2 += dm2.x * a6_2;
+        y6_3 += dm3.x * a6_3;
+        y7_0 += dm0.x * a7_0;
+        y7_1 += dm1.x * a7_1;
+        y7_2 += dm2.x * a7_2;
+        y7_3 += dm3.x * a7_3;
+    }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
+    let inv4 = inv_rms(subgroupAdd(ss4));
+    let inv5 = inv_rms(subgroupAdd(ss5));
+    let inv6 = inv_rms(subgroupAdd(ss6));
+    let inv7 = inv_rms(subgroupAdd(ss7));
+    if (!live) { return; }
+    if (r0 + 0u < p.m) {
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
+    }
+    if (r0 + 1u < p.m) {
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
+    }
+    if (r0 + 2u < p.m) {
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
+    }
+    if (r0 + 3u < p.m) {
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+    if (r0 + 4u < p.m) {
+        store4(p.m_base + r0 + 4u, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4);
+    }
+    if (r0 + 5u < p.m) {
+        store4(p.m_base + r0 + 5u, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5);
+    }
+    if (r0 + 6u < p.m) {
+        store4(p.m_base + r0 + 6u, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6);
+    }
+    if (r0 + 7u < p.m) {
+        store4(p.m_base + r0 + 7u, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7);
     }
 }
 
@@ -1447,7 +2586,9 @@ fn qmm_q80_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let j = li % 16u;
     let r0 = wg.y * 4u;
     let nb = p.k / 32u;
+    let norm = p.norm_off != NO_NORM;
     var acc = vec4<f32>(0.0); // rows r0 .. r0 + 3
+    var ss = vec4<f32>(0.0); // this thread's share of each row's sum of squares
     for (var k0 = 0u; k0 < p.k; k0 += GT) {
         let cols = min(GT, p.k - k0);
         for (var i = li; i < 4u * GT; i += 64u) {
@@ -1456,6 +2597,11 @@ fn qmm_q80_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
             var v = 0.0;
             if (c < cols && r0 + r < p.m) {
                 v = act[p.x_off + (r0 + r) * p.k + k0 + c];
+                ss[r] += v * v;
+                if (norm) {
+                    let e = p.norm_off + k0 + c;
+                    v *= bitcast<f32>(wbuf[e / 4u][e % 4u]);
+                }
             }
             xsh[i] = v;
         }
@@ -1476,17 +2622,36 @@ fn qmm_q80_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
     for (var r = 0u; r < 4u; r++) {
         red[li * 4u + r] = acc[r];
+        red2[li * 4u + r] = ss[r];
     }
     workgroupBarrier();
     if (j < 4u) {
         let r = j;
         let base = (li / 16u) * 16u;
         var s = 0.0;
+        var sq = 0.0;
         for (var t = 0u; t < 16u; t++) {
             s += red[(base + t) * 4u + r];
         }
-        if (n < p.n && r0 + r < p.m) {
-            store(p.m_base + r0 + r, n, s);
+        for (var t = 0u; t < 64u; t++) {
+            sq += red2[t * 4u + r];
+        }
+        outv[(li / 16u) * 4u + r] = s * inv_rms(sq);
+    }
+    workgroupBarrier();
+    if (li < 16u) {
+        let slot = li / 4u;
+        let r = li % 4u;
+        let nn = wg.x * 4u + slot;
+        if (r0 + r < p.m && nn < p.n) {
+            if ((p.mode & 255u) == 2u) {
+                if (slot % 2u == 0u) {
+                    let o = p.y_off + (p.m_base + r0 + r) * (p.n / 2u) + nn / 2u;
+                    act[o] = silu(outv[slot * 4u + r]) * outv[(slot + 1u) * 4u + r];
+                }
+            } else {
+                store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
         }
     }
 }
@@ -1530,21 +2695,29 @@ fn qembed_q80_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 @compute @workgroup_size(16)
-fn qmm_f16_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 1u;
+fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 1u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 4u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
@@ -1650,41 +2823,50 @@ fn qmm_f16_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y0_2 += a0_2;
         y0_3 += a0_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_f16_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 2u;
+fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 2u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 4u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
@@ -1834,67 +3016,80 @@ fn qmm_f16_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y1_2 += a1_2;
         y1_3 += a1_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_f16_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 4u;
+fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 4u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 4u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
     var y2_0 = 0.0;
     var y2_1 = 0.0;
     var y2_2 = 0.0;
     var y2_3 = 0.0;
     let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
     var y3_0 = 0.0;
     var y3_1 = 0.0;
     var y3_2 = 0.0;
     var y3_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
         var a1_3 = 0.0;
-        let mine2 = xwin.v[xr2 + b * 8u];
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
         var a2_0 = 0.0;
         var a2_1 = 0.0;
         var a2_2 = 0.0;
         var a2_3 = 0.0;
-        let mine3 = xwin.v[xr3 + b * 8u];
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
         var a3_0 = 0.0;
         var a3_1 = 0.0;
         var a3_2 = 0.0;
@@ -2132,30 +3327,585 @@ fn qmm_f16_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y3_2 += a3_2;
         y3_3 += a3_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
     if (r0 + 2u < p.m) {
-        store(p.m_base + r0 + 2u, c0 + 0u, y2_0);
-        store(p.m_base + r0 + 2u, c0 + 1u, y2_1);
-        store(p.m_base + r0 + 2u, c0 + 2u, y2_2);
-        store(p.m_base + r0 + 2u, c0 + 3u, y2_3);
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
     }
     if (r0 + 3u < p.m) {
-        store(p.m_base + r0 + 3u, c0 + 0u, y3_0);
-        store(p.m_base + r0 + 3u, c0 + 1u, y3_1);
-        store(p.m_base + r0 + 3u, c0 + 2u, y3_2);
-        store(p.m_base + r0 + 3u, c0 + 3u, y3_3);
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+}
+
+@compute @workgroup_size(16)
+fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 8u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
+    let nb = p.k / 32u;
+    let k4 = p.k / 4u;
+    let q0 = p.qs_off + c0 * 4u * nb;
+    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
+    var y0_0 = 0.0;
+    var y0_1 = 0.0;
+    var y0_2 = 0.0;
+    var y0_3 = 0.0;
+    let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
+    var y1_0 = 0.0;
+    var y1_1 = 0.0;
+    var y1_2 = 0.0;
+    var y1_3 = 0.0;
+    let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
+    var y2_0 = 0.0;
+    var y2_1 = 0.0;
+    var y2_2 = 0.0;
+    var y2_3 = 0.0;
+    let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
+    var y3_0 = 0.0;
+    var y3_1 = 0.0;
+    var y3_2 = 0.0;
+    var y3_3 = 0.0;
+    let xr4 = p.x_off / 4u + min(r0 + 4u, p.m - 1u) * k4 + (sl & 7u);
+    var ss4 = 0.0;
+    var y4_0 = 0.0;
+    var y4_1 = 0.0;
+    var y4_2 = 0.0;
+    var y4_3 = 0.0;
+    let xr5 = p.x_off / 4u + min(r0 + 5u, p.m - 1u) * k4 + (sl & 7u);
+    var ss5 = 0.0;
+    var y5_0 = 0.0;
+    var y5_1 = 0.0;
+    var y5_2 = 0.0;
+    var y5_3 = 0.0;
+    let xr6 = p.x_off / 4u + min(r0 + 6u, p.m - 1u) * k4 + (sl & 7u);
+    var ss6 = 0.0;
+    var y6_0 = 0.0;
+    var y6_1 = 0.0;
+    var y6_2 = 0.0;
+    var y6_3 = 0.0;
+    let xr7 = p.x_off / 4u + min(r0 + 7u, p.m - 1u) * k4 + (sl & 7u);
+    var ss7 = 0.0;
+    var y7_0 = 0.0;
+    var y7_1 = 0.0;
+    var y7_2 = 0.0;
+    var y7_3 = 0.0;
+    for (var b = 0u; b < nb; b++) {
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
+        var a0_0 = 0.0;
+        var a0_1 = 0.0;
+        var a0_2 = 0.0;
+        var a0_3 = 0.0;
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
+        var a1_0 = 0.0;
+        var a1_1 = 0.0;
+        var a1_2 = 0.0;
+        var a1_3 = 0.0;
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
+        var a2_0 = 0.0;
+        var a2_1 = 0.0;
+        var a2_2 = 0.0;
+        var a2_3 = 0.0;
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
+        var a3_0 = 0.0;
+        var a3_1 = 0.0;
+        var a3_2 = 0.0;
+        var a3_3 = 0.0;
+        let raw4 = xwin.v[xr4 + b * 8u];
+        ss4 += dot(raw4, raw4);
+        let mine4 = raw4 * g;
+        var a4_0 = 0.0;
+        var a4_1 = 0.0;
+        var a4_2 = 0.0;
+        var a4_3 = 0.0;
+        let raw5 = xwin.v[xr5 + b * 8u];
+        ss5 += dot(raw5, raw5);
+        let mine5 = raw5 * g;
+        var a5_0 = 0.0;
+        var a5_1 = 0.0;
+        var a5_2 = 0.0;
+        var a5_3 = 0.0;
+        let raw6 = xwin.v[xr6 + b * 8u];
+        ss6 += dot(raw6, raw6);
+        let mine6 = raw6 * g;
+        var a6_0 = 0.0;
+        var a6_1 = 0.0;
+        var a6_2 = 0.0;
+        var a6_3 = 0.0;
+        let raw7 = xwin.v[xr7 + b * 8u];
+        ss7 += dot(raw7, raw7);
+        let mine7 = raw7 * g;
+        var a7_0 = 0.0;
+        var a7_1 = 0.0;
+        var a7_2 = 0.0;
+        var a7_3 = 0.0;
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 4u + 0u);
+            let w1 = wtex(q0 + (1u * nb + b) * 4u + 0u);
+            let w2 = wtex(q0 + (2u * nb + b) * 4u + 0u);
+            let w3 = wtex(q0 + (3u * nb + b) * 4u + 0u);
+            let x0_0 = subgroupBroadcast(mine0, 0u);
+            let x1_0 = subgroupBroadcast(mine1, 0u);
+            let x2_0 = subgroupBroadcast(mine2, 0u);
+            let x3_0 = subgroupBroadcast(mine3, 0u);
+            let x4_0 = subgroupBroadcast(mine4, 0u);
+            let x5_0 = subgroupBroadcast(mine5, 0u);
+            let x6_0 = subgroupBroadcast(mine6, 0u);
+            let x7_0 = subgroupBroadcast(mine7, 0u);
+            let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
+            let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
+            let v2_0 = vec4<f32>(unpack2x16float(w2[0u]), unpack2x16float(w2[1u]));
+            let v3_0 = vec4<f32>(unpack2x16float(w3[0u]), unpack2x16float(w3[1u]));
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+            let x0_1 = subgroupBroadcast(mine0, 1u);
+            let x1_1 = subgroupBroadcast(mine1, 1u);
+            let x2_1 = subgroupBroadcast(mine2, 1u);
+            let x3_1 = subgroupBroadcast(mine3, 1u);
+            let x4_1 = subgroupBroadcast(mine4, 1u);
+            let x5_1 = subgroupBroadcast(mine5, 1u);
+            let x6_1 = subgroupBroadcast(mine6, 1u);
+            let x7_1 = subgroupBroadcast(mine7, 1u);
+            let v0_1 = vec4<f32>(unpack2x16float(w0[2u]), unpack2x16float(w0[3u]));
+            let v1_1 = vec4<f32>(unpack2x16float(w1[2u]), unpack2x16float(w1[3u]));
+            let v2_1 = vec4<f32>(unpack2x16float(w2[2u]), unpack2x16float(w2[3u]));
+            let v3_1 = vec4<f32>(unpack2x16float(w3[2u]), unpack2x16float(w3[3u]));
+            a0_0 += dot(v0_1, x0_1);
+            a0_1 += dot(v1_1, x0_1);
+            a0_2 += dot(v2_1, x0_1);
+            a0_3 += dot(v3_1, x0_1);
+            a1_0 += dot(v0_1, x1_1);
+            a1_1 += dot(v1_1, x1_1);
+            a1_2 += dot(v2_1, x1_1);
+            a1_3 += dot(v3_1, x1_1);
+            a2_0 += dot(v0_1, x2_1);
+            a2_1 += dot(v1_1, x2_1);
+            a2_2 += dot(v2_1, x2_1);
+            a2_3 += dot(v3_1, x2_1);
+            a3_0 += dot(v0_1, x3_1);
+            a3_1 += dot(v1_1, x3_1);
+            a3_2 += dot(v2_1, x3_1);
+            a3_3 += dot(v3_1, x3_1);
+            a4_0 += dot(v0_1, x4_1);
+            a4_1 += dot(v1_1, x4_1);
+            a4_2 += dot(v2_1, x4_1);
+            a4_3 += dot(v3_1, x4_1);
+            a5_0 += dot(v0_1, x5_1);
+            a5_1 += dot(v1_1, x5_1);
+            a5_2 += dot(v2_1, x5_1);
+            a5_3 += dot(v3_1, x5_1);
+            a6_0 += dot(v0_1, x6_1);
+            a6_1 += dot(v1_1, x6_1);
+            a6_2 += dot(v2_1, x6_1);
+            a6_3 += dot(v3_1, x6_1);
+            a7_0 += dot(v0_1, x7_1);
+            a7_1 += dot(v1_1, x7_1);
+            a7_2 += dot(v2_1, x7_1);
+            a7_3 += dot(v3_1, x7_1);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 4u + 1u);
+            let w1 = wtex(q0 + (1u * nb + b) * 4u + 1u);
+            let w2 = wtex(q0 + (2u * nb + b) * 4u + 1u);
+            let w3 = wtex(q0 + (3u * nb + b) * 4u + 1u);
+            let x0_0 = subgroupBroadcast(mine0, 2u);
+            let x1_0 = subgroupBroadcast(mine1, 2u);
+            let x2_0 = subgroupBroadcast(mine2, 2u);
+            let x3_0 = subgroupBroadcast(mine3, 2u);
+            let x4_0 = subgroupBroadcast(mine4, 2u);
+            let x5_0 = subgroupBroadcast(mine5, 2u);
+            let x6_0 = subgroupBroadcast(mine6, 2u);
+            let x7_0 = subgroupBroadcast(mine7, 2u);
+            let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
+            let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
+            let v2_0 = vec4<f32>(unpack2x16float(w2[0u]), unpack2x16float(w2[1u]));
+            let v3_0 = vec4<f32>(unpack2x16float(w3[0u]), unpack2x16float(w3[1u]));
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+            let x0_1 = subgroupBroadcast(mine0, 3u);
+            let x1_1 = subgroupBroadcast(mine1, 3u);
+            let x2_1 = subgroupBroadcast(mine2, 3u);
+            let x3_1 = subgroupBroadcast(mine3, 3u);
+            let x4_1 = subgroupBroadcast(mine4, 3u);
+            let x5_1 = subgroupBroadcast(mine5, 3u);
+            let x6_1 = subgroupBroadcast(mine6, 3u);
+            let x7_1 = subgroupBroadcast(mine7, 3u);
+            let v0_1 = vec4<f32>(unpack2x16float(w0[2u]), unpack2x16float(w0[3u]));
+            let v1_1 = vec4<f32>(unpack2x16float(w1[2u]), unpack2x16float(w1[3u]));
+            let v2_1 = vec4<f32>(unpack2x16float(w2[2u]), unpack2x16float(w2[3u]));
+            let v3_1 = vec4<f32>(unpack2x16float(w3[2u]), unpack2x16float(w3[3u]));
+            a0_0 += dot(v0_1, x0_1);
+            a0_1 += dot(v1_1, x0_1);
+            a0_2 += dot(v2_1, x0_1);
+            a0_3 += dot(v3_1, x0_1);
+            a1_0 += dot(v0_1, x1_1);
+            a1_1 += dot(v1_1, x1_1);
+            a1_2 += dot(v2_1, x1_1);
+            a1_3 += dot(v3_1, x1_1);
+            a2_0 += dot(v0_1, x2_1);
+            a2_1 += dot(v1_1, x2_1);
+            a2_2 += dot(v2_1, x2_1);
+            a2_3 += dot(v3_1, x2_1);
+            a3_0 += dot(v0_1, x3_1);
+            a3_1 += dot(v1_1, x3_1);
+            a3_2 += dot(v2_1, x3_1);
+            a3_3 += dot(v3_1, x3_1);
+            a4_0 += dot(v0_1, x4_1);
+            a4_1 += dot(v1_1, x4_1);
+            a4_2 += dot(v2_1, x4_1);
+            a4_3 += dot(v3_1, x4_1);
+            a5_0 += dot(v0_1, x5_1);
+            a5_1 += dot(v1_1, x5_1);
+            a5_2 += dot(v2_1, x5_1);
+            a5_3 += dot(v3_1, x5_1);
+            a6_0 += dot(v0_1, x6_1);
+            a6_1 += dot(v1_1, x6_1);
+            a6_2 += dot(v2_1, x6_1);
+            a6_3 += dot(v3_1, x6_1);
+            a7_0 += dot(v0_1, x7_1);
+            a7_1 += dot(v1_1, x7_1);
+            a7_2 += dot(v2_1, x7_1);
+            a7_3 += dot(v3_1, x7_1);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 4u + 2u);
+            let w1 = wtex(q0 + (1u * nb + b) * 4u + 2u);
+            let w2 = wtex(q0 + (2u * nb + b) * 4u + 2u);
+            let w3 = wtex(q0 + (3u * nb + b) * 4u + 2u);
+            let x0_0 = subgroupBroadcast(mine0, 4u);
+            let x1_0 = subgroupBroadcast(mine1, 4u);
+            let x2_0 = subgroupBroadcast(mine2, 4u);
+            let x3_0 = subgroupBroadcast(mine3, 4u);
+            let x4_0 = subgroupBroadcast(mine4, 4u);
+            let x5_0 = subgroupBroadcast(mine5, 4u);
+            let x6_0 = subgroupBroadcast(mine6, 4u);
+            let x7_0 = subgroupBroadcast(mine7, 4u);
+            let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
+            let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
+            let v2_0 = vec4<f32>(unpack2x16float(w2[0u]), unpack2x16float(w2[1u]));
+            let v3_0 = vec4<f32>(unpack2x16float(w3[0u]), unpack2x16float(w3[1u]));
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+            let x0_1 = subgroupBroadcast(mine0, 5u);
+            let x1_1 = subgroupBroadcast(mine1, 5u);
+            let x2_1 = subgroupBroadcast(mine2, 5u);
+            let x3_1 = subgroupBroadcast(mine3, 5u);
+            let x4_1 = subgroupBroadcast(mine4, 5u);
+            let x5_1 = subgroupBroadcast(mine5, 5u);
+            let x6_1 = subgroupBroadcast(mine6, 5u);
+            let x7_1 = subgroupBroadcast(mine7, 5u);
+            let v0_1 = vec4<f32>(unpack2x16float(w0[2u]), unpack2x16float(w0[3u]));
+            let v1_1 = vec4<f32>(unpack2x16float(w1[2u]), unpack2x16float(w1[3u]));
+            let v2_1 = vec4<f32>(unpack2x16float(w2[2u]), unpack2x16float(w2[3u]));
+            let v3_1 = vec4<f32>(unpack2x16float(w3[2u]), unpack2x16float(w3[3u]));
+            a0_0 += dot(v0_1, x0_1);
+            a0_1 += dot(v1_1, x0_1);
+            a0_2 += dot(v2_1, x0_1);
+            a0_3 += dot(v3_1, x0_1);
+            a1_0 += dot(v0_1, x1_1);
+            a1_1 += dot(v1_1, x1_1);
+            a1_2 += dot(v2_1, x1_1);
+            a1_3 += dot(v3_1, x1_1);
+            a2_0 += dot(v0_1, x2_1);
+            a2_1 += dot(v1_1, x2_1);
+            a2_2 += dot(v2_1, x2_1);
+            a2_3 += dot(v3_1, x2_1);
+            a3_0 += dot(v0_1, x3_1);
+            a3_1 += dot(v1_1, x3_1);
+            a3_2 += dot(v2_1, x3_1);
+            a3_3 += dot(v3_1, x3_1);
+            a4_0 += dot(v0_1, x4_1);
+            a4_1 += dot(v1_1, x4_1);
+            a4_2 += dot(v2_1, x4_1);
+            a4_3 += dot(v3_1, x4_1);
+            a5_0 += dot(v0_1, x5_1);
+            a5_1 += dot(v1_1, x5_1);
+            a5_2 += dot(v2_1, x5_1);
+            a5_3 += dot(v3_1, x5_1);
+            a6_0 += dot(v0_1, x6_1);
+            a6_1 += dot(v1_1, x6_1);
+            a6_2 += dot(v2_1, x6_1);
+            a6_3 += dot(v3_1, x6_1);
+            a7_0 += dot(v0_1, x7_1);
+            a7_1 += dot(v1_1, x7_1);
+            a7_2 += dot(v2_1, x7_1);
+            a7_3 += dot(v3_1, x7_1);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 4u + 3u);
+            let w1 = wtex(q0 + (1u * nb + b) * 4u + 3u);
+            let w2 = wtex(q0 + (2u * nb + b) * 4u + 3u);
+            let w3 = wtex(q0 + (3u * nb + b) * 4u + 3u);
+            let x0_0 = subgroupBroadcast(mine0, 6u);
+            let x1_0 = subgroupBroadcast(mine1, 6u);
+            let x2_0 = subgroupBroadcast(mine2, 6u);
+            let x3_0 = subgroupBroadcast(mine3, 6u);
+            let x4_0 = subgroupBroadcast(mine4, 6u);
+            let x5_0 = subgroupBroadcast(mine5, 6u);
+            let x6_0 = subgroupBroadcast(mine6, 6u);
+            let x7_0 = subgroupBroadcast(mine7, 6u);
+            let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
+            let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
+            let v2_0 = vec4<f32>(unpack2x16float(w2[0u]), unpack2x16float(w2[1u]));
+            let v3_0 = vec4<f32>(unpack2x16float(w3[0u]), unpack2x16float(w3[1u]));
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+            let x0_1 = subgroupBroadcast(mine0, 7u);
+            let x1_1 = subgroupBroadcast(mine1, 7u);
+            let x2_1 = subgroupBroadcast(mine2, 7u);
+            let x3_1 = subgroupBroadcast(mine3, 7u);
+            let x4_1 = subgroupBroadcast(mine4, 7u);
+            let x5_1 = subgroupBroadcast(mine5, 7u);
+            let x6_1 = subgroupBroadcast(mine6, 7u);
+            let x7_1 = subgroupBroadcast(mine7, 7u);
+            let v0_1 = vec4<f32>(unpack2x16float(w0[2u]), unpack2x16float(w0[3u]));
+            let v1_1 = vec4<f32>(unpack2x16float(w1[2u]), unpack2x16float(w1[3u]));
+            let v2_1 = vec4<f32>(unpack2x16float(w2[2u]), unpack2x16float(w2[3u]));
+            let v3_1 = vec4<f32>(unpack2x16float(w3[2u]), unpack2x16float(w3[3u]));
+            a0_0 += dot(v0_1, x0_1);
+            a0_1 += dot(v1_1, x0_1);
+            a0_2 += dot(v2_1, x0_1);
+            a0_3 += dot(v3_1, x0_1);
+            a1_0 += dot(v0_1, x1_1);
+            a1_1 += dot(v1_1, x1_1);
+            a1_2 += dot(v2_1, x1_1);
+            a1_3 += dot(v3_1, x1_1);
+            a2_0 += dot(v0_1, x2_1);
+            a2_1 += dot(v1_1, x2_1);
+            a2_2 += dot(v2_1, x2_1);
+            a2_3 += dot(v3_1, x2_1);
+            a3_0 += dot(v0_1, x3_1);
+            a3_1 += dot(v1_1, x3_1);
+            a3_2 += dot(v2_1, x3_1);
+            a3_3 += dot(v3_1, x3_1);
+            a4_0 += dot(v0_1, x4_1);
+            a4_1 += dot(v1_1, x4_1);
+            a4_2 += dot(v2_1, x4_1);
+            a4_3 += dot(v3_1, x4_1);
+            a5_0 += dot(v0_1, x5_1);
+            a5_1 += dot(v1_1, x5_1);
+            a5_2 += dot(v2_1, x5_1);
+            a5_3 += dot(v3_1, x5_1);
+            a6_0 += dot(v0_1, x6_1);
+            a6_1 += dot(v1_1, x6_1);
+            a6_2 += dot(v2_1, x6_1);
+            a6_3 += dot(v3_1, x6_1);
+            a7_0 += dot(v0_1, x7_1);
+            a7_1 += dot(v1_1, x7_1);
+            a7_2 += dot(v2_1, x7_1);
+            a7_3 += dot(v3_1, x7_1);
+        }
+        y0_0 += a0_0;
+        y0_1 += a0_1;
+        y0_2 += a0_2;
+        y0_3 += a0_3;
+        y1_0 += a1_0;
+        y1_1 += a1_1;
+        y1_2 += a1_2;
+        y1_3 += a1_3;
+        y2_0 += a2_0;
+        y2_1 += a2_1;
+        y2_2 += a2_2;
+        y2_3 += a2_3;
+        y3_0 += a3_0;
+        y3_1 += a3_1;
+        y3_2 += a3_2;
+        y3_3 += a3_3;
+        y4_0 += a4_0;
+        y4_1 += a4_1;
+        y4_2 += a4_2;
+        y4_3 += a4_3;
+        y5_0 += a5_0;
+        y5_1 += a5_1;
+        y5_2 += a5_2;
+        y5_3 += a5_3;
+        y6_0 += a6_0;
+        y6_1 += a6_1;
+        y6_2 += a6_2;
+        y6_3 += a6_3;
+        y7_0 += a7_0;
+        y7_1 += a7_1;
+        y7_2 += a7_2;
+        y7_3 += a7_3;
+    }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
+    let inv4 = inv_rms(subgroupAdd(ss4));
+    let inv5 = inv_rms(subgroupAdd(ss5));
+    let inv6 = inv_rms(subgroupAdd(ss6));
+    let inv7 = inv_rms(subgroupAdd(ss7));
+    if (!live) { return; }
+    if (r0 + 0u < p.m) {
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
+    }
+    if (r0 + 1u < p.m) {
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
+    }
+    if (r0 + 2u < p.m) {
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
+    }
+    if (r0 + 3u < p.m) {
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+    if (r0 + 4u < p.m) {
+        store4(p.m_base + r0 + 4u, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4);
+    }
+    if (r0 + 5u < p.m) {
+        store4(p.m_base + r0 + 5u, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5);
+    }
+    if (r0 + 6u < p.m) {
+        store4(p.m_base + r0 + 6u, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6);
+    }
+    if (r0 + 7u < p.m) {
+        store4(p.m_base + r0 + 7u, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7);
     }
 }
 
@@ -2165,7 +3915,9 @@ fn qmm_f16_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let j = li % 16u;
     let r0 = wg.y * 4u;
     let nb = p.k / 32u;
+    let norm = p.norm_off != NO_NORM;
     var acc = vec4<f32>(0.0); // rows r0 .. r0 + 3
+    var ss = vec4<f32>(0.0); // this thread's share of each row's sum of squares
     for (var k0 = 0u; k0 < p.k; k0 += GT) {
         let cols = min(GT, p.k - k0);
         for (var i = li; i < 4u * GT; i += 64u) {
@@ -2174,6 +3926,11 @@ fn qmm_f16_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
             var v = 0.0;
             if (c < cols && r0 + r < p.m) {
                 v = act[p.x_off + (r0 + r) * p.k + k0 + c];
+                ss[r] += v * v;
+                if (norm) {
+                    let e = p.norm_off + k0 + c;
+                    v *= bitcast<f32>(wbuf[e / 4u][e % 4u]);
+                }
             }
             xsh[i] = v;
         }
@@ -2194,17 +3951,36 @@ fn qmm_f16_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
     for (var r = 0u; r < 4u; r++) {
         red[li * 4u + r] = acc[r];
+        red2[li * 4u + r] = ss[r];
     }
     workgroupBarrier();
     if (j < 4u) {
         let r = j;
         let base = (li / 16u) * 16u;
         var s = 0.0;
+        var sq = 0.0;
         for (var t = 0u; t < 16u; t++) {
             s += red[(base + t) * 4u + r];
         }
-        if (n < p.n && r0 + r < p.m) {
-            store(p.m_base + r0 + r, n, s);
+        for (var t = 0u; t < 64u; t++) {
+            sq += red2[t * 4u + r];
+        }
+        outv[(li / 16u) * 4u + r] = s * inv_rms(sq);
+    }
+    workgroupBarrier();
+    if (li < 16u) {
+        let slot = li / 4u;
+        let r = li % 4u;
+        let nn = wg.x * 4u + slot;
+        if (r0 + r < p.m && nn < p.n) {
+            if ((p.mode & 255u) == 2u) {
+                if (slot % 2u == 0u) {
+                    let o = p.y_off + (p.m_base + r0 + r) * (p.n / 2u) + nn / 2u;
+                    act[o] = silu(outv[slot * 4u + r]) * outv[(slot + 1u) * 4u + r];
+                }
+            } else {
+                store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
         }
     }
 }
@@ -2248,21 +4024,29 @@ fn qembed_f16_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 @compute @workgroup_size(16)
-fn qmm_f32_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 1u;
+fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 1u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 8u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
@@ -2392,41 +4176,50 @@ fn qmm_f32_r1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y0_2 += a0_2;
         y0_3 += a0_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_f32_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 2u;
+fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 2u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 8u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
@@ -2600,67 +4393,80 @@ fn qmm_f32_r2(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y1_2 += a1_2;
         y1_3 += a1_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
 }
 
 @compute @workgroup_size(16)
-fn qmm_f32_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
-    let live = gid.x * 4u < p.n;
-    let c0 = min(gid.x * 4u, p.n - 4u);
-    let r0 = gid.y * 4u;
+fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 4u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
     let q0 = p.qs_off + c0 * 8u * nb;
     let s0 = p.sc_off + (c0 / 4u) * nb;
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
     var y0_0 = 0.0;
     var y0_1 = 0.0;
     var y0_2 = 0.0;
     var y0_3 = 0.0;
     let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
     var y1_0 = 0.0;
     var y1_1 = 0.0;
     var y1_2 = 0.0;
     var y1_3 = 0.0;
     let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
     var y2_0 = 0.0;
     var y2_1 = 0.0;
     var y2_2 = 0.0;
     var y2_3 = 0.0;
     let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
     var y3_0 = 0.0;
     var y3_1 = 0.0;
     var y3_2 = 0.0;
     var y3_3 = 0.0;
     for (var b = 0u; b < nb; b++) {
-        let mine0 = xwin.v[xr0 + b * 8u];
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
         var a0_0 = 0.0;
         var a0_1 = 0.0;
         var a0_2 = 0.0;
         var a0_3 = 0.0;
-        let mine1 = xwin.v[xr1 + b * 8u];
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
         var a1_0 = 0.0;
         var a1_1 = 0.0;
         var a1_2 = 0.0;
         var a1_3 = 0.0;
-        let mine2 = xwin.v[xr2 + b * 8u];
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
         var a2_0 = 0.0;
         var a2_1 = 0.0;
         var a2_2 = 0.0;
         var a2_3 = 0.0;
-        let mine3 = xwin.v[xr3 + b * 8u];
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
         var a3_0 = 0.0;
         var a3_1 = 0.0;
         var a3_2 = 0.0;
@@ -2922,30 +4728,609 @@ fn qmm_f32_r4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(subgroup_i
         y3_2 += a3_2;
         y3_3 += a3_3;
     }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
     if (!live) { return; }
     if (r0 + 0u < p.m) {
-        store(p.m_base + r0 + 0u, c0 + 0u, y0_0);
-        store(p.m_base + r0 + 0u, c0 + 1u, y0_1);
-        store(p.m_base + r0 + 0u, c0 + 2u, y0_2);
-        store(p.m_base + r0 + 0u, c0 + 3u, y0_3);
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
     }
     if (r0 + 1u < p.m) {
-        store(p.m_base + r0 + 1u, c0 + 0u, y1_0);
-        store(p.m_base + r0 + 1u, c0 + 1u, y1_1);
-        store(p.m_base + r0 + 1u, c0 + 2u, y1_2);
-        store(p.m_base + r0 + 1u, c0 + 3u, y1_3);
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
     }
     if (r0 + 2u < p.m) {
-        store(p.m_base + r0 + 2u, c0 + 0u, y2_0);
-        store(p.m_base + r0 + 2u, c0 + 1u, y2_1);
-        store(p.m_base + r0 + 2u, c0 + 2u, y2_2);
-        store(p.m_base + r0 + 2u, c0 + 3u, y2_3);
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
     }
     if (r0 + 3u < p.m) {
-        store(p.m_base + r0 + 3u, c0 + 0u, y3_0);
-        store(p.m_base + r0 + 3u, c0 + 1u, y3_1);
-        store(p.m_base + r0 + 3u, c0 + 2u, y3_2);
-        store(p.m_base + r0 + 3u, c0 + 3u, y3_3);
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+}
+
+@compute @workgroup_size(16)
+fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let col = wg.y * 16u + li;
+    let live = col * 4u < p.n;
+    let c0 = min(col * 4u, p.n - 4u);
+    let r0 = wg.x * 8u;
+    let norm = p.norm_off != NO_NORM;
+    let g0 = p.norm_off / 4u + (sl & 7u);
+    let nb = p.k / 32u;
+    let k4 = p.k / 4u;
+    let q0 = p.qs_off + c0 * 8u * nb;
+    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
+    var ss0 = 0.0;
+    var y0_0 = 0.0;
+    var y0_1 = 0.0;
+    var y0_2 = 0.0;
+    var y0_3 = 0.0;
+    let xr1 = p.x_off / 4u + min(r0 + 1u, p.m - 1u) * k4 + (sl & 7u);
+    var ss1 = 0.0;
+    var y1_0 = 0.0;
+    var y1_1 = 0.0;
+    var y1_2 = 0.0;
+    var y1_3 = 0.0;
+    let xr2 = p.x_off / 4u + min(r0 + 2u, p.m - 1u) * k4 + (sl & 7u);
+    var ss2 = 0.0;
+    var y2_0 = 0.0;
+    var y2_1 = 0.0;
+    var y2_2 = 0.0;
+    var y2_3 = 0.0;
+    let xr3 = p.x_off / 4u + min(r0 + 3u, p.m - 1u) * k4 + (sl & 7u);
+    var ss3 = 0.0;
+    var y3_0 = 0.0;
+    var y3_1 = 0.0;
+    var y3_2 = 0.0;
+    var y3_3 = 0.0;
+    let xr4 = p.x_off / 4u + min(r0 + 4u, p.m - 1u) * k4 + (sl & 7u);
+    var ss4 = 0.0;
+    var y4_0 = 0.0;
+    var y4_1 = 0.0;
+    var y4_2 = 0.0;
+    var y4_3 = 0.0;
+    let xr5 = p.x_off / 4u + min(r0 + 5u, p.m - 1u) * k4 + (sl & 7u);
+    var ss5 = 0.0;
+    var y5_0 = 0.0;
+    var y5_1 = 0.0;
+    var y5_2 = 0.0;
+    var y5_3 = 0.0;
+    let xr6 = p.x_off / 4u + min(r0 + 6u, p.m - 1u) * k4 + (sl & 7u);
+    var ss6 = 0.0;
+    var y6_0 = 0.0;
+    var y6_1 = 0.0;
+    var y6_2 = 0.0;
+    var y6_3 = 0.0;
+    let xr7 = p.x_off / 4u + min(r0 + 7u, p.m - 1u) * k4 + (sl & 7u);
+    var ss7 = 0.0;
+    var y7_0 = 0.0;
+    var y7_1 = 0.0;
+    var y7_2 = 0.0;
+    var y7_3 = 0.0;
+    for (var b = 0u; b < nb; b++) {
+        var g = vec4<f32>(1.0);
+        if (norm) { g = wwin.v[g0 + b * 8u]; }
+        let raw0 = xwin.v[xr0 + b * 8u];
+        ss0 += dot(raw0, raw0);
+        let mine0 = raw0 * g;
+        var a0_0 = 0.0;
+        var a0_1 = 0.0;
+        var a0_2 = 0.0;
+        var a0_3 = 0.0;
+        let raw1 = xwin.v[xr1 + b * 8u];
+        ss1 += dot(raw1, raw1);
+        let mine1 = raw1 * g;
+        var a1_0 = 0.0;
+        var a1_1 = 0.0;
+        var a1_2 = 0.0;
+        var a1_3 = 0.0;
+        let raw2 = xwin.v[xr2 + b * 8u];
+        ss2 += dot(raw2, raw2);
+        let mine2 = raw2 * g;
+        var a2_0 = 0.0;
+        var a2_1 = 0.0;
+        var a2_2 = 0.0;
+        var a2_3 = 0.0;
+        let raw3 = xwin.v[xr3 + b * 8u];
+        ss3 += dot(raw3, raw3);
+        let mine3 = raw3 * g;
+        var a3_0 = 0.0;
+        var a3_1 = 0.0;
+        var a3_2 = 0.0;
+        var a3_3 = 0.0;
+        let raw4 = xwin.v[xr4 + b * 8u];
+        ss4 += dot(raw4, raw4);
+        let mine4 = raw4 * g;
+        var a4_0 = 0.0;
+        var a4_1 = 0.0;
+        var a4_2 = 0.0;
+        var a4_3 = 0.0;
+        let raw5 = xwin.v[xr5 + b * 8u];
+        ss5 += dot(raw5, raw5);
+        let mine5 = raw5 * g;
+        var a5_0 = 0.0;
+        var a5_1 = 0.0;
+        var a5_2 = 0.0;
+        var a5_3 = 0.0;
+        let raw6 = xwin.v[xr6 + b * 8u];
+        ss6 += dot(raw6, raw6);
+        let mine6 = raw6 * g;
+        var a6_0 = 0.0;
+        var a6_1 = 0.0;
+        var a6_2 = 0.0;
+        var a6_3 = 0.0;
+        let raw7 = xwin.v[xr7 + b * 8u];
+        ss7 += dot(raw7, raw7);
+        let mine7 = raw7 * g;
+        var a7_0 = 0.0;
+        var a7_1 = 0.0;
+        var a7_2 = 0.0;
+        var a7_3 = 0.0;
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 0u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 0u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 0u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 0u);
+            let x0_0 = subgroupBroadcast(mine0, 0u);
+            let x1_0 = subgroupBroadcast(mine1, 0u);
+            let x2_0 = subgroupBroadcast(mine2, 0u);
+            let x3_0 = subgroupBroadcast(mine3, 0u);
+            let x4_0 = subgroupBroadcast(mine4, 0u);
+            let x5_0 = subgroupBroadcast(mine5, 0u);
+            let x6_0 = subgroupBroadcast(mine6, 0u);
+            let x7_0 = subgroupBroadcast(mine7, 0u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 1u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 1u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 1u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 1u);
+            let x0_0 = subgroupBroadcast(mine0, 1u);
+            let x1_0 = subgroupBroadcast(mine1, 1u);
+            let x2_0 = subgroupBroadcast(mine2, 1u);
+            let x3_0 = subgroupBroadcast(mine3, 1u);
+            let x4_0 = subgroupBroadcast(mine4, 1u);
+            let x5_0 = subgroupBroadcast(mine5, 1u);
+            let x6_0 = subgroupBroadcast(mine6, 1u);
+            let x7_0 = subgroupBroadcast(mine7, 1u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 2u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 2u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 2u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 2u);
+            let x0_0 = subgroupBroadcast(mine0, 2u);
+            let x1_0 = subgroupBroadcast(mine1, 2u);
+            let x2_0 = subgroupBroadcast(mine2, 2u);
+            let x3_0 = subgroupBroadcast(mine3, 2u);
+            let x4_0 = subgroupBroadcast(mine4, 2u);
+            let x5_0 = subgroupBroadcast(mine5, 2u);
+            let x6_0 = subgroupBroadcast(mine6, 2u);
+            let x7_0 = subgroupBroadcast(mine7, 2u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 3u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 3u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 3u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 3u);
+            let x0_0 = subgroupBroadcast(mine0, 3u);
+            let x1_0 = subgroupBroadcast(mine1, 3u);
+            let x2_0 = subgroupBroadcast(mine2, 3u);
+            let x3_0 = subgroupBroadcast(mine3, 3u);
+            let x4_0 = subgroupBroadcast(mine4, 3u);
+            let x5_0 = subgroupBroadcast(mine5, 3u);
+            let x6_0 = subgroupBroadcast(mine6, 3u);
+            let x7_0 = subgroupBroadcast(mine7, 3u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 4u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 4u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 4u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 4u);
+            let x0_0 = subgroupBroadcast(mine0, 4u);
+            let x1_0 = subgroupBroadcast(mine1, 4u);
+            let x2_0 = subgroupBroadcast(mine2, 4u);
+            let x3_0 = subgroupBroadcast(mine3, 4u);
+            let x4_0 = subgroupBroadcast(mine4, 4u);
+            let x5_0 = subgroupBroadcast(mine5, 4u);
+            let x6_0 = subgroupBroadcast(mine6, 4u);
+            let x7_0 = subgroupBroadcast(mine7, 4u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 5u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 5u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 5u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 5u);
+            let x0_0 = subgroupBroadcast(mine0, 5u);
+            let x1_0 = subgroupBroadcast(mine1, 5u);
+            let x2_0 = subgroupBroadcast(mine2, 5u);
+            let x3_0 = subgroupBroadcast(mine3, 5u);
+            let x4_0 = subgroupBroadcast(mine4, 5u);
+            let x5_0 = subgroupBroadcast(mine5, 5u);
+            let x6_0 = subgroupBroadcast(mine6, 5u);
+            let x7_0 = subgroupBroadcast(mine7, 5u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 6u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 6u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 6u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 6u);
+            let x0_0 = subgroupBroadcast(mine0, 6u);
+            let x1_0 = subgroupBroadcast(mine1, 6u);
+            let x2_0 = subgroupBroadcast(mine2, 6u);
+            let x3_0 = subgroupBroadcast(mine3, 6u);
+            let x4_0 = subgroupBroadcast(mine4, 6u);
+            let x5_0 = subgroupBroadcast(mine5, 6u);
+            let x6_0 = subgroupBroadcast(mine6, 6u);
+            let x7_0 = subgroupBroadcast(mine7, 6u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        {
+            let w0 = wtex(q0 + (0u * nb + b) * 8u + 7u);
+            let w1 = wtex(q0 + (1u * nb + b) * 8u + 7u);
+            let w2 = wtex(q0 + (2u * nb + b) * 8u + 7u);
+            let w3 = wtex(q0 + (3u * nb + b) * 8u + 7u);
+            let x0_0 = subgroupBroadcast(mine0, 7u);
+            let x1_0 = subgroupBroadcast(mine1, 7u);
+            let x2_0 = subgroupBroadcast(mine2, 7u);
+            let x3_0 = subgroupBroadcast(mine3, 7u);
+            let x4_0 = subgroupBroadcast(mine4, 7u);
+            let x5_0 = subgroupBroadcast(mine5, 7u);
+            let x6_0 = subgroupBroadcast(mine6, 7u);
+            let x7_0 = subgroupBroadcast(mine7, 7u);
+            let v0_0 = bitcast<vec4<f32>>(w0);
+            let v1_0 = bitcast<vec4<f32>>(w1);
+            let v2_0 = bitcast<vec4<f32>>(w2);
+            let v3_0 = bitcast<vec4<f32>>(w3);
+            a0_0 += dot(v0_0, x0_0);
+            a0_1 += dot(v1_0, x0_0);
+            a0_2 += dot(v2_0, x0_0);
+            a0_3 += dot(v3_0, x0_0);
+            a1_0 += dot(v0_0, x1_0);
+            a1_1 += dot(v1_0, x1_0);
+            a1_2 += dot(v2_0, x1_0);
+            a1_3 += dot(v3_0, x1_0);
+            a2_0 += dot(v0_0, x2_0);
+            a2_1 += dot(v1_0, x2_0);
+            a2_2 += dot(v2_0, x2_0);
+            a2_3 += dot(v3_0, x2_0);
+            a3_0 += dot(v0_0, x3_0);
+            a3_1 += dot(v1_0, x3_0);
+            a3_2 += dot(v2_0, x3_0);
+            a3_3 += dot(v3_0, x3_0);
+            a4_0 += dot(v0_0, x4_0);
+            a4_1 += dot(v1_0, x4_0);
+            a4_2 += dot(v2_0, x4_0);
+            a4_3 += dot(v3_0, x4_0);
+            a5_0 += dot(v0_0, x5_0);
+            a5_1 += dot(v1_0, x5_0);
+            a5_2 += dot(v2_0, x5_0);
+            a5_3 += dot(v3_0, x5_0);
+            a6_0 += dot(v0_0, x6_0);
+            a6_1 += dot(v1_0, x6_0);
+            a6_2 += dot(v2_0, x6_0);
+            a6_3 += dot(v3_0, x6_0);
+            a7_0 += dot(v0_0, x7_0);
+            a7_1 += dot(v1_0, x7_0);
+            a7_2 += dot(v2_0, x7_0);
+            a7_3 += dot(v3_0, x7_0);
+        }
+        y0_0 += a0_0;
+        y0_1 += a0_1;
+        y0_2 += a0_2;
+        y0_3 += a0_3;
+        y1_0 += a1_0;
+        y1_1 += a1_1;
+        y1_2 += a1_2;
+        y1_3 += a1_3;
+        y2_0 += a2_0;
+        y2_1 += a2_1;
+        y2_2 += a2_2;
+        y2_3 += a2_3;
+        y3_0 += a3_0;
+        y3_1 += a3_1;
+        y3_2 += a3_2;
+        y3_3 += a3_3;
+        y4_0 += a4_0;
+        y4_1 += a4_1;
+        y4_2 += a4_2;
+        y4_3 += a4_3;
+        y5_0 += a5_0;
+        y5_1 += a5_1;
+        y5_2 += a5_2;
+        y5_3 += a5_3;
+        y6_0 += a6_0;
+        y6_1 += a6_1;
+        y6_2 += a6_2;
+        y6_3 += a6_3;
+        y7_0 += a7_0;
+        y7_1 += a7_1;
+        y7_2 += a7_2;
+        y7_3 += a7_3;
+    }
+    let inv0 = inv_rms(subgroupAdd(ss0));
+    let inv1 = inv_rms(subgroupAdd(ss1));
+    let inv2 = inv_rms(subgroupAdd(ss2));
+    let inv3 = inv_rms(subgroupAdd(ss3));
+    let inv4 = inv_rms(subgroupAdd(ss4));
+    let inv5 = inv_rms(subgroupAdd(ss5));
+    let inv6 = inv_rms(subgroupAdd(ss6));
+    let inv7 = inv_rms(subgroupAdd(ss7));
+    if (!live) { return; }
+    if (r0 + 0u < p.m) {
+        store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
+    }
+    if (r0 + 1u < p.m) {
+        store4(p.m_base + r0 + 1u, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1);
+    }
+    if (r0 + 2u < p.m) {
+        store4(p.m_base + r0 + 2u, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2);
+    }
+    if (r0 + 3u < p.m) {
+        store4(p.m_base + r0 + 3u, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3);
+    }
+    if (r0 + 4u < p.m) {
+        store4(p.m_base + r0 + 4u, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4);
+    }
+    if (r0 + 5u < p.m) {
+        store4(p.m_base + r0 + 5u, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5);
+    }
+    if (r0 + 6u < p.m) {
+        store4(p.m_base + r0 + 6u, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6);
+    }
+    if (r0 + 7u < p.m) {
+        store4(p.m_base + r0 + 7u, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7);
     }
 }
 
@@ -2955,7 +5340,9 @@ fn qmm_f32_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let j = li % 16u;
     let r0 = wg.y * 4u;
     let nb = p.k / 32u;
+    let norm = p.norm_off != NO_NORM;
     var acc = vec4<f32>(0.0); // rows r0 .. r0 + 3
+    var ss = vec4<f32>(0.0); // this thread's share of each row's sum of squares
     for (var k0 = 0u; k0 < p.k; k0 += GT) {
         let cols = min(GT, p.k - k0);
         for (var i = li; i < 4u * GT; i += 64u) {
@@ -2964,6 +5351,11 @@ fn qmm_f32_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
             var v = 0.0;
             if (c < cols && r0 + r < p.m) {
                 v = act[p.x_off + (r0 + r) * p.k + k0 + c];
+                ss[r] += v * v;
+                if (norm) {
+                    let e = p.norm_off + k0 + c;
+                    v *= bitcast<f32>(wbuf[e / 4u][e % 4u]);
+                }
             }
             xsh[i] = v;
         }
@@ -2984,17 +5376,36 @@ fn qmm_f32_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
     for (var r = 0u; r < 4u; r++) {
         red[li * 4u + r] = acc[r];
+        red2[li * 4u + r] = ss[r];
     }
     workgroupBarrier();
     if (j < 4u) {
         let r = j;
         let base = (li / 16u) * 16u;
         var s = 0.0;
+        var sq = 0.0;
         for (var t = 0u; t < 16u; t++) {
             s += red[(base + t) * 4u + r];
         }
-        if (n < p.n && r0 + r < p.m) {
-            store(p.m_base + r0 + r, n, s);
+        for (var t = 0u; t < 64u; t++) {
+            sq += red2[t * 4u + r];
+        }
+        outv[(li / 16u) * 4u + r] = s * inv_rms(sq);
+    }
+    workgroupBarrier();
+    if (li < 16u) {
+        let slot = li / 4u;
+        let r = li % 4u;
+        let nn = wg.x * 4u + slot;
+        if (r0 + r < p.m && nn < p.n) {
+            if ((p.mode & 255u) == 2u) {
+                if (slot % 2u == 0u) {
+                    let o = p.y_off + (p.m_base + r0 + r) * (p.n / 2u) + nn / 2u;
+                    act[o] = silu(outv[slot * 4u + r]) * outv[(slot + 1u) * 4u + r];
+                }
+            } else {
+                store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
         }
     }
 }

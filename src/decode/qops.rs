@@ -76,8 +76,10 @@ fn groups(n: u32, per: u32) -> u32 {
 
 /// `qmm_<ty>_*`: `y [m, n] (+)= x [m, k] . W [n, k]^T` for `W` a [`QTensor`]
 /// (`n = W.rows`, `k = W.cols`), f32 activations and accumulation; the output
-/// columns optionally split over up to three regions (q|k|v). Offsets in
-/// elements of the activation buffer except `qs_off` / `sc_off` (texels).
+/// columns optionally split over up to three regions (q|k|v), optionally
+/// with the RMSNorm of x fused in ([`QMatmul::with_norm`]) and SwiGLU on the
+/// outputs ([`QMatmul::glu`]). Offsets in elements of the activation buffer
+/// except `qs_off` / `sc_off` (texels) and `norm_off` (weights buffer).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct QMatmul {
@@ -93,10 +95,12 @@ pub struct QMatmul {
     pub qs_off: u32,
     /// W's first scale texel.
     pub sc_off: u32,
-    /// y1 `[m, n1]`.
+    /// y1 `[m, n1]` (`h [m, n / 2]` in GLU mode).
     pub y_off: u32,
-    /// 1: add to y (residual add), 0: overwrite.
-    pub accumulate: u32,
+    /// Bits 0..8: [`MODE_STORE`], [`MODE_ADD`] (residual add) or
+    /// [`MODE_GLU`]; bits 8..: [`KernelType`] of W (0 Q41, 1 Q80, 2 F16,
+    /// 3 F32), which picks the entry point.
+    pub mode: u32,
     /// Columns `0..n1` go to y1.
     pub n1: u32,
     /// Columns `n1..n1 + n2` go to y2 `[m, n2]`.
@@ -107,13 +111,28 @@ pub struct QMatmul {
     pub y3_off: u32,
     /// First row of the product a CPU-form chunk computes (0 otherwise).
     pub m_base: u32,
-    /// [`KernelType`] of W (0 Q41, 1 Q80, 2 F16, 3 F32): picks the entry point.
-    pub ty: u32,
+    /// RMSNorm weights `[k]` in the weights buffer (inside the weight window
+    /// in a CPU-form chunk), or [`NO_NORM`].
+    pub norm_off: u32,
+    /// RMSNorm epsilon (with a norm).
+    pub eps: f32,
 }
+
+/// [`QMatmul::mode`]: overwrite y.
+pub const MODE_STORE: u32 = 0;
+/// [`QMatmul::mode`]: add to y (the residual add).
+pub const MODE_ADD: u32 = 1;
+/// [`QMatmul::mode`]: W holds gate and up rows interleaved
+/// ([`TexelStream::push_interleaved`](super::qweights::TexelStream::push_interleaved));
+/// `h [m, n / 2] = silu(gate . x) * (up . x)` goes to `y_off`.
+pub const MODE_GLU: u32 = 2;
+/// [`QMatmul::norm_off`] without a fused RMSNorm.
+pub const NO_NORM: u32 = u32::MAX;
 
 impl QMatmul {
     /// `y [m, W.rows] (+)= x [m, W.cols] . W^T`, y at `y_off`.
     pub fn plain(w: &QTensor, m: u32, x_off: u32, y_off: u32, accumulate: bool) -> QMatmul {
+        let mode = if accumulate { MODE_ADD } else { MODE_STORE };
         QMatmul {
             m,
             n: w.rows,
@@ -122,13 +141,14 @@ impl QMatmul {
             qs_off: w.qs_off,
             sc_off: w.sc_off,
             y_off,
-            accumulate: u32::from(accumulate),
+            mode: mode | type_id(w.ty) << 8,
             n1: w.rows,
             n2: 0,
             y2_off: 0,
             y3_off: 0,
             m_base: 0,
-            ty: type_id(w.ty),
+            norm_off: NO_NORM,
+            eps: 0.0,
         }
     }
 
@@ -145,9 +165,28 @@ impl QMatmul {
         }
     }
 
+    /// SwiGLU over interleaved gate|up rows `w` (`2 * hidden` rows): `h [m,
+    /// hidden] = silu(gate . x) * (up . x)` at `h_off`.
+    pub fn glu(w: &QTensor, m: u32, x_off: u32, h_off: u32) -> QMatmul {
+        QMatmul {
+            mode: MODE_GLU | type_id(w.ty) << 8,
+            ..QMatmul::plain(w, m, x_off, h_off, false)
+        }
+    }
+
+    /// The same product of `rmsnorm(x) * g` instead of x, for `g [k]` at
+    /// `norm_off` of the weights buffer (`1 / sqrt(mean(x^2) + eps)`).
+    pub fn with_norm(self, norm_off: u32, eps: f32) -> QMatmul {
+        QMatmul {
+            norm_off,
+            eps,
+            ..self
+        }
+    }
+
     /// The weight format.
     pub fn kernel_type(&self) -> KernelType {
-        kernel_type(self.ty)
+        kernel_type(self.mode >> 8)
     }
 }
 
@@ -158,14 +197,16 @@ impl Op for QMatmul {
     }
     fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
         // The CPU form needs the windows; without them the GPU form runs
-        // (correct on any device, slow where barriers are).
+        // (correct on any device, slow where barriers are). Its x_off and
+        // norm_off are absolute.
         let _ = variant;
         (qmm_name(self.kernel_type(), 4, Variant::Gpu), self.grid())
     }
     /// The CPU form: rows chunked so each chunk's x rows fit one placement
     /// of the activation window (`k` and `x_off` are multiples of 4 by the
-    /// op's contract); `None` on [`Variant::Gpu`] or when a row does not fit
-    /// a window.
+    /// op's contract), the weight window placed over the norm vector;
+    /// `None` on [`Variant::Gpu`], when a row does not fit a window, or the
+    /// norm vector is not 16-byte aligned or does not fit one.
     fn windowed(
         &self,
         variant: Variant,
@@ -174,6 +215,17 @@ impl Op for QMatmul {
         if variant != Variant::Cpu || self.m == 0 || self.n < 4 || !self.x_off.is_multiple_of(4) {
             return None;
         }
+        let (w_window, norm_off) = match self.norm_off {
+            NO_NORM => (0, NO_NORM),
+            off => {
+                let start = u64::from(off) * 4;
+                let (at, covered) = win[0].place(start)?;
+                if covered < u64::from(self.k) * 4 {
+                    return None;
+                }
+                (at, u32::try_from((start - at) / 4).ok()?)
+            }
+        };
         let rows = spans(&win[1], self.x_off, self.m, u64::from(self.k))?;
         Some(
             rows.iter()
@@ -185,10 +237,11 @@ impl Op for QMatmul {
                             m: r.count,
                             x_off: r.rel,
                             m_base: r.first,
+                            norm_off,
                             ..*self
                         },
-                        grid: [groups(self.n, 64), groups(r.count, tile), 1],
-                        offsets: [0, r.offset],
+                        grid: [groups(r.count, tile), groups(self.n, 64), 1],
+                        offsets: [w_window, r.offset],
                     }
                 })
                 .collect(),
@@ -254,6 +307,48 @@ impl Op for RopeTable {
     }
 }
 
+/// `rope_kv_img` / `rope_kv` (`kernels/rope.wgsl`): [`RopeTable`] and
+/// [`super::ops::KvAppend`] in one dispatch: q turned in place, k turned and
+/// written with v into the KV cache (the image in the
+/// [`super::ops::KvImage`] layout with `image`, then `kc_off` / `vc_off` are
+/// image layers; else the KV buffer, element offsets). Requires
+/// `head_size % 4 == 0`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct RopeKv {
+    /// The rotation and its table.
+    pub rope: RopeTable,
+    /// v `[n_rows, kv_dim]` in activations.
+    pub v_off: u32,
+    /// Positions per KV block.
+    pub block_size: u32,
+    /// This layer's K cache (image layer or buffer offset).
+    pub kc_off: u32,
+    /// This layer's V cache.
+    pub vc_off: u32,
+    /// 1: the cache is the image.
+    pub image: u32,
+}
+
+impl Op for RopeKv {
+    const KERNEL: &'static str = "rope_kv";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.rope.rope.dim / 4, 64), self.rope.rope.n_rows, 1]
+    }
+    fn dispatch(&self, _variant: Variant) -> (&'static str, [u32; 3]) {
+        let name = if self.image != 0 { "rope_kv_img" } else { "rope_kv" };
+        (name, self.grid())
+    }
+}
+
+/// CPU reference of [`RopeKv`] for one row: q and k turned
+/// ([`reference_rope`]); the cache then holds the turned k and v at the
+/// row's position.
+pub fn reference_rope_kv(table: &[f32], head_size: usize, q: &mut [f32], k: &mut [f32], pos: usize) {
+    reference_rope(table, head_size, q, pos);
+    reference_rope(table, head_size, k, pos);
+}
+
 /// The RoPE table for positions `0..positions`: `[positions][head_size / 2]
 /// [cos, sin]` of `pos * θ_i`, `θ_i = 1 / base^(2i / head_size)`, computed
 /// in f32 exactly as the CPU reference (`decode::model::llama`) does (f32
@@ -295,6 +390,25 @@ pub fn reference_matmul(w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
     let mut y = vec![0f32; m * w.rows()];
     quant::matmul(w, x, m, &mut y);
     y
+}
+
+/// CPU reference of [`QMatmul::with_norm`]: `reference_matmul` of
+/// `rmsnorm(x) * g` row by row (the model's `llama::rmsnorm`).
+pub fn reference_norm_matmul(w: &QMatrix<'_>, x: &[f32], m: usize, g: &[f32], eps: f32) -> Vec<f32> {
+    let k = w.cols();
+    let mut xn = vec![0f32; x.len()];
+    for (o, r) in xn.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
+        super::model::llama::rmsnorm(o, r, g, eps);
+    }
+    reference_matmul(w, &xn, m)
+}
+
+/// CPU reference of [`QMatmul::glu`] on separate `gate` and `up` matrices:
+/// `h [m, hidden] = silu(gate x) * (up x)`.
+pub fn reference_glu(gate: &QMatrix<'_>, up: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
+    let g = reference_matmul(gate, x, m);
+    let u = reference_matmul(up, x, m);
+    g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect()
 }
 
 /// CPU reference of [`QEmbed`]: the rows `tokens` of `table` dequantized.

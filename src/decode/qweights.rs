@@ -154,6 +154,31 @@ impl TexelStream {
         self.push_stacked(&[*m])
     }
 
+    /// Appends `gate` and `up` (same shape and type) as ONE matrix whose
+    /// rows alternate, `gate_0, up_0, gate_1, up_1, ...`, for the fused
+    /// SwiGLU product ([`super::qops::QMatmul::glu`]): every group of four
+    /// output rows an invocation computes holds both halves of two hidden
+    /// units.
+    ///
+    /// # Errors
+    /// As [`push_stacked`](Self::push_stacked) (differing shapes or types are
+    /// [`RepackError::Stack`]).
+    pub fn push_interleaved(&mut self, gate: &QMatrix<'_>, up: &QMatrix<'_>) -> Result<QTensor, RepackError> {
+        if gate.rows() != up.rows() || gate.ty() != up.ty() || gate.cols() != up.cols() {
+            return Err(RepackError::Stack(format!(
+                "gate {} [{}x{}] and up {} [{}x{}]",
+                gate.ty(),
+                gate.rows(),
+                gate.cols(),
+                up.ty(),
+                up.rows(),
+                up.cols()
+            )));
+        }
+        let rows: Vec<&[u8]> = (0..gate.rows()).flat_map(|r| [gate.row(r), up.row(r)]).collect();
+        self.push_rows(gate.ty(), gate.cols(), &rows)
+    }
+
     /// Appends the rows of `parts` one after the other as ONE matrix (e.g.
     /// q|k|v, so one dispatch computes all three).
     ///
@@ -167,7 +192,13 @@ impl TexelStream {
             let what: Vec<String> = parts.iter().map(|p| format!("{} x{}", p.ty(), p.cols())).collect();
             return Err(RepackError::Stack(what.join(", ")));
         }
-        let rows: usize = parts.iter().map(|p| p.rows()).sum();
+        let rows: Vec<&[u8]> = parts.iter().flat_map(|p| (0..p.rows()).map(move |r| p.row(r))).collect();
+        self.push_rows(ty, cols, &rows)
+    }
+
+    /// Appends a matrix given as its rows' bytes (each `cols` elements of `ty`).
+    fn push_rows(&mut self, ty: GgmlType, cols: usize, all: &[&[u8]]) -> Result<QTensor, RepackError> {
+        let rows = all.len();
         if !rows.is_multiple_of(4) {
             return Err(RepackError::Rows { rows });
         }
@@ -177,7 +208,7 @@ impl TexelStream {
         if qs_off + kt.texels(rows, cols) > u32::MAX as usize {
             return Err(RepackError::TooLarge);
         }
-        let all_rows = || parts.iter().flat_map(|p| (0..p.rows()).map(move |r| p.row(r)));
+        let all_rows = || all.iter().copied();
         let bb = quant::block_bytes(ty);
         // Codes / values, row by row, block by block.
         for row in all_rows() {

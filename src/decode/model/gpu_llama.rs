@@ -24,11 +24,13 @@
 //!   devices, else a buffer `[2 * n_layers][n_blocks][block_size][kv_dim]`.
 //!
 //! # One iteration
-//! `qembed | per layer: rmsnorm, qmm(q|k|v), rope_tab, kv_append, attention,
-//! qmm(o, += x), rmsnorm, qmm(gate|up), swiglu, qmm(down, += x) | rmsnorm of
-//! the sampled rows | qmm(LM head) | argmax`, a barrier between dependent
-//! dispatches. The CPU-device products split into one dispatch per window of
-//! activation rows (64 KiB: 28 rows at K = 576, 10 at K = 1536).
+//! `qembed | per layer: qmm(rmsnorm(x) . q|k|v), rope_kv (RoPE on q and k, k
+//! and v into the KV cache), attention, qmm(o, += x), qmm(rmsnorm(x) .
+//! gate|up interleaved, SwiGLU) -> h, qmm(down . h, += x) | rmsnorm of the
+//! sampled rows | qmm(LM head) | argmax`: six dispatches a layer, a barrier
+//! between dependent ones (lavapipe pays for each dispatch, see
+//! `docs/arch/vk.md`). The CPU-device products split into one dispatch per
+//! window of activation rows (64 KiB: 28 rows at K = 576, 10 at K = 1536).
 
 use std::os::fd::BorrowedFd;
 
@@ -38,10 +40,10 @@ use super::quant::{self, QMatrix};
 use super::{BatchPlan, Config, KvGeometry, ModelError};
 use crate::decode::gpu::InFlight;
 use crate::decode::ops::{
-    Argmax, Attention, AttentionImage, KvAppend, KvAppendImage, KvImage, Ops, RmsNorm, Rope,
-    SwiGlu, Variant, pack_metadata,
+    Argmax, Attention, AttentionImage, KvImage, Ops, RmsNorm, Rope, SwiGlu, Variant,
+    pack_metadata,
 };
-use crate::decode::qops::{QEmbed, QMatmul, RopeTable, rope_table};
+use crate::decode::qops::{QEmbed, QMatmul, RopeKv, RopeTable, rope_table};
 use crate::decode::qweights::{QTensor, RepackError, TexelStream};
 use crate::decode::record::{ActOffsets, u32_of};
 use crate::vk::{
@@ -122,8 +124,10 @@ pub enum GpuLlamaError {
     Range,
 }
 
-/// A projection: one stacked tensor (one dispatch, split outputs), or its
-/// parts when their formats differ (one dispatch each).
+/// A projection: one stacked tensor (one dispatch, split outputs; for
+/// gate|up the rows interleaved for the fused SwiGLU), or its parts when
+/// their formats differ (one dispatch each; gate and up then go through the
+/// `swiglu` kernel).
 #[derive(Debug, Clone)]
 enum Proj {
     Stacked(QTensor),
@@ -274,7 +278,15 @@ impl GpuLlama {
             };
             let qkv = stack(&mut s, &qkv_names, &qkv)?;
             let wo = single(&mut s, &n("attn_output"))?;
-            let w13 = stack(&mut s, &w13_names, &w13)?;
+            let w13 = match w13[0].ty() == w13[1].ty() {
+                true => Proj::Stacked(s.push_interleaved(&w13[0], &w13[1]).map_err(|err| {
+                    GpuLlamaError::Repack {
+                        tensor: w13_names.join("|"),
+                        err,
+                    }
+                })?),
+                false => stack(&mut s, &w13_names, &w13)?,
+            };
             let w2 = single(&mut s, &n("ffn_down"))?;
             layers.push(LayerW {
                 attn_norm: norm(g, &n("attn_norm"), &mut f32s)?,
@@ -637,8 +649,7 @@ enum Step {
     Embed(QEmbed),
     Norm(RmsNorm),
     Mm(QMatmul),
-    Rope(RopeTable),
-    Append(KvAppend, bool),
+    RopeKv(RopeKv),
     Attend(Attention, bool),
     Glu(SwiGlu),
     Argmax(Argmax),
@@ -668,52 +679,45 @@ impl Recording<'_> {
             eps: m.rms_eps,
             row_base: 0,
         };
-        let proj = |p: &mut Vec<Step>, w: &Proj, x_off: u32, ns: [u32; 3], ys: [u32; 3]| match w {
-            Proj::Stacked(q) => p.push(Step::Mm(QMatmul::split(q, t, x_off, ns, ys))),
-            Proj::Parts(parts) => {
-                for (q, y) in parts.iter().zip(ys) {
-                    p.push(Step::Mm(QMatmul::plain(q, t, x_off, y, false)));
-                }
-            }
-        };
         for (l, lw) in m.layers.iter().enumerate() {
             let l = l as u32;
-            p.push(Step::Norm(norm(lw.attn_norm, a.xb)));
-            p.push(Step::Barrier("rmsnorm"));
-            proj(&mut p, &lw.qkv, a.xb, [d, kvd, kvd], [a.q, a.k, a.v]);
-            p.push(Step::Barrier("qmm q|k|v"));
-            p.push(Step::Rope(RopeTable {
-                rope: Rope {
-                    n_rows: t,
-                    dim: d,
-                    kv_dim: kvd,
-                    head_size: hs,
-                    rows_off: 0,
-                    q_off: a.q,
-                    k_off: a.k,
-                },
-                tab_off: m.rope_tab,
-            }));
-            p.push(Step::Barrier("rope_tab"));
+            let eps = m.rms_eps;
+            match &lw.qkv {
+                Proj::Stacked(q) => p.push(Step::Mm(
+                    QMatmul::split(q, t, a.x, [d, kvd, kvd], [a.q, a.k, a.v]).with_norm(lw.attn_norm, eps),
+                )),
+                Proj::Parts(parts) => {
+                    for (q, y) in parts.iter().zip([a.q, a.k, a.v]) {
+                        p.push(Step::Mm(QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps)));
+                    }
+                }
+            }
+            p.push(Step::Barrier("qmm norm.q|k|v"));
             let (kc_off, vc_off) = match img {
                 true => (l, c.n_layers as u32 + l),
                 false => (l * m.kv_layer, (c.n_layers as u32 + l) * m.kv_layer),
             };
             let bs = m.opts.kv.block_size as u32;
-            p.push(Step::Append(
-                KvAppend {
-                    n_rows: t,
-                    kv_dim: kvd,
-                    block_size: bs,
-                    rows_off: 0,
-                    k_off: a.k,
-                    v_off: a.v,
-                    kc_off,
-                    vc_off,
+            p.push(Step::RopeKv(RopeKv {
+                rope: RopeTable {
+                    rope: Rope {
+                        n_rows: t,
+                        dim: d,
+                        kv_dim: kvd,
+                        head_size: hs,
+                        rows_off: 0,
+                        q_off: a.q,
+                        k_off: a.k,
+                    },
+                    tab_off: m.rope_tab,
                 },
-                img,
-            ));
-            p.push(Step::Barrier("kv_append"));
+                v_off: a.v,
+                block_size: bs,
+                kc_off,
+                vc_off,
+                image: u32::from(img),
+            }));
+            p.push(Step::Barrier("rope_kv"));
             p.push(Step::Attend(
                 Attention {
                     n_rows: t,
@@ -735,17 +739,25 @@ impl Recording<'_> {
             p.push(Step::Barrier("attention"));
             p.push(Step::Mm(QMatmul::plain(&lw.wo, t, a.att, a.x, true)));
             p.push(Step::Barrier("qmm o (+x)"));
-            p.push(Step::Norm(norm(lw.ffn_norm, a.xb)));
-            p.push(Step::Barrier("rmsnorm"));
-            proj(&mut p, &lw.w13, a.xb, [h, h, 0], [a.h1, a.h3, 0]);
-            p.push(Step::Barrier("qmm gate|up"));
-            p.push(Step::Glu(SwiGlu {
-                n_rows: t,
-                hidden_dim: h,
-                h1_off: a.h1,
-                h3_off: a.h3,
-            }));
-            p.push(Step::Barrier("swiglu"));
+            match &lw.w13 {
+                Proj::Stacked(w) => {
+                    p.push(Step::Mm(QMatmul::glu(w, t, a.x, a.h1).with_norm(lw.ffn_norm, eps)));
+                    p.push(Step::Barrier("qmm norm.gate|up, swiglu"));
+                }
+                Proj::Parts(parts) => {
+                    for (w, y) in parts.iter().zip([a.h1, a.h3]) {
+                        p.push(Step::Mm(QMatmul::plain(w, t, a.x, y, false).with_norm(lw.ffn_norm, eps)));
+                    }
+                    p.push(Step::Barrier("qmm norm.gate|up"));
+                    p.push(Step::Glu(SwiGlu {
+                        n_rows: t,
+                        hidden_dim: h,
+                        h1_off: a.h1,
+                        h3_off: a.h3,
+                    }));
+                    p.push(Step::Barrier("swiglu"));
+                }
+            }
             p.push(Step::Mm(QMatmul::plain(&lw.w2, t, a.h1, a.x, true)));
             p.push(Step::Barrier("qmm down (+x)"));
         }
@@ -789,9 +801,7 @@ impl PlanOps {
                 Step::Embed(o) => ops.run(rec, o)?,
                 Step::Norm(o) => ops.run(rec, o)?,
                 Step::Mm(o) => ops.run(rec, o)?,
-                Step::Rope(o) => ops.run(rec, o)?,
-                Step::Append(o, true) => ops.run(rec, &KvAppendImage(*o))?,
-                Step::Append(o, false) => ops.run(rec, o)?,
+                Step::RopeKv(o) => ops.run(rec, o)?,
                 Step::Attend(o, true) => ops.run(rec, &AttentionImage(*o))?,
                 Step::Attend(o, false) => ops.run(rec, o)?,
                 Step::Glu(o) => ops.run(rec, o)?,
