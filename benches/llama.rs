@@ -114,10 +114,10 @@ fn macs(label: &str, m: usize, samples: usize) -> Option<(f64, f64)> {
         "qmm o (+x)" => q41(576.0, 576.0),
         "qmm norm.gate|up, swiglu" => q41(3072.0, 576.0),
         "qmm down (+x)" => q41(576.0, 1536.0),
-        "qmm LM head" => (49152.0 * 576.0, 49152.0 * 576.0 * 34.0 / 32.0),
+        "qmm LM head (+argmax partials)" => (49152.0 * 576.0, 49152.0 * 576.0 * 34.0 / 32.0),
         _ => return None,
     };
-    let rows = if label == "qmm LM head" { samples } else { m };
+    let rows = if label.starts_with("qmm LM head") { samples } else { m };
     Some((per_row * rows as f64, bytes))
 }
 

@@ -52,7 +52,7 @@ fn main() {
                     let mut rec = pool.record(&kernels, &set).unwrap();
                     for _ in 0..reps {
                         for c in &chunks {
-                            let grid = [c.grid[0], c.push.m.div_ceil(r.2), 1];
+                            let grid = [c.push.m.div_ceil(r.2), c.grid[1], 1];
                             rec.dispatch_windowed(r.1, &c.push, grid, c.offsets).unwrap();
                         }
                         rec.barrier();

@@ -48,7 +48,11 @@
 // + (n - n1); the rest -> y3_off + row * (N - n1 - n2) + (n - n1 - n2);
 // 2 (SwiGLU): W's rows are gate and up interleaved (gate_j at row 2j, up_j at 2j+1,
 // `TexelStream::push_interleaved`), and h[row, j] = silu(gate_j . x) * (up_j . x) goes
-// to y_off + row * N / 2 + j. Row index = m_base + chunk row. p.mode >> 8 is the
+// to y_off + row * N / 2 + j; 3 (logits and argmax partials, the LM head): y stored
+// as by mode 0 (no split) and, per group of outputs (32 in the CPU form: a subgroup's
+// 8 lanes x 4; 4 in the GPU form: a workgroup's), the largest value and its lowest
+// index (f32 value, u32 index bits) at y2_off + (row * groups + group) * 2, for
+// `argmax_part` to finish. Row index = m_base + chunk row. p.mode >> 8 is the
 // weight type (host side only).
 //
 // `qembed_<ty>` (image) / `qembed_<ty>_buf` (buffer): x[r, :] = dequantized row
@@ -105,6 +109,33 @@ fn store4(row: u32, c0: u32, y: vec4<f32>) {
         store(row, c0 + 1u, y.y);
         store(row, c0 + 2u, y.z);
         store(row, c0 + 3u, y.w);
+    }
+}
+
+/// Mode 3, CPU form: the subgroup's largest output of row `row` (lowest index
+/// among equal ones; lanes past N or rows past m count for nothing) goes to
+/// its partial slot. Called by every lane (subgroup operations).
+fn partial(row: u32, row_live: bool, live: bool, col: u32, c0: u32, y: vec4<f32>, sl: u32) {
+    var v = -3.4028235e38;
+    var i = 0xffffffffu;
+    if (live) {
+        v = y.x;
+        i = c0;
+        for (var c = 1u; c < 4u; c++) {
+            if (y[c] > v) {
+                v = y[c];
+                i = c0 + c;
+            }
+        }
+    }
+    let best = subgroupMax(v);
+    let at = subgroupMin(select(0xffffffffu, i, v == best && live));
+    let groups = (p.n + 31u) / 32u;
+    // A subgroup wholly past N (the last workgroup's second one) has no slot.
+    if (sl == 0u && row_live && col / 8u < groups) {
+        let o = p.y2_off + (row * groups + col / 8u) * 2u;
+        act[o] = best;
+        act[o + 1u] = bitcast<f32>(at);
     }
 }
 
@@ -369,6 +400,9 @@ fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         y0_3 += dm3.x * a0_3 + dm3.y * xs0;
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -534,6 +568,10 @@ fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
     let inv1 = inv_rms(subgroupAdd(ss1));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -796,6 +834,12 @@ fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv1 = inv_rms(subgroupAdd(ss1));
     let inv2 = inv_rms(subgroupAdd(ss2));
     let inv3 = inv_rms(subgroupAdd(ss3));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -1252,6 +1296,16 @@ fn qmm_q41_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv5 = inv_rms(subgroupAdd(ss5));
     let inv6 = inv_rms(subgroupAdd(ss6));
     let inv7 = inv_rms(subgroupAdd(ss7));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+        partial(p.m_base + r0 + 4u, r0 + 4u < p.m, live, col, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4, sl);
+        partial(p.m_base + r0 + 5u, r0 + 5u < p.m, live, col, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5, sl);
+        partial(p.m_base + r0 + 6u, r0 + 6u < p.m, live, col, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6, sl);
+        partial(p.m_base + r0 + 7u, r0 + 7u < p.m, live, col, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -1350,6 +1404,19 @@ fn qmm_q41_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
                 }
             } else {
                 store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
+            if ((p.mode & 255u) == 3u && slot == 0u) {
+                var v = outv[r];
+                var i = wg.x * 4u;
+                for (var c = 1u; c < 4u; c++) {
+                    if (wg.x * 4u + c < p.n && outv[c * 4u + r] > v) {
+                        v = outv[c * 4u + r];
+                        i = wg.x * 4u + c;
+                    }
+                }
+                let o = p.y2_off + ((p.m_base + r0 + r) * (p.n / 4u) + wg.x) * 2u;
+                act[o] = v;
+                act[o + 1u] = bitcast<f32>(i);
             }
         }
     }
@@ -1516,6 +1583,9 @@ fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         y0_3 += dm3.x * a0_3;
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -1703,6 +1773,10 @@ fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
     let inv1 = inv_rms(subgroupAdd(ss1));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -2009,6 +2083,12 @@ fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv1 = inv_rms(subgroupAdd(ss1));
     let inv2 = inv_rms(subgroupAdd(ss2));
     let inv3 = inv_rms(subgroupAdd(ss3));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -2553,6 +2633,16 @@ fn qmm_q80_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv5 = inv_rms(subgroupAdd(ss5));
     let inv6 = inv_rms(subgroupAdd(ss6));
     let inv7 = inv_rms(subgroupAdd(ss7));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+        partial(p.m_base + r0 + 4u, r0 + 4u < p.m, live, col, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4, sl);
+        partial(p.m_base + r0 + 5u, r0 + 5u < p.m, live, col, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5, sl);
+        partial(p.m_base + r0 + 6u, r0 + 6u < p.m, live, col, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6, sl);
+        partial(p.m_base + r0 + 7u, r0 + 7u < p.m, live, col, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -2651,6 +2741,19 @@ fn qmm_q80_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
                 }
             } else {
                 store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
+            if ((p.mode & 255u) == 3u && slot == 0u) {
+                var v = outv[r];
+                var i = wg.x * 4u;
+                for (var c = 1u; c < 4u; c++) {
+                    if (wg.x * 4u + c < p.n && outv[c * 4u + r] > v) {
+                        v = outv[c * 4u + r];
+                        i = wg.x * 4u + c;
+                    }
+                }
+                let o = p.y2_off + ((p.m_base + r0 + r) * (p.n / 4u) + wg.x) * 2u;
+                act[o] = v;
+                act[o + 1u] = bitcast<f32>(i);
             }
         }
     }
@@ -2824,6 +2927,9 @@ fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         y0_3 += a0_3;
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -3018,6 +3124,10 @@ fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
     let inv1 = inv_rms(subgroupAdd(ss1));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -3331,6 +3441,12 @@ fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv1 = inv_rms(subgroupAdd(ss1));
     let inv2 = inv_rms(subgroupAdd(ss2));
     let inv3 = inv_rms(subgroupAdd(ss3));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -3882,6 +3998,16 @@ fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv5 = inv_rms(subgroupAdd(ss5));
     let inv6 = inv_rms(subgroupAdd(ss6));
     let inv7 = inv_rms(subgroupAdd(ss7));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+        partial(p.m_base + r0 + 4u, r0 + 4u < p.m, live, col, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4, sl);
+        partial(p.m_base + r0 + 5u, r0 + 5u < p.m, live, col, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5, sl);
+        partial(p.m_base + r0 + 6u, r0 + 6u < p.m, live, col, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6, sl);
+        partial(p.m_base + r0 + 7u, r0 + 7u < p.m, live, col, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -3980,6 +4106,19 @@ fn qmm_f16_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
                 }
             } else {
                 store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
+            if ((p.mode & 255u) == 3u && slot == 0u) {
+                var v = outv[r];
+                var i = wg.x * 4u;
+                for (var c = 1u; c < 4u; c++) {
+                    if (wg.x * 4u + c < p.n && outv[c * 4u + r] > v) {
+                        v = outv[c * 4u + r];
+                        i = wg.x * 4u + c;
+                    }
+                }
+                let o = p.y2_off + ((p.m_base + r0 + r) * (p.n / 4u) + wg.x) * 2u;
+                act[o] = v;
+                act[o + 1u] = bitcast<f32>(i);
             }
         }
     }
@@ -4177,6 +4316,9 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         y0_3 += a0_3;
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -4395,6 +4537,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
     let inv0 = inv_rms(subgroupAdd(ss0));
     let inv1 = inv_rms(subgroupAdd(ss1));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -4732,6 +4878,12 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv1 = inv_rms(subgroupAdd(ss1));
     let inv2 = inv_rms(subgroupAdd(ss2));
     let inv3 = inv_rms(subgroupAdd(ss3));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -5307,6 +5459,16 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let inv5 = inv_rms(subgroupAdd(ss5));
     let inv6 = inv_rms(subgroupAdd(ss6));
     let inv7 = inv_rms(subgroupAdd(ss7));
+    if ((p.mode & 255u) == 3u) {
+        partial(p.m_base + r0 + 0u, r0 + 0u < p.m, live, col, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0, sl);
+        partial(p.m_base + r0 + 1u, r0 + 1u < p.m, live, col, c0, vec4<f32>(y1_0, y1_1, y1_2, y1_3) * inv1, sl);
+        partial(p.m_base + r0 + 2u, r0 + 2u < p.m, live, col, c0, vec4<f32>(y2_0, y2_1, y2_2, y2_3) * inv2, sl);
+        partial(p.m_base + r0 + 3u, r0 + 3u < p.m, live, col, c0, vec4<f32>(y3_0, y3_1, y3_2, y3_3) * inv3, sl);
+        partial(p.m_base + r0 + 4u, r0 + 4u < p.m, live, col, c0, vec4<f32>(y4_0, y4_1, y4_2, y4_3) * inv4, sl);
+        partial(p.m_base + r0 + 5u, r0 + 5u < p.m, live, col, c0, vec4<f32>(y5_0, y5_1, y5_2, y5_3) * inv5, sl);
+        partial(p.m_base + r0 + 6u, r0 + 6u < p.m, live, col, c0, vec4<f32>(y6_0, y6_1, y6_2, y6_3) * inv6, sl);
+        partial(p.m_base + r0 + 7u, r0 + 7u < p.m, live, col, c0, vec4<f32>(y7_0, y7_1, y7_2, y7_3) * inv7, sl);
+    }
     if (!live) { return; }
     if (r0 + 0u < p.m) {
         store4(p.m_base + r0 + 0u, c0, vec4<f32>(y0_0, y0_1, y0_2, y0_3) * inv0);
@@ -5405,6 +5567,19 @@ fn qmm_f32_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
                 }
             } else {
                 store(p.m_base + r0 + r, nn, outv[slot * 4u + r]);
+            }
+            if ((p.mode & 255u) == 3u && slot == 0u) {
+                var v = outv[r];
+                var i = wg.x * 4u;
+                for (var c = 1u; c < 4u; c++) {
+                    if (wg.x * 4u + c < p.n && outv[c * 4u + r] > v) {
+                        v = outv[c * 4u + r];
+                        i = wg.x * 4u + c;
+                    }
+                }
+                let o = p.y2_off + ((p.m_base + r0 + r) * (p.n / 4u) + wg.x) * 2u;
+                act[o] = v;
+                act[o + 1u] = bitcast<f32>(i);
             }
         }
     }

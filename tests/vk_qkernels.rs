@@ -9,8 +9,9 @@ mod vk_support;
 use xtc::decode::model::gguf::GgmlType;
 use xtc::decode::model::quant::{self, QMatrix};
 use xtc::decode::ops::{Ops, Rope, Variant};
+use xtc::decode::model::sampling::argmax;
 use xtc::decode::qops::{
-    QEmbed, QMatmul, RopeKv, RopeTable, reference_embed, reference_glu, reference_matmul,
+    ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, reference_embed, reference_glu, reference_matmul,
     reference_norm_matmul, reference_rope, rope_table,
 };
 use xtc::decode::qweights::{QTensor, TexelStream};
@@ -422,6 +423,58 @@ fn rope_kv_turns_q_and_writes_turned_k_and_v_to_the_cache() {
             let got_v = &cache[layer + at..layer + at + kvd];
             assert!(vk_support::max_abs_diff(got_k, &wk[i * kvd..(i + 1) * kvd]) <= 1e-6, "k at {p}");
             assert_eq!(got_v, &v[i * kvd..(i + 1) * kvd], "v at {p}");
+        }
+    }
+}
+
+/// The LM head's argmax partials and `argmax_part` pick the same token as an
+/// argmax over the logits, the lowest index among equal maxima included.
+#[test]
+fn the_lm_head_argmax_matches_an_argmax_over_its_logits() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(17);
+    let (n, k, m) = (200usize, 64usize, 5usize);
+    for ty in [GgmlType::Q8_0, GgmlType::F32] {
+        // Rows 37 and 140 are all ones: with x all ones (row 0 of x) they tie
+        // for the largest logit, and the lower index must win.
+        let mut w = rand(&mut rng, n * k);
+        for r in [37, 140] {
+            w[r * k..(r + 1) * k].fill(1.0);
+        }
+        let bytes = quant::quantize(ty, &w);
+        let mat = QMatrix::new(ty, n, k, &bytes).unwrap();
+        let mut s = TexelStream::new();
+        let t = s.push(&mat).unwrap();
+        let mut x = rand(&mut rng, m * k);
+        x[..k].fill(1.0);
+        for variant in [Variant::Cpu, Variant::Gpu] {
+            let mut rig = QRig::new(&dev, &s, &[], 16384, variant);
+            rig.write(1, X_OFF, &x);
+            let (y_off, part_off) = (4096u32, 8192u32);
+            let mm = QMatmul::logits_argmax(&t, m as u32, X_OFF as u32, y_off, part_off);
+            let fin = ArgmaxPart {
+                n_rows: m as u32,
+                vocab: n as u32,
+                part_off,
+                out_off: 0,
+                groups: argmax_groups(n as u32, variant),
+            };
+            rig.run(|ops, rec| {
+                ops.run(rec, &mm).unwrap();
+                rec.barrier();
+                ops.run(rec, &fin).unwrap();
+            });
+            let logits = rig.read(y_off as usize, m * n);
+            let want = reference_matmul(&mat, &x, m);
+            assert!(rel_err(&logits, &want) < 1e-5, "{variant:?} {ty}: logits");
+            let mut toks = vec![0u32; m];
+            rig.bufs[4].read(0, &mut toks).unwrap();
+            for (r, tok) in toks.iter().enumerate() {
+                assert_eq!(*tok, argmax(&logits[r * n..(r + 1) * n]), "{variant:?} {ty} row {r}");
+            }
+            assert_eq!(toks[0], 37, "{variant:?} {ty}: the lower of two equal maxima");
         }
     }
 }

@@ -126,6 +126,10 @@ pub const MODE_ADD: u32 = 1;
 /// ([`TexelStream::push_interleaved`](super::qweights::TexelStream::push_interleaved));
 /// `h [m, n / 2] = silu(gate . x) * (up . x)` goes to `y_off`.
 pub const MODE_GLU: u32 = 2;
+/// [`QMatmul::mode`]: store y (no split) and per group of outputs the
+/// largest value with its lowest index at `y2_off` (the LM head; see
+/// [`ArgmaxPart`]).
+pub const MODE_ARGMAX: u32 = 3;
 /// [`QMatmul::norm_off`] without a fused RMSNorm.
 pub const NO_NORM: u32 = u32::MAX;
 
@@ -171,6 +175,17 @@ impl QMatmul {
         QMatmul {
             mode: MODE_GLU | type_id(w.ty) << 8,
             ..QMatmul::plain(w, m, x_off, h_off, false)
+        }
+    }
+
+    /// `logits [m, W.rows] = x . W^T` at `y_off`, and the argmax partials of
+    /// every row at `part_off` (`[m][argmax_groups(W.rows, variant)][2]`
+    /// f32: value, index bits) for [`ArgmaxPart`].
+    pub fn logits_argmax(w: &QTensor, m: u32, x_off: u32, y_off: u32, part_off: u32) -> QMatmul {
+        QMatmul {
+            mode: MODE_ARGMAX | type_id(w.ty) << 8,
+            y2_off: part_off,
+            ..QMatmul::plain(w, m, x_off, y_off, false)
         }
     }
 
@@ -246,6 +261,41 @@ impl Op for QMatmul {
                 })
                 .collect(),
         )
+    }
+}
+
+/// Output groups per row whose argmax partials [`QMatmul::logits_argmax`]
+/// writes: `ceil(n / 32)` in the CPU form (a subgroup's 8 lanes x 4
+/// outputs), `n / 4` in the GPU form (a workgroup's 4 outputs).
+pub fn argmax_groups(n: u32, variant: Variant) -> u32 {
+    match variant {
+        Variant::Cpu => n.div_ceil(32),
+        Variant::Gpu => n.div_ceil(4),
+    }
+}
+
+/// `argmax_part` (`kernels/argmax.wgsl`): the greedy token of each row from
+/// [`QMatmul::logits_argmax`]'s partials: the largest value, the lowest
+/// index among equal ones (as [`super::ops::Argmax`] over the logits).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct ArgmaxPart {
+    /// Rows.
+    pub n_rows: u32,
+    /// Unused (the layout of `argmax`'s parameters).
+    pub vocab: u32,
+    /// The partials `[n_rows][groups][2]` in activations.
+    pub part_off: u32,
+    /// Output token ids in the tokens buffer.
+    pub out_off: u32,
+    /// Groups per row ([`argmax_groups`]).
+    pub groups: u32,
+}
+
+impl Op for ArgmaxPart {
+    const KERNEL: &'static str = "argmax_part";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.n_rows, 64), 1, 1]
     }
 }
 

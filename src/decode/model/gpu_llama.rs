@@ -27,7 +27,7 @@
 //! `qembed | per layer: qmm(rmsnorm(x) . q|k|v), rope_kv (RoPE on q and k, k
 //! and v into the KV cache), attention, qmm(o, += x), qmm(rmsnorm(x) .
 //! gate|up interleaved, SwiGLU) -> h, qmm(down . h, += x) | rmsnorm of the
-//! sampled rows | qmm(LM head) | argmax`: six dispatches a layer, a barrier
+//! sampled rows | qmm(LM head, argmax partials) | argmax_part`: six dispatches a layer, a barrier
 //! between dependent ones (lavapipe pays for each dispatch, see
 //! `docs/arch/vk.md`). The CPU-device products split into one dispatch per
 //! window of activation rows (64 KiB: 28 rows at K = 576, 10 at K = 1536).
@@ -40,10 +40,11 @@ use super::quant::{self, QMatrix};
 use super::{BatchPlan, Config, KvGeometry, ModelError};
 use crate::decode::gpu::InFlight;
 use crate::decode::ops::{
-    Argmax, Attention, AttentionImage, KvImage, Ops, RmsNorm, Rope, SwiGlu, Variant,
-    pack_metadata,
+    Attention, AttentionImage, KvImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use crate::decode::qops::{QEmbed, QMatmul, RopeKv, RopeTable, rope_table};
+use crate::decode::qops::{
+    ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, rope_table,
+};
 use crate::decode::qweights::{QTensor, RepackError, TexelStream};
 use crate::decode::record::{ActOffsets, u32_of};
 use crate::vk::{
@@ -170,6 +171,8 @@ pub struct GpuLlama {
     out_norm: u32,
     rope_tab: u32,
     a: ActOffsets,
+    /// The LM head's argmax partials `[max_seqs][groups][2]` (after `a.len`).
+    part_off: u32,
     kv_layer: u32,
     weight_bytes: u64,
     scratch: Vec<u32>,
@@ -384,7 +387,14 @@ impl GpuLlama {
         let meta_len = mul(4, opts.max_tokens as u64)?
             .checked_add(mul(opts.max_seqs as u64, per_seq)?)
             .ok_or(GpuLlamaError::Range)?;
-        let act = Buffer::new(dev, mul(a.len, 4)?, Location::Device, "activations")?;
+        let part_off = u32::try_from(a.len).map_err(|_| GpuLlamaError::Range)?;
+        let parts = mul(
+            mul(opts.max_seqs as u64, u64::from(argmax_groups(shape.vocab_size as u32, variant)))?,
+            2,
+        )?;
+        let act_len = a.len.checked_add(parts).ok_or(GpuLlamaError::Range)?;
+        u32::try_from(act_len).map_err(|_| GpuLlamaError::Range)?;
+        let act = Buffer::new(dev, mul(act_len, 4)?, Location::Device, "activations")?;
         let (kv, kv_image) = match image {
             Some(img) => {
                 let [w, h, l] = img.extent;
@@ -441,6 +451,7 @@ impl GpuLlama {
             out_norm,
             rope_tab,
             a,
+            part_off,
             kv_layer: u32_of(kv_layer).map_err(|_| GpuLlamaError::Range)?,
             weight_bytes: stream_bytes,
             scratch: Vec::with_capacity(meta_len as usize),
@@ -652,7 +663,7 @@ enum Step {
     RopeKv(RopeKv),
     Attend(Attention, bool),
     Glu(SwiGlu),
-    Argmax(Argmax),
+    Argmax(ArgmaxPart),
     /// A barrier after the group of dispatches named by the label.
     Barrier(&'static str),
 }
@@ -768,15 +779,17 @@ impl Recording<'_> {
                 ..norm(m.out_norm, a.sel)
             }));
             p.push(Step::Barrier("rmsnorm (sampled rows)"));
-            p.push(Step::Mm(QMatmul::plain(&m.head, self.s, a.sel, a.logits, false)));
-            p.push(Step::Barrier("qmm LM head"));
-            p.push(Step::Argmax(Argmax {
+            let v = c.vocab_size as u32;
+            p.push(Step::Mm(QMatmul::logits_argmax(&m.head, self.s, a.sel, a.logits, m.part_off)));
+            p.push(Step::Barrier("qmm LM head (+argmax partials)"));
+            p.push(Step::Argmax(ArgmaxPart {
                 n_rows: self.s,
-                vocab: c.vocab_size as u32,
-                logits_off: a.logits,
+                vocab: v,
+                part_off: m.part_off,
                 out_off: 0,
+                groups: argmax_groups(v, m.ops.variant()),
             }));
-            p.push(Step::Barrier("argmax"));
+            p.push(Step::Barrier("argmax_part"));
         }
         PlanOps { steps: p }
     }
