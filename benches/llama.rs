@@ -53,7 +53,9 @@ struct Member {
 fn members(n: usize, blocks_each: usize) -> Vec<Member> {
     (0..n)
         .map(|i| Member {
-            table: (0..blocks_each).map(|b| (i * blocks_each + b) as u32).collect(),
+            table: (0..blocks_each)
+                .map(|b| (i * blocks_each + b) as u32)
+                .collect(),
             pos: 0,
             last: 0,
         })
@@ -137,7 +139,11 @@ fn macs(label: &str, m: usize, samples: usize) -> Option<(f64, f64)> {
         "qmm LM head (+argmax partials)" => (49152.0 * 576.0, 49152.0 * 576.0 * 34.0 / 32.0),
         _ => return None,
     };
-    let rows = if label.starts_with("qmm LM head") { samples } else { m };
+    let rows = if label.starts_with("qmm LM head") {
+        samples
+    } else {
+        m
+    };
     Some((per_row * rows as f64, bytes))
 }
 
@@ -174,14 +180,20 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize) {
         ms[0].pos,
         total / 1e6
     );
-    println!("{:<32} {:>6} {:>9} {:>6} {:>9} {:>8}", "group", "count", "ms", "share", "GFLOP/s", "GB/s");
+    println!(
+        "{:<32} {:>6} {:>9} {:>6} {:>9} {:>8}",
+        "group", "count", "ms", "share", "GFLOP/s", "GB/s"
+    );
     for l in order {
         let (ns, count) = sum[l];
 
         let (gf, gb) = match macs(l, n, n) {
             Some((m, b)) => {
                 let s = ns / count as f64 / 1e9;
-                (format!("{:.2}", 2.0 * m / s / 1e9), format!("{:.2}", b / s / 1e9))
+                (
+                    format!("{:.2}", 2.0 * m / s / 1e9),
+                    format!("{:.2}", b / s / 1e9),
+                )
             }
             None => ("".into(), "".into()),
         };
@@ -239,7 +251,8 @@ fn main() {
         kv as f64 / 1e6
     );
     let vocab = gpu.config().vocab_size as u32;
-    let prompt = |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
+    let prompt =
+        |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
 
     // Prompt processing: 512 tokens of one sequence.
     let mut one = members(1, 40);
@@ -251,9 +264,16 @@ fn main() {
     prefill(&mut gpu, &mut one, &prompt(1), max_tokens);
     let (_, tg, tg_cpu) = timed(|| decode(&mut gpu, &mut one, tg_n));
 
-    println!("\nrates: measured on the wall clock (this machine is shared: read them as lower bounds)");
-    println!("and, in brackets, from this process's CPU time spread over 2 cores (a quiet-machine estimate)");
-    println!("{:<42} {:>18} {:>10} {:>16}", "figure", "xtc", "llama.cpp", "ratio");
+    println!(
+        "\nrates: measured on the wall clock (this machine is shared: read them as lower bounds)"
+    );
+    println!(
+        "and, in brackets, from this process's CPU time spread over 2 cores (a quiet-machine estimate)"
+    );
+    println!(
+        "{:<42} {:>18} {:>10} {:>16}",
+        "figure", "xtc", "llama.cpp", "ratio"
+    );
     let row = |name: &str, tokens: f64, wall: f64, cpu: f64, theirs: f64| {
         let (r, e) = (tokens / wall, tokens / (cpu / 2.0).max(1e-9));
         println!(
@@ -266,15 +286,39 @@ fn main() {
             e / theirs
         );
     };
-    row("pp512 tokens/s (its Vulkan backend)", 512.0, pp, pp_cpu, LLAMA_VK_PP512);
-    row("one stream tg tokens/s (its Vulkan backend)", tg_n as f64, tg, tg_cpu, LLAMA_VK_TG128);
-    row("one stream tg tokens/s (its CPU backend)", tg_n as f64, tg, tg_cpu, LLAMA_CPU_TG1);
+    row(
+        "pp512 tokens/s (its Vulkan backend)",
+        512.0,
+        pp,
+        pp_cpu,
+        LLAMA_VK_PP512,
+    );
+    row(
+        "one stream tg tokens/s (its Vulkan backend)",
+        tg_n as f64,
+        tg,
+        tg_cpu,
+        LLAMA_VK_TG128,
+    );
+    row(
+        "one stream tg tokens/s (its CPU backend)",
+        tg_n as f64,
+        tg,
+        tg_cpu,
+        LLAMA_CPU_TG1,
+    );
     let generated = if quick { 16 } else { 64 };
     for (n, cpu) in LLAMA_CPU_AGG {
         let mut ms = members(n, 6);
         prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
         let (_, dt, dc) = timed(|| decode(&mut gpu, &mut ms, generated));
-        row(&format!("{n} members, aggregate tg tokens/s (CPU)"), (n * generated) as f64, dt, dc, cpu);
+        row(
+            &format!("{n} members, aggregate tg tokens/s (CPU)"),
+            (n * generated) as f64,
+            dt,
+            dc,
+            cpu,
+        );
     }
     for n in [1usize, 8, 32] {
         let mut ms = members(n, 6);

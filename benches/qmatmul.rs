@@ -17,8 +17,7 @@ use xtc::decode::ops::{Op, Variant};
 use xtc::decode::qops::QMatmul;
 use xtc::decode::qweights::TexelStream;
 use xtc::vk::{
-    BindingSet, Buffer, CommandPool, Device, Kernels, Location, Selector, StorageImage,
-    TexelFormat,
+    BindingSet, Buffer, CommandPool, Device, Kernels, Location, Selector, StorageImage, TexelFormat,
 };
 
 fn main() {
@@ -80,7 +79,14 @@ fn main() {
                 let kern = kernels.get(&name).unwrap();
                 let ds: Vec<_> = chunks
                     .iter()
-                    .map(|c| (kern, c.push, [c.push.m.div_ceil(tile), c.grid[1], 1], c.offsets))
+                    .map(|c| {
+                        (
+                            kern,
+                            c.push,
+                            [c.push.m.div_ceil(tile), c.grid[1], 1],
+                            c.offsets,
+                        )
+                    })
                     .collect();
                 forms.push((format!("cpu r{tile}"), ds, f64::MAX));
             }

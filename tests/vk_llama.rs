@@ -190,7 +190,8 @@ fn vulkan_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
                 worst_at = format!("member {i} token {}", mem.out.len());
             }
             assert_eq!(
-                gpu_toks[k], want,
+                gpu_toks[k],
+                want,
                 "member {i} ({:?}) token {}: Vulkan {} vs CPU {} (logits differ by up to {err})",
                 PROMPTS[*i],
                 mem.out.len(),

@@ -8,11 +8,11 @@ mod vk_support;
 
 use xtc::decode::model::gguf::GgmlType;
 use xtc::decode::model::quant::{self, QMatrix};
-use xtc::decode::ops::{Ops, Rope, Variant};
 use xtc::decode::model::sampling::argmax;
+use xtc::decode::ops::{Ops, Rope, Variant};
 use xtc::decode::qops::{
-    ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, reference_embed, reference_glu, reference_matmul,
-    reference_norm_matmul, reference_rope, rope_table,
+    ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, reference_embed, reference_glu,
+    reference_matmul, reference_norm_matmul, reference_rope, rope_table,
 };
 use xtc::decode::qweights::{QTensor, TexelStream};
 use xtc::vk::{
@@ -177,9 +177,16 @@ fn quantized_products_match_the_reference_in_both_forms() {
     // last invocations compute a clamped copy and store nothing), and
     // K = 1536, where a 64 KiB window holds 10 rows so M = 23 takes three
     // windowed dispatches.
-    let shapes = [(20, 96, [1, 2, 3, 5]), (64, 576, [1, 4, 9, 9]), (8, 1536, [1, 2, 23, 23])];
+    let shapes = [
+        (20, 96, [1, 2, 3, 5]),
+        (64, 576, [1, 4, 9, 9]),
+        (8, 1536, [1, 2, 23, 23]),
+    ];
     for (rows, cols, ms) in shapes {
-        let cases: Vec<Case> = TYPES.iter().map(|&t| Case::new(&mut rng, t, rows, cols)).collect();
+        let cases: Vec<Case> = TYPES
+            .iter()
+            .map(|&t| Case::new(&mut rng, t, rows, cols))
+            .collect();
         let mut s = TexelStream::new();
         let ts: Vec<QTensor> = cases.iter().map(|c| s.push(&c.matrix()).unwrap()).collect();
         for variant in [Variant::Cpu, Variant::Gpu] {
@@ -188,10 +195,19 @@ fn quantized_products_match_the_reference_in_both_forms() {
                 for m in ms {
                     let x = rand(&mut rng, m * cols);
                     let y_off = (X_OFF + m * cols).next_multiple_of(4);
-                    let got = product(&mut rig, QMatmul::plain(t, m as u32, X_OFF as u32, y_off as u32, false), &x);
+                    let got = product(
+                        &mut rig,
+                        QMatmul::plain(t, m as u32, X_OFF as u32, y_off as u32, false),
+                        &x,
+                    );
                     let want = reference_matmul(&c.matrix(), &x, m);
                     let err = rel_err(&got, &want);
-                    assert!(err < 1e-5, "{:?} {} [{rows}x{cols}] m={m}: relative error {err}", variant, c.ty);
+                    assert!(
+                        err < 1e-5,
+                        "{:?} {} [{rows}x{cols}] m={m}: relative error {err}",
+                        variant,
+                        c.ty
+                    );
                 }
             }
         }
@@ -205,7 +221,10 @@ fn split_outputs_and_the_residual_add() {
     };
     let mut rng = fastrand::Rng::with_seed(12);
     let (cols, ns) = (64usize, [16usize, 8, 8]);
-    let parts: Vec<Case> = ns.iter().map(|&n| Case::new(&mut rng, GgmlType::Q4_1, n, cols)).collect();
+    let parts: Vec<Case> = ns
+        .iter()
+        .map(|&n| Case::new(&mut rng, GgmlType::Q4_1, n, cols))
+        .collect();
     let mut s = TexelStream::new();
     let mats: Vec<QMatrix> = parts.iter().map(Case::matrix).collect();
     let t = s.push_stacked(&mats).unwrap();
@@ -235,7 +254,10 @@ fn split_outputs_and_the_residual_add() {
         }
         let prod = reference_matmul(&mats[0], &x, m);
         let want: Vec<f32> = base.iter().zip(&prod).map(|(a, b)| a + b).collect();
-        assert!(rel_err(&rig.read(4096, want.len()), &want) < 1e-5, "{variant:?} accumulate");
+        assert!(
+            rel_err(&rig.read(4096, want.len()), &want) < 1e-5,
+            "{variant:?} accumulate"
+        );
     }
 }
 
@@ -246,7 +268,10 @@ fn embedding_rows_are_the_dequantized_table() {
     };
     let mut rng = fastrand::Rng::with_seed(13);
     let (vocab, dim) = (40, 96);
-    let cases: Vec<Case> = TYPES.iter().map(|&t| Case::new(&mut rng, t, vocab, dim)).collect();
+    let cases: Vec<Case> = TYPES
+        .iter()
+        .map(|&t| Case::new(&mut rng, t, vocab, dim))
+        .collect();
     let mut s = TexelStream::new();
     let ts: Vec<QTensor> = cases.iter().map(|c| s.push(&c.matrix()).unwrap()).collect();
     let tokens = [3u32, 39, 0, 17, 17];
@@ -331,9 +356,12 @@ fn fused_rmsnorm_and_swiglu_products() {
             let g_off = rig.f32_base as u32;
             for m in [1usize, 5, 30] {
                 // Rows of x at different scales, so the norm matters.
-                let x: Vec<f32> = (0..m * cols).map(|i| (rng.f32() - 0.5) * (1 + i / cols) as f32).collect();
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|i| (rng.f32() - 0.5) * (1 + i / cols) as f32)
+                    .collect();
                 let y_off = (X_OFF + m * cols).next_multiple_of(4) as u32;
-                let op = QMatmul::plain(&plain, m as u32, X_OFF as u32, y_off, false).with_norm(g_off, eps);
+                let op = QMatmul::plain(&plain, m as u32, X_OFF as u32, y_off, false)
+                    .with_norm(g_off, eps);
                 let want = reference_norm_matmul(&gate.matrix(), &x, m, &g, eps);
                 let err = rel_err(&product(&mut rig, op, &x), &want);
                 assert!(err < 1e-5, "{variant:?} {ty} m={m} norm: {err}");
@@ -408,7 +436,10 @@ fn rope_kv_turns_q_and_writes_turned_k_and_v_to_the_cache() {
             image: u32::from(image),
         };
         rig.run(|ops, rec| ops.run(rec, &op).unwrap());
-        assert!(vk_support::max_abs_diff(&rig.read(0, q.len()), &wq) <= 1e-6, "image {image}: q");
+        assert!(
+            vk_support::max_abs_diff(&rig.read(0, q.len()), &wq) <= 1e-6,
+            "image {image}: q"
+        );
         if image {
             // Copy the image's layers out through attention-free means: the
             // KV-image layout is checked end to end by tests/vk_llama.rs; here
@@ -421,7 +452,10 @@ fn rope_kv_turns_q_and_writes_turned_k_and_v_to_the_cache() {
             let at = slot(p);
             let got_k = &cache[at..at + kvd];
             let got_v = &cache[layer + at..layer + at + kvd];
-            assert!(vk_support::max_abs_diff(got_k, &wk[i * kvd..(i + 1) * kvd]) <= 1e-6, "k at {p}");
+            assert!(
+                vk_support::max_abs_diff(got_k, &wk[i * kvd..(i + 1) * kvd]) <= 1e-6,
+                "k at {p}"
+            );
             assert_eq!(got_v, &v[i * kvd..(i + 1) * kvd], "v at {p}");
         }
     }
@@ -472,9 +506,16 @@ fn the_lm_head_argmax_matches_an_argmax_over_its_logits() {
             let mut toks = vec![0u32; m];
             rig.bufs[4].read(0, &mut toks).unwrap();
             for (r, tok) in toks.iter().enumerate() {
-                assert_eq!(*tok, argmax(&logits[r * n..(r + 1) * n]), "{variant:?} {ty} row {r}");
+                assert_eq!(
+                    *tok,
+                    argmax(&logits[r * n..(r + 1) * n]),
+                    "{variant:?} {ty} row {r}"
+                );
             }
-            assert_eq!(toks[0], 37, "{variant:?} {ty}: the lower of two equal maxima");
+            assert_eq!(
+                toks[0], 37,
+                "{variant:?} {ty}: the lower of two equal maxima"
+            );
         }
     }
 }

@@ -386,7 +386,11 @@ impl Op for RopeKv {
         [groups(self.rope.rope.dim / 4, 64), self.rope.rope.n_rows, 1]
     }
     fn dispatch(&self, _variant: Variant) -> (&'static str, [u32; 3]) {
-        let name = if self.image != 0 { "rope_kv_img" } else { "rope_kv" };
+        let name = if self.image != 0 {
+            "rope_kv_img"
+        } else {
+            "rope_kv"
+        };
         (name, self.grid())
     }
 }
@@ -394,7 +398,13 @@ impl Op for RopeKv {
 /// CPU reference of [`RopeKv`] for one row: q and k turned
 /// ([`reference_rope`]); the cache then holds the turned k and v at the
 /// row's position.
-pub fn reference_rope_kv(table: &[f32], head_size: usize, q: &mut [f32], k: &mut [f32], pos: usize) {
+pub fn reference_rope_kv(
+    table: &[f32],
+    head_size: usize,
+    q: &mut [f32],
+    k: &mut [f32],
+    pos: usize,
+) {
     reference_rope(table, head_size, q, pos);
     reference_rope(table, head_size, k, pos);
 }
@@ -444,7 +454,13 @@ pub fn reference_matmul(w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
 
 /// CPU reference of [`QMatmul::with_norm`]: `reference_matmul` of
 /// `rmsnorm(x) * g` row by row (the model's `llama::rmsnorm`).
-pub fn reference_norm_matmul(w: &QMatrix<'_>, x: &[f32], m: usize, g: &[f32], eps: f32) -> Vec<f32> {
+pub fn reference_norm_matmul(
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    g: &[f32],
+    eps: f32,
+) -> Vec<f32> {
     let k = w.cols();
     let mut xn = vec![0f32; x.len()];
     for (o, r) in xn.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
@@ -458,7 +474,10 @@ pub fn reference_norm_matmul(w: &QMatrix<'_>, x: &[f32], m: usize, g: &[f32], ep
 pub fn reference_glu(gate: &QMatrix<'_>, up: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
     let g = reference_matmul(gate, x, m);
     let u = reference_matmul(up, x, m);
-    g.iter().zip(&u).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect()
+    g.iter()
+        .zip(&u)
+        .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
+        .collect()
 }
 
 /// CPU reference of [`QEmbed`]: the rows `tokens` of `table` dequantized.

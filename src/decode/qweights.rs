@@ -163,7 +163,11 @@ impl TexelStream {
     /// # Errors
     /// As [`push_stacked`](Self::push_stacked) (differing shapes or types are
     /// [`RepackError::Stack`]).
-    pub fn push_interleaved(&mut self, gate: &QMatrix<'_>, up: &QMatrix<'_>) -> Result<QTensor, RepackError> {
+    pub fn push_interleaved(
+        &mut self,
+        gate: &QMatrix<'_>,
+        up: &QMatrix<'_>,
+    ) -> Result<QTensor, RepackError> {
         if gate.rows() != up.rows() || gate.ty() != up.ty() || gate.cols() != up.cols() {
             return Err(RepackError::Stack(format!(
                 "gate {} [{}x{}] and up {} [{}x{}]",
@@ -175,7 +179,9 @@ impl TexelStream {
                 up.cols()
             )));
         }
-        let rows: Vec<&[u8]> = (0..gate.rows()).flat_map(|r| [gate.row(r), up.row(r)]).collect();
+        let rows: Vec<&[u8]> = (0..gate.rows())
+            .flat_map(|r| [gate.row(r), up.row(r)])
+            .collect();
         self.push_rows(gate.ty(), gate.cols(), &rows)
     }
 
@@ -186,18 +192,31 @@ impl TexelStream {
     /// As [`push`](Self::push) for the total rows; [`RepackError::Stack`]
     /// when the parts differ in type or row length (or there are none).
     pub fn push_stacked(&mut self, parts: &[QMatrix<'_>]) -> Result<QTensor, RepackError> {
-        let first = parts.first().ok_or_else(|| RepackError::Stack("no parts".into()))?;
+        let first = parts
+            .first()
+            .ok_or_else(|| RepackError::Stack("no parts".into()))?;
         let (ty, cols) = (first.ty(), first.cols());
         if parts.iter().any(|p| p.ty() != ty || p.cols() != cols) {
-            let what: Vec<String> = parts.iter().map(|p| format!("{} x{}", p.ty(), p.cols())).collect();
+            let what: Vec<String> = parts
+                .iter()
+                .map(|p| format!("{} x{}", p.ty(), p.cols()))
+                .collect();
             return Err(RepackError::Stack(what.join(", ")));
         }
-        let rows: Vec<&[u8]> = parts.iter().flat_map(|p| (0..p.rows()).map(move |r| p.row(r))).collect();
+        let rows: Vec<&[u8]> = parts
+            .iter()
+            .flat_map(|p| (0..p.rows()).map(move |r| p.row(r)))
+            .collect();
         self.push_rows(ty, cols, &rows)
     }
 
     /// Appends a matrix given as its rows' bytes (each `cols` elements of `ty`).
-    fn push_rows(&mut self, ty: GgmlType, cols: usize, all: &[&[u8]]) -> Result<QTensor, RepackError> {
+    fn push_rows(
+        &mut self,
+        ty: GgmlType,
+        cols: usize,
+        all: &[&[u8]],
+    ) -> Result<QTensor, RepackError> {
         let rows = all.len();
         if !rows.is_multiple_of(4) {
             return Err(RepackError::Rows { rows });
@@ -271,7 +290,10 @@ mod tests {
         let (b, j) = (k / 32, k % 32);
         let dm = || {
             let v = w(4 * (t.sc_off as usize + n / 4 * nb + b) + n % 4);
-            (quant::f16_to_f32(v as u16), quant::f16_to_f32((v >> 16) as u16))
+            (
+                quant::f16_to_f32(v as u16),
+                quant::f16_to_f32((v >> 16) as u16),
+            )
         };
         let base = 4 * (t.qs_off as usize + (n * nb + b) * t.ty.block_texels());
         match t.ty {
@@ -294,12 +316,19 @@ mod tests {
     fn every_format_round_trips_through_the_stream() {
         let mut rng = fastrand::Rng::with_seed(4);
         let (rows, cols) = (8, 96);
-        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+        ] {
             let x: Vec<f32> = (0..rows * cols).map(|_| rng.f32() * 2.0 - 1.0).collect();
             let bytes = quant::quantize(ty, &x);
             let m = QMatrix::new(ty, rows, cols, &bytes).unwrap();
             let mut s = TexelStream::new();
-            s.push(&QMatrix::new(GgmlType::F32, 4, 32, &[0; 512]).unwrap()).unwrap();
+            s.push(&QMatrix::new(GgmlType::F32, 4, 32, &[0; 512]).unwrap())
+                .unwrap();
             let t = s.push(&m).unwrap();
             assert_eq!(s.texels() - t.qs_off as usize, t.ty.texels(rows, cols));
             let mut want = vec![0f32; cols];
@@ -308,7 +337,11 @@ mod tests {
                 for (k, w) in want.iter().enumerate() {
                     let got = element(&s, &t, n, k);
                     // Q4_0 becomes d*q + (-8d): equal to d*(q-8) up to one rounding.
-                    let tol = if ty == GgmlType::Q4_0 { 1e-6 * w.abs().max(1.0) } else { 0.0 };
+                    let tol = if ty == GgmlType::Q4_0 {
+                        1e-6 * w.abs().max(1.0)
+                    } else {
+                        0.0
+                    };
                     assert!((got - w).abs() <= tol, "{ty} ({n}, {k}): {got} vs {w}");
                 }
             }
@@ -325,6 +358,9 @@ mod tests {
         assert_eq!((t.rows, t.cols, t.qs_off, t.sc_off), (4, 32, 0, 8));
         let f = quant::quantize(GgmlType::F32, &[0.5; 64]);
         let other = QMatrix::new(GgmlType::F32, 2, 32, &f).unwrap();
-        assert!(matches!(s.push_stacked(&[a, other]), Err(RepackError::Stack(_))));
+        assert!(matches!(
+            s.push_stacked(&[a, other]),
+            Err(RepackError::Stack(_))
+        ));
     }
 }

@@ -207,7 +207,9 @@ impl StorageImage {
     pub fn upload(&mut self, data: &[u8]) -> VkResult<()> {
         let [w, h, layers] = self.extent;
         let row_bytes = u64::from(w) * TEXEL_BYTES;
-        if !(data.len() as u64).is_multiple_of(TEXEL_BYTES) || data.len() as u64 > self.texels() * TEXEL_BYTES {
+        if !(data.len() as u64).is_multiple_of(TEXEL_BYTES)
+            || data.len() as u64 > self.texels() * TEXEL_BYTES
+        {
             return Err(VkError::Inval(format!(
                 "image upload of {} bytes into {}x{}x{} texels",
                 data.len(),

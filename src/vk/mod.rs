@@ -34,8 +34,8 @@ pub use device::{
 pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
 pub use memory::{Buffer, Location};
 pub use pipeline::{
-    BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, WEIGHT_IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
-    Recorder, Timestamps, WINDOW_BYTES, WINDOWS, Window,
+    BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
+    Recorder, Timestamps, WEIGHT_IMAGE_BINDING, WINDOW_BYTES, WINDOWS, Window,
 };
 pub use queue::{FenceKind, Submission};
 

@@ -619,7 +619,9 @@ impl Timestamps {
     /// timestamps ([`Device::timestamp_period`]); `Call` otherwise.
     pub fn new(dev: &Device, count: u32) -> VkResult<Timestamps> {
         if count == 0 || dev.timestamp_period().is_none() {
-            return Err(VkError::Inval("no timestamps on this device (or count 0)".into()));
+            return Err(VkError::Inval(
+                "no timestamps on this device (or count 0)".into(),
+            ));
         }
         let info = vk::QueryPoolCreateInfo::default()
             .query_type(vk::QueryType::TIMESTAMP)
@@ -878,8 +880,16 @@ impl Recorder<'_> {
                             .base_array_layer(layer)
                             .layer_count(1),
                     )
-                    .image_offset(vk::Offset3D { x: 0, y: y as i32, z: 0 })
-                    .image_extent(vk::Extent3D { width: w, height: n, depth: 1 }),
+                    .image_offset(vk::Offset3D {
+                        x: 0,
+                        y: y as i32,
+                        z: 0,
+                    })
+                    .image_extent(vk::Extent3D {
+                        width: w,
+                        height: n,
+                        depth: 1,
+                    }),
             );
             row += u64::from(n);
             at += u64::from(n) * row_bytes;

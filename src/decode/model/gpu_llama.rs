@@ -59,6 +59,10 @@ const IMAGE_WIDTH: u32 = 4096;
 /// Rows of the weight image per layer (the kernels' `(i >> 12) & 16383`).
 const IMAGE_ROWS: u32 = 16384;
 
+/// Device time of each group of dispatches of one iteration, in order:
+/// `(label, nanoseconds)` ([`GpuLlama::profile`]).
+pub type GroupTimes = Vec<(&'static str, f64)>;
+
 /// Sizes of a [`GpuLlama`]'s KV cache and per-iteration capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuLlamaOptions {
@@ -190,7 +194,10 @@ impl std::fmt::Debug for GpuLlama {
 
 fn matrix<'a>(g: &'a Gguf, name: &str) -> std::result::Result<QMatrix<'a>, GpuLlamaError> {
     let info = g.tensor(name).map_err(ModelError::Gguf)?;
-    let (cols, rows) = (info.dims[0] as usize, info.dims.get(1).copied().unwrap_or(1) as usize);
+    let (cols, rows) = (
+        info.dims[0] as usize,
+        info.dims.get(1).copied().unwrap_or(1) as usize,
+    );
     QMatrix::new(info.ty, rows, cols, g.tensor_data(info)).map_err(|e| GpuLlamaError::Options {
         option: "model",
         why: format!("tensor {name}: {e}"),
@@ -210,7 +217,10 @@ fn stack(
     names: &[String],
     parts: &[QMatrix<'_>],
 ) -> std::result::Result<Proj, GpuLlamaError> {
-    let repack = |tensor: &str, err| GpuLlamaError::Repack { tensor: tensor.into(), err };
+    let repack = |tensor: &str, err| GpuLlamaError::Repack {
+        tensor: tensor.into(),
+        err,
+    };
     if parts.iter().all(|p| p.ty() == parts[0].ty()) {
         return s
             .push_stacked(parts)
@@ -273,11 +283,20 @@ impl GpuLlama {
         for i in 0..shape.n_layers {
             let n = |t: &str| format!("blk.{i}.{t}.weight");
             let qkv_names = [n("attn_q"), n("attn_k"), n("attn_v")];
-            let qkv: Vec<QMatrix> = qkv_names.iter().map(|t| matrix(g, t)).collect::<std::result::Result<_, _>>()?;
+            let qkv: Vec<QMatrix> = qkv_names
+                .iter()
+                .map(|t| matrix(g, t))
+                .collect::<std::result::Result<_, _>>()?;
             let w13_names = [n("ffn_gate"), n("ffn_up")];
-            let w13: Vec<QMatrix> = w13_names.iter().map(|t| matrix(g, t)).collect::<std::result::Result<_, _>>()?;
+            let w13: Vec<QMatrix> = w13_names
+                .iter()
+                .map(|t| matrix(g, t))
+                .collect::<std::result::Result<_, _>>()?;
             let single = |s: &mut TexelStream, t: &str| {
-                s.push(&matrix(g, t)?).map_err(|err| GpuLlamaError::Repack { tensor: t.into(), err })
+                s.push(&matrix(g, t)?).map_err(|err| GpuLlamaError::Repack {
+                    tensor: t.into(),
+                    err,
+                })
             };
             let qkv = stack(&mut s, &qkv_names, &qkv)?;
             let wo = single(&mut s, &n("attn_output"))?;
@@ -308,10 +327,11 @@ impl GpuLlama {
         let head = if lc.tied_output {
             embed
         } else {
-            s.push(&matrix(g, "output.weight")?).map_err(|err| GpuLlamaError::Repack {
-                tensor: "output.weight".into(),
-                err,
-            })?
+            s.push(&matrix(g, "output.weight")?)
+                .map_err(|err| GpuLlamaError::Repack {
+                    tensor: "output.weight".into(),
+                    err,
+                })?
         };
         let out_norm = norm(g, "output_norm.weight", &mut f32s)?;
         let rope_tab = u32::try_from(f32s.len()).map_err(|_| GpuLlamaError::Range)?;
@@ -324,7 +344,8 @@ impl GpuLlama {
             Variant::Cpu => {
                 let texels = s.texels().max(1) as u64;
                 let per_layer = u64::from(IMAGE_WIDTH) * u64::from(IMAGE_ROWS);
-                let layers = u32::try_from(texels.div_ceil(per_layer)).map_err(|_| GpuLlamaError::Range)?;
+                let layers =
+                    u32::try_from(texels.div_ceil(per_layer)).map_err(|_| GpuLlamaError::Range)?;
                 let rows = if layers > 1 {
                     IMAGE_ROWS
                 } else {
@@ -337,7 +358,12 @@ impl GpuLlama {
                     "weights (texel stream)",
                 )?;
                 img.upload(s.bytes())?;
-                let mut buf = Buffer::new(dev, (f32s.len() * 4) as u64, Location::Device, "weights f32")?;
+                let mut buf = Buffer::new(
+                    dev,
+                    (f32s.len() * 4) as u64,
+                    Location::Device,
+                    "weights f32",
+                )?;
                 buf.upload(0, &f32s)?;
                 (buf, Some(img), 0u32)
             }
@@ -378,9 +404,13 @@ impl GpuLlama {
             ));
         }
         let image = image.filter(|_| variant == Variant::Cpu);
-        let a = ActOffsets::new(&shape, opts.max_tokens, opts.max_seqs).map_err(|_| GpuLlamaError::Range)?;
+        let a = ActOffsets::new(&shape, opts.max_tokens, opts.max_seqs)
+            .map_err(|_| GpuLlamaError::Range)?;
         let mul = |a: u64, b: u64| a.checked_mul(b).ok_or(GpuLlamaError::Range);
-        let kv_layer = mul(mul(opts.kv.n_blocks as u64, opts.kv.block_size as u64)?, shape.kv_dim() as u64)?;
+        let kv_layer = mul(
+            mul(opts.kv.n_blocks as u64, opts.kv.block_size as u64)?,
+            shape.kv_dim() as u64,
+        )?;
         let kv_len = mul(2 * shape.n_layers as u64, kv_layer)?;
         u32_of(kv_len).map_err(|_| GpuLlamaError::Range)?;
         let per_seq = shape.seq_len.div_ceil(opts.kv.block_size) as u64 + 1;
@@ -389,7 +419,10 @@ impl GpuLlama {
             .ok_or(GpuLlamaError::Range)?;
         let part_off = u32::try_from(a.len).map_err(|_| GpuLlamaError::Range)?;
         let parts = mul(
-            mul(opts.max_seqs as u64, u64::from(argmax_groups(shape.vocab_size as u32, variant)))?,
+            mul(
+                opts.max_seqs as u64,
+                u64::from(argmax_groups(shape.vocab_size as u32, variant)),
+            )?,
             2,
         )?;
         let act_len = a.len.checked_add(parts).ok_or(GpuLlamaError::Range)?;
@@ -399,7 +432,10 @@ impl GpuLlama {
             Some(img) => {
                 let [w, h, l] = img.extent;
                 let store = StorageImage::new(dev, w, h, l, "kv cache")?;
-                (Buffer::new(dev, 4, Location::Device, "kv placeholder")?, Some((store, false)))
+                (
+                    Buffer::new(dev, 4, Location::Device, "kv placeholder")?,
+                    Some((store, false)),
+                )
             }
             None => {
                 let mut b = Buffer::new(dev, kv_len * 4, Location::Device, "kv cache")?;
@@ -408,7 +444,12 @@ impl GpuLlama {
             }
         };
         let meta = Buffer::new(dev, meta_len * 4, Location::Upload, "metadata")?;
-        let tokens = Buffer::new(dev, mul(opts.max_seqs as u64, 4)?, Location::Readback, "tokens")?;
+        let tokens = Buffer::new(
+            dev,
+            mul(opts.max_seqs as u64, 4)?,
+            Location::Readback,
+            "tokens",
+        )?;
         let logits = match opts.keep_logits {
             true => Some(Buffer::new(
                 dev,
@@ -419,7 +460,10 @@ impl GpuLlama {
             false => None,
         };
         let bound = [&wbuf, &act, &kv, &meta, &tokens];
-        if bound.iter().any(|b| b.size() > dev.max_storage_buffer_range()) {
+        if bound
+            .iter()
+            .any(|b| b.size() > dev.max_storage_buffer_range())
+        {
             return Err(GpuLlamaError::Range);
         }
         let set = BindingSet::with_images(
@@ -515,7 +559,7 @@ impl GpuLlama {
     /// # Errors
     /// As [`step`](Self::step); `Inval` on a device without compute
     /// timestamps.
-    pub fn profile(&mut self, plan: &BatchPlan) -> Result<(Vec<u32>, Vec<(&'static str, f64)>)> {
+    pub fn profile(&mut self, plan: &BatchPlan) -> Result<(Vec<u32>, GroupTimes)> {
         let (f, ts) = self.submit_with(plan, true)?;
         let toks = self.finish(f)?;
         let (ts, labels) = ts.ok_or(Error::Internal)?;
@@ -528,12 +572,7 @@ impl GpuLlama {
         Ok((toks, times))
     }
 
-    #[allow(clippy::type_complexity)]
-    fn submit_with(
-        &mut self,
-        plan: &BatchPlan,
-        timed: bool,
-    ) -> Result<(InFlight, Option<(Timestamps, Vec<&'static str>)>)> {
+    fn submit_with(&mut self, plan: &BatchPlan, timed: bool) -> Result<(InFlight, Option<Timed>)> {
         plan.validate(&self.shape, self.opts.kv)?;
         let n_rows = plan.n_tokens();
         if n_rows == 0 {
@@ -641,6 +680,9 @@ impl GpuLlama {
     }
 }
 
+/// The timestamps of a profiled iteration and the labels of its groups.
+type Timed = (Timestamps, Vec<&'static str>);
+
 /// One recording's inputs, copied out of the model so the command pool can
 /// be borrowed mutably while recording.
 struct Recording<'a> {
@@ -679,7 +721,10 @@ impl Recording<'_> {
             c.hidden_dim as u32,
         );
         let img = m.kv_image.is_some();
-        let mut p = vec![Step::Embed(QEmbed::new(&m.embed, t, 0, a.x)), Step::Barrier("qembed")];
+        let mut p = vec![
+            Step::Embed(QEmbed::new(&m.embed, t, 0, a.x)),
+            Step::Barrier("qembed"),
+        ];
         let norm = |w_off, out_off| RmsNorm {
             n_rows: t,
             dim: d,
@@ -695,11 +740,14 @@ impl Recording<'_> {
             let eps = m.rms_eps;
             match &lw.qkv {
                 Proj::Stacked(q) => p.push(Step::Mm(
-                    QMatmul::split(q, t, a.x, [d, kvd, kvd], [a.q, a.k, a.v]).with_norm(lw.attn_norm, eps),
+                    QMatmul::split(q, t, a.x, [d, kvd, kvd], [a.q, a.k, a.v])
+                        .with_norm(lw.attn_norm, eps),
                 )),
                 Proj::Parts(parts) => {
                     for (q, y) in parts.iter().zip([a.q, a.k, a.v]) {
-                        p.push(Step::Mm(QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps)));
+                        p.push(Step::Mm(
+                            QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps),
+                        ));
                     }
                 }
             }
@@ -752,12 +800,16 @@ impl Recording<'_> {
             p.push(Step::Barrier("qmm o (+x)"));
             match &lw.w13 {
                 Proj::Stacked(w) => {
-                    p.push(Step::Mm(QMatmul::glu(w, t, a.x, a.h1).with_norm(lw.ffn_norm, eps)));
+                    p.push(Step::Mm(
+                        QMatmul::glu(w, t, a.x, a.h1).with_norm(lw.ffn_norm, eps),
+                    ));
                     p.push(Step::Barrier("qmm norm.gate|up, swiglu"));
                 }
                 Proj::Parts(parts) => {
                     for (w, y) in parts.iter().zip([a.h1, a.h3]) {
-                        p.push(Step::Mm(QMatmul::plain(w, t, a.x, y, false).with_norm(lw.ffn_norm, eps)));
+                        p.push(Step::Mm(
+                            QMatmul::plain(w, t, a.x, y, false).with_norm(lw.ffn_norm, eps),
+                        ));
                     }
                     p.push(Step::Barrier("qmm norm.gate|up"));
                     p.push(Step::Glu(SwiGlu {
@@ -780,7 +832,9 @@ impl Recording<'_> {
             }));
             p.push(Step::Barrier("rmsnorm (sampled rows)"));
             let v = c.vocab_size as u32;
-            p.push(Step::Mm(QMatmul::logits_argmax(&m.head, self.s, a.sel, a.logits, m.part_off)));
+            p.push(Step::Mm(QMatmul::logits_argmax(
+                &m.head, self.s, a.sel, a.logits, m.part_off,
+            )));
             p.push(Step::Barrier("qmm LM head (+argmax partials)"));
             p.push(Step::Argmax(ArgmaxPart {
                 n_rows: self.s,
@@ -833,6 +887,9 @@ impl PlanOps {
 
     /// Barriers (timed groups) in the plan.
     fn groups(&self) -> usize {
-        self.steps.iter().filter(|s| matches!(s, Step::Barrier(_))).count()
+        self.steps
+            .iter()
+            .filter(|s| matches!(s, Step::Barrier(_)))
+            .count()
     }
 }
