@@ -1,7 +1,7 @@
 //! The quantized kernels' push constants and dispatch forms
 //! (`kernels/qmatmul.wgsl`, `rope_tab` in `kernels/rope.wgsl`), callable
 //! from outside the model (benches, conformance runs): each op is a plain
-//! struct recorded with [`Ops::run`], and its CPU reference is public
+//! struct recorded with [`Ops::run`](super::ops::Ops::run), and its CPU reference is public
 //! ([`reference_matmul`], [`reference_embed`], [`rope_table`] with
 //! [`reference_rope`]).
 //!
