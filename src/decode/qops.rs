@@ -13,7 +13,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::model::quant::{self, QMatrix};
-use super::ops::{Op, Rope, Variant, Windowed, spans};
+use super::ops::{Op, Rope, Variant, Windowed, spans_of};
 use super::qweights::{KernelType, QTensor};
 use crate::vk::{WINDOWS, Window};
 
@@ -241,7 +241,7 @@ impl Op for QMatmul {
                 (at, u32::try_from((start - at) / 4).ok()?)
             }
         };
-        let rows = spans(&win[1], self.x_off, self.m, u64::from(self.k))?;
+        let rows = spans_of(&win[1], self.x_off, self.m, u64::from(self.k), 4)?;
         Some(
             rows.iter()
                 .map(|r| {
