@@ -8,10 +8,12 @@
 mod model_support;
 mod vk_support;
 
-use xtc::decode::model::gpu_llama::{GpuLlama, GpuLlamaOptions};
-use xtc::decode::model::llama::{Chunk, Logits, Sequence};
+use xtc::decode::model::gguf::{GgmlType, Gguf};
+use xtc::decode::model::gpu_llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
+use xtc::decode::model::llama::{Chunk, Llama, Logits, Sequence, gguf_from_weights};
 use xtc::decode::model::sampling::argmax;
-use xtc::decode::model::{BatchPlan, KvGeometry, SeqWork, chat};
+use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights, chat};
+use xtc::decode::ops::Variant;
 
 const BLOCK: usize = 16;
 /// KV blocks per member (positions 0..BLOCKS_PER * BLOCK).
@@ -66,7 +68,10 @@ fn greedy_answer_is_paris_on_vulkan() {
                 sample: true,
             }],
         };
-        let tok = gpu.step(&plan).unwrap()[0];
+        let f = gpu.submit(&plan).unwrap();
+        // The completion fd (B-066) becomes readable; then the token is there.
+        vk_support::wait_readable(f.fence_fd());
+        let tok = gpu.finish(f).unwrap()[0];
         pos += next.len();
         if tok == t.eos() {
             break;
@@ -209,3 +214,174 @@ fn vulkan_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
         assert_eq!(s.out.len(), GEN);
     }
 }
+
+/// A small synthetic model (no file needed) through both kernel forms: the
+/// CPU-device form (weight image, windows, KV image) and the GPU form
+/// (storage buffers, workgroup tiles, KV buffer), tied and untied heads,
+/// against the CPU reference: greedy tokens and logits.
+#[test]
+fn tiny_models_agree_with_the_reference_in_both_forms() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let w = Weights::synthetic(Config::tiny(), 21);
+    for (ty, tied) in [
+        (GgmlType::Q4_1, true),
+        (GgmlType::Q8_0, false),
+        (GgmlType::F16, true),
+    ] {
+        let g = gguf_from_weights(&w, ty, 10000.0, tied);
+        let model = Llama::from_gguf(Gguf::from_bytes(g.to_bytes()).unwrap()).unwrap();
+        for variant in [Variant::Cpu, Variant::Gpu] {
+            let opts = GpuLlamaOptions {
+                kv: KvGeometry {
+                    block_size: 8,
+                    n_blocks: 16,
+                },
+                max_tokens: 32,
+                max_seqs: 2,
+                max_context: 64,
+                keep_logits: true,
+                variant: Some(variant),
+            };
+            let mut gpu = GpuLlama::new(&dev, &model, opts).unwrap();
+            assert_eq!(gpu.variant(), variant);
+            let mut seqs = [model.new_sequence(), model.new_sequence()];
+            let tables = [vec![3u32, 9, 1, 12], vec![0u32, 15, 7, 4]];
+            let mut next = [vec![5u32, 77, 300, 2, 9, 11, 400, 1, 8], vec![42u32, 43]];
+            for step in 0..6 {
+                let plan = BatchPlan {
+                    seqs: (0..2)
+                        .map(|i| SeqWork {
+                            tokens: next[i].clone(),
+                            start_pos: seqs[i].len(),
+                            block_table: tables[i].clone(),
+                            sample: true,
+                        })
+                        .collect(),
+                };
+                let f = gpu.submit(&plan).unwrap();
+                let (toks, logits) = gpu.finish_with_logits(f).unwrap();
+                let [a, b] = &mut seqs;
+                let mut chunks = [
+                    Chunk {
+                        seq: a,
+                        tokens: &next[0],
+                        logits: Logits::Last,
+                    },
+                    Chunk {
+                        seq: b,
+                        tokens: &next[1],
+                        logits: Logits::Last,
+                    },
+                ];
+                let cpu = model.forward(&mut chunks).unwrap();
+                for i in 0..2 {
+                    let err = vk_support::max_abs_diff(&logits[i], &cpu[i]);
+                    assert!(
+                        err < 1e-3,
+                        "{ty} {variant:?} step {step} seq {i}: logits differ by {err}"
+                    );
+                    assert_eq!(
+                        toks[i],
+                        argmax(&cpu[i]),
+                        "{ty} {variant:?} step {step} seq {i}"
+                    );
+                    next[i] = vec![toks[i]];
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_plans_and_options_are_refused() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let w = Weights::synthetic(Config::tiny(), 22);
+    let model = Llama::from_gguf(
+        Gguf::from_bytes(gguf_from_weights(&w, GgmlType::Q4_1, 10000.0, true).to_bytes()).unwrap(),
+    )
+    .unwrap();
+    let opts = GpuLlamaOptions {
+        kv: KvGeometry {
+            block_size: 8,
+            n_blocks: 4,
+        },
+        max_tokens: 8,
+        max_seqs: 1,
+        max_context: 32,
+        keep_logits: false,
+        variant: None,
+    };
+    for (bad, option) in [
+        (
+            GpuLlamaOptions {
+                max_context: 257,
+                ..opts
+            },
+            "max_context",
+        ),
+        (
+            GpuLlamaOptions {
+                max_tokens: 0,
+                ..opts
+            },
+            "max_tokens/max_seqs",
+        ),
+        (
+            GpuLlamaOptions {
+                kv: KvGeometry {
+                    block_size: 0,
+                    n_blocks: 4,
+                },
+                ..opts
+            },
+            "kv",
+        ),
+    ] {
+        match GpuLlama::new(&dev, &model, bad) {
+            Err(GpuLlamaError::Options { option: o, .. }) => assert_eq!(o, option),
+            other => panic!("{option}: {other:?}"),
+        }
+    }
+    let mut gpu = GpuLlama::new(&dev, &model, opts).unwrap();
+    let seq = |tokens: Vec<u32>, start_pos: usize, block_table: Vec<u32>| BatchPlan {
+        seqs: vec![SeqWork {
+            tokens,
+            start_pos,
+            block_table,
+            sample: true,
+        }],
+    };
+    let e = |r: xtc::Result<InFlightAlias>| r.map(|_| ()).unwrap_err();
+    assert_eq!(e(gpu.submit(&BatchPlan::default())), xtc::Error::Inval);
+    assert_eq!(
+        e(gpu.submit(&seq(vec![512], 0, vec![0]))),
+        xtc::Error::Inval,
+        "token past the vocabulary"
+    );
+    assert_eq!(
+        e(gpu.submit(&seq(vec![1], 0, vec![4]))),
+        xtc::Error::Inval,
+        "block past the cache"
+    );
+    assert_eq!(
+        e(gpu.submit(&seq(vec![1], 32, vec![0, 1, 2, 3, 0]))),
+        xtc::Error::Inval,
+        "position past max_context"
+    );
+    assert_eq!(
+        e(gpu.submit(&seq(vec![1; 9], 0, vec![0, 1]))),
+        xtc::Error::Range,
+        "more rows than max_tokens"
+    );
+    // A stale InFlight is refused; the model keeps working.
+    let old = gpu.submit(&seq(vec![1], 0, vec![0])).unwrap();
+    let new = gpu.submit(&seq(vec![2], 1, vec![0])).unwrap();
+    assert_eq!(gpu.finish(old).unwrap_err(), xtc::Error::Inval);
+    assert_eq!(gpu.finish(new).unwrap().len(), 1);
+}
+
+type InFlightAlias = xtc::decode::gpu::InFlight;
