@@ -7,6 +7,8 @@
 //! window), and the GPU form (`qmm_<ty>_gpu`, workgroup tiles, weights in the
 //! storage buffer). Each figure is the fastest of several interleaved runs
 //! (the build machine is shared: other tenants' slices only add time).
+//! `XTC_QMM_FORMS=name_rR,...` adds experimental entry points to the
+//! comparison, `XTC_QMM_NO_GPU=1` leaves out the (slow on lavapipe) GPU form.
 //! `cargo bench --bench qmatmul`; `XTC_BENCH_QUICK=1` for fewer runs.
 
 use std::time::Instant;
@@ -71,11 +73,28 @@ fn main() {
             let chunks = op.windowed(Variant::Cpu, &win).unwrap();
             // (form, dispatches: kernel, push, grid, window offsets)
             let mut forms = vec![];
-            for tile in [1u32, 2, 4, 8] {
+            let exp: Vec<(String, u32)> = std::env::var("XTC_QMM_FORMS")
+                .ok()
+                .map(|v| {
+                    v.split(',')
+                        .map(|f| {
+                            (
+                                f.to_string(),
+                                f.rsplit('r').next().unwrap().parse().unwrap(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let named: Vec<(String, u32)> = [1u32, 2, 4, 8]
+                .iter()
+                .map(|&tile| (format!("qmm_{}_r{tile}", t.ty.name()), tile))
+                .chain(exp.into_iter().filter(|(f, _)| f.contains(t.ty.name())))
+                .collect();
+            for (name, tile) in named {
                 if tile > 1 && tile as usize > m {
                     continue;
                 }
-                let name = format!("qmm_{}_r{tile}", t.ty.name());
                 let kern = kernels.get(&name).unwrap();
                 let ds: Vec<_> = chunks
                     .iter()
@@ -88,11 +107,13 @@ fn main() {
                         )
                     })
                     .collect();
-                forms.push((format!("cpu r{tile}"), ds, f64::MAX));
+                forms.push((name.trim_start_matches("qmm_").to_string(), ds, f64::MAX));
             }
             let (gpu_name, grid) = op.dispatch(Variant::Gpu);
             let kern = kernels.get(gpu_name).unwrap();
-            forms.push(("gpu".to_string(), vec![(kern, op, grid, [0, 0])], f64::MAX));
+            if std::env::var_os("XTC_QMM_NO_GPU").is_none() {
+                forms.push(("gpu".to_string(), vec![(kern, op, grid, [0, 0])], f64::MAX));
+            }
             let reps = if m == 1 { 20 } else { 5 };
             let rounds = if quick { 2 } else { 4 };
             for _ in 0..rounds {
