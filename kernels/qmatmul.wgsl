@@ -19,7 +19,7 @@
 //
 // Two forms of the product, same parameters (`decode::qops::QMatmul`):
 // - `qmm_<ty>_r<R>` (CPU devices such as lavapipe; subgroups of at least 8 lanes):
-//   workgroup 16; each invocation computes 4 consecutive outputs n for R consecutive
+//   workgroup 8 (one llvmpipe subgroup); each invocation computes 4 consecutive outputs n for R consecutive
 //   rows m; x is read through the activation uniform window (binding 6; rows
 //   m_base .. m_base + m of the product start at element x_off of the window, K apart;
 //   the RMSNorm weights, when fused, through the weight window, binding 5):
@@ -28,7 +28,7 @@
 //   8 lanes and the weights are fetched as whole texels (vectorised on llvmpipe,
 //   where storage-buffer loads go lane by lane). Every lane stays active until the
 //   stores (the broadcasts need all 8), so invocations past N compute a clamped
-//   copy and store nothing. grid (ceil(m / R), ceil(N / 64)): row tiles vary
+//   copy and store nothing. grid (ceil(m / R), ceil(N / 32)): row tiles vary
 //   fastest, so the workgroups that llvmpipe runs one after the other reuse the
 //   same weight texels from cache (with the column groups fastest, a 30 MB LM head
 //   was streamed from memory once per row tile: 2-3x slower).
@@ -296,9 +296,9 @@ fn deq_f32_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<
     return o;
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 1u;
@@ -425,9 +425,9 @@ fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 2u;
@@ -613,9 +613,9 @@ fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 4u;
@@ -887,9 +887,9 @@ fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q41_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 8u;
@@ -1492,9 +1492,9 @@ fn qembed_q41_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 1u;
@@ -1624,9 +1624,9 @@ fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 2u;
@@ -1818,9 +1818,9 @@ fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 4u;
@@ -2136,9 +2136,9 @@ fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_q80_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 8u;
@@ -2829,9 +2829,9 @@ fn qembed_q80_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 1u;
@@ -2968,9 +2968,9 @@ fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 2u;
@@ -3169,9 +3169,9 @@ fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 4u;
@@ -3494,9 +3494,9 @@ fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 8u;
@@ -4194,9 +4194,9 @@ fn qembed_f16_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 1u;
@@ -4357,9 +4357,9 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 2u;
@@ -4582,9 +4582,9 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 4u;
@@ -4931,9 +4931,9 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(16)
+@compute @workgroup_size(8)
 fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let col = wg.y * 16u + li;
+    let col = wg.y * 8u + li;
     let live = col * 4u < p.n;
     let c0 = min(col * 4u, p.n - 4u);
     let r0 = wg.x * 8u;

@@ -255,7 +255,7 @@ impl Op for QMatmul {
                             norm_off,
                             ..*self
                         },
-                        grid: [groups(r.count, tile), groups(self.n, 64), 1],
+                        grid: [groups(r.count, tile), groups(self.n, 32), 1],
                         offsets: [w_window, r.offset],
                     }
                 })
