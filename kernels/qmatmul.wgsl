@@ -5,14 +5,17 @@
 // embedding lookups from the same weights.
 //
 // Weights: the *texel stream* (`decode::qweights`): 16-byte texels, per matrix
-// [N, K] (K % 32 == 0, N % 4 == 0, nb = K / 32 blocks per row):
-//   q41: texel qs_off + n*nb + b = the 16 nibble bytes of block (n, b) (element j < 16 is
-//        the low nibble of byte j, element j + 16 its high nibble);
-//        texel sc_off + (n/4)*nb + b = pack2x16float(d, m) of rows 4(n/4) .. +3 (w = d*q + m)
-//   q80: texels qs_off + 2(n*nb + b) + h = bytes 16h .. 16h+15 of block (n, b) (i8 codes);
-//        scales as q41 with m = 0 (w = d*q)
-//   f16: texels qs_off + 4(n*nb + b) + h = elements 8h .. 8h+7 (binary16 pairs); no scales
-//   f32: texels qs_off + 8(n*nb + b) + h = elements 4h .. 4h+3 (binary32); no scales
+// [N, K] (K % 32 == 0, N % 4 == 0, nb = K / 32 blocks per row), rows in panels of 32
+// (the last padded with zero rows); T code texels per block (q41 1, q80 2, f16 4,
+// f32 8); row n = 32 pan + j:
+//   code texel h of block (n, b): qs_off + ((pan*nb + b)*32 + j)*T + h
+//     q41: the 16 nibble bytes (element i < 16 is the low nibble of byte i, i + 16
+//          its high nibble; w = d*q + m); q80: bytes 16h .. 16h+15 (i8, w = d*q);
+//     f16: elements 8h .. 8h+7 (binary16 pairs); f32: elements 4h .. 4h+3
+//   scale texel of block b, rows 4(j/4) .. +3: sc_off + (pan*nb + b)*8 + j/4 =
+//     pack2x16float(d, m) of the four rows (q41, q80 with m = 0)
+// so a CPU-form workgroup (8 lanes x 4 rows = one panel) reads each block step as
+// one contiguous run of 512 T bytes.
 // On CPU devices the stream lives in the weight image (binding 8, rgba32ui, texel i at
 // (i & 4095, (i >> 12) & 16383, layer i >> 26)); on GPUs in the weights buffer (binding 0)
 // viewed as array<vec4<u32>> (texel i at byte 16 i).
@@ -27,8 +30,8 @@
 //   subgroupBroadcast hands each value to every lane, so x costs one gather per
 //   8 lanes and the weights are fetched as whole texels (vectorised on llvmpipe,
 //   where storage-buffer loads go lane by lane). Every lane stays active until the
-//   stores (the broadcasts need all 8), so invocations past N compute a clamped
-//   copy and store nothing. grid (ceil(m / R), ceil(N / 32)): row tiles vary
+//   stores (the broadcasts need all 8), so invocations past N compute zero rows of
+//   the last panel and store nothing. grid (ceil(m / R), ceil(N / 32)): row tiles vary
 //   fastest, so the workgroups that llvmpipe runs one after the other reuse the
 //   same weight texels from cache (with the column groups fastest, a 30 MB LM head
 //   was streamed from memory once per row tile: 2-3x slower).
@@ -183,8 +186,10 @@ var<workgroup> red2: array<f32, 256>; // [64 threads][4 rows]: partial sums of s
 var<workgroup> outv: array<f32, 16>; // [4 outputs][4 rows]
 fn deq_q41_img(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    let dm = unpack2x16float(wtex(sc_off + (n / 4u) * nb + b)[n % 4u]);
-    let w = wtex(qs_off + n * nb + b);
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    let dm = unpack2x16float(wtex(sc_off + pb * 8u + j / 4u)[j % 4u]);
+    let w = wtex(qs_off + pb * 32u + j);
     o[0] = nib_lo(w[0u]) * dm.x + dm.y;
     o[4] = nib_hi(w[0u]) * dm.x + dm.y;
     o[1] = nib_lo(w[1u]) * dm.x + dm.y;
@@ -197,8 +202,10 @@ fn deq_q41_img(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<
 }
 fn deq_q41_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    let dm = unpack2x16float(wbuf_tex(sc_off + (n / 4u) * nb + b)[n % 4u]);
-    let w = wbuf_tex(qs_off + n * nb + b);
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    let dm = unpack2x16float(wbuf_tex(sc_off + pb * 8u + j / 4u)[j % 4u]);
+    let w = wbuf_tex(qs_off + pb * 32u + j);
     o[0] = nib_lo(w[0u]) * dm.x + dm.y;
     o[4] = nib_hi(w[0u]) * dm.x + dm.y;
     o[1] = nib_lo(w[1u]) * dm.x + dm.y;
@@ -211,13 +218,15 @@ fn deq_q41_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<
 }
 fn deq_q80_img(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    let dm = unpack2x16float(wtex(sc_off + (n / 4u) * nb + b)[n % 4u]);
-    let w0 = wtex(qs_off + 2u * (n * nb + b) + 0u);
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    let dm = unpack2x16float(wtex(sc_off + pb * 8u + j / 4u)[j % 4u]);
+    let w0 = wtex(qs_off + 2u * (pb * 32u + j) + 0u);
     o[0] = i8x4(w0[0u]) * dm.x;
     o[1] = i8x4(w0[1u]) * dm.x;
     o[2] = i8x4(w0[2u]) * dm.x;
     o[3] = i8x4(w0[3u]) * dm.x;
-    let w1 = wtex(qs_off + 2u * (n * nb + b) + 1u);
+    let w1 = wtex(qs_off + 2u * (pb * 32u + j) + 1u);
     o[4] = i8x4(w1[0u]) * dm.x;
     o[5] = i8x4(w1[1u]) * dm.x;
     o[6] = i8x4(w1[2u]) * dm.x;
@@ -226,13 +235,15 @@ fn deq_q80_img(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<
 }
 fn deq_q80_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    let dm = unpack2x16float(wbuf_tex(sc_off + (n / 4u) * nb + b)[n % 4u]);
-    let w0 = wbuf_tex(qs_off + 2u * (n * nb + b) + 0u);
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    let dm = unpack2x16float(wbuf_tex(sc_off + pb * 8u + j / 4u)[j % 4u]);
+    let w0 = wbuf_tex(qs_off + 2u * (pb * 32u + j) + 0u);
     o[0] = i8x4(w0[0u]) * dm.x;
     o[1] = i8x4(w0[1u]) * dm.x;
     o[2] = i8x4(w0[2u]) * dm.x;
     o[3] = i8x4(w0[3u]) * dm.x;
-    let w1 = wbuf_tex(qs_off + 2u * (n * nb + b) + 1u);
+    let w1 = wbuf_tex(qs_off + 2u * (pb * 32u + j) + 1u);
     o[4] = i8x4(w1[0u]) * dm.x;
     o[5] = i8x4(w1[1u]) * dm.x;
     o[6] = i8x4(w1[2u]) * dm.x;
@@ -241,73 +252,81 @@ fn deq_q80_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<
 }
 fn deq_f16_img(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    let w0 = wtex(qs_off + 4u * (n * nb + b) + 0u);
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    let w0 = wtex(qs_off + 4u * (pb * 32u + j) + 0u);
     o[0] = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
     o[1] = vec4<f32>(unpack2x16float(w0[2u]), unpack2x16float(w0[3u]));
-    let w1 = wtex(qs_off + 4u * (n * nb + b) + 1u);
+    let w1 = wtex(qs_off + 4u * (pb * 32u + j) + 1u);
     o[2] = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
     o[3] = vec4<f32>(unpack2x16float(w1[2u]), unpack2x16float(w1[3u]));
-    let w2 = wtex(qs_off + 4u * (n * nb + b) + 2u);
+    let w2 = wtex(qs_off + 4u * (pb * 32u + j) + 2u);
     o[4] = vec4<f32>(unpack2x16float(w2[0u]), unpack2x16float(w2[1u]));
     o[5] = vec4<f32>(unpack2x16float(w2[2u]), unpack2x16float(w2[3u]));
-    let w3 = wtex(qs_off + 4u * (n * nb + b) + 3u);
+    let w3 = wtex(qs_off + 4u * (pb * 32u + j) + 3u);
     o[6] = vec4<f32>(unpack2x16float(w3[0u]), unpack2x16float(w3[1u]));
     o[7] = vec4<f32>(unpack2x16float(w3[2u]), unpack2x16float(w3[3u]));
     return o;
 }
 fn deq_f16_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    let w0 = wbuf_tex(qs_off + 4u * (n * nb + b) + 0u);
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    let w0 = wbuf_tex(qs_off + 4u * (pb * 32u + j) + 0u);
     o[0] = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
     o[1] = vec4<f32>(unpack2x16float(w0[2u]), unpack2x16float(w0[3u]));
-    let w1 = wbuf_tex(qs_off + 4u * (n * nb + b) + 1u);
+    let w1 = wbuf_tex(qs_off + 4u * (pb * 32u + j) + 1u);
     o[2] = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
     o[3] = vec4<f32>(unpack2x16float(w1[2u]), unpack2x16float(w1[3u]));
-    let w2 = wbuf_tex(qs_off + 4u * (n * nb + b) + 2u);
+    let w2 = wbuf_tex(qs_off + 4u * (pb * 32u + j) + 2u);
     o[4] = vec4<f32>(unpack2x16float(w2[0u]), unpack2x16float(w2[1u]));
     o[5] = vec4<f32>(unpack2x16float(w2[2u]), unpack2x16float(w2[3u]));
-    let w3 = wbuf_tex(qs_off + 4u * (n * nb + b) + 3u);
+    let w3 = wbuf_tex(qs_off + 4u * (pb * 32u + j) + 3u);
     o[6] = vec4<f32>(unpack2x16float(w3[0u]), unpack2x16float(w3[1u]));
     o[7] = vec4<f32>(unpack2x16float(w3[2u]), unpack2x16float(w3[3u]));
     return o;
 }
 fn deq_f32_img(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    o[0] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 0u));
-    o[1] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 1u));
-    o[2] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 2u));
-    o[3] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 3u));
-    o[4] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 4u));
-    o[5] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 5u));
-    o[6] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 6u));
-    o[7] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (n * nb + b) + 7u));
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    o[0] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 0u));
+    o[1] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 1u));
+    o[2] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 2u));
+    o[3] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 3u));
+    o[4] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 4u));
+    o[5] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 5u));
+    o[6] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 6u));
+    o[7] = bitcast<vec4<f32>>(wtex(qs_off + 8u * (pb * 32u + j) + 7u));
     return o;
 }
 fn deq_f32_buf(qs_off: u32, sc_off: u32, n: u32, nb: u32, b: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    o[0] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 0u));
-    o[1] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 1u));
-    o[2] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 2u));
-    o[3] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 3u));
-    o[4] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 4u));
-    o[5] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 5u));
-    o[6] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 6u));
-    o[7] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (n * nb + b) + 7u));
+    let pb = (n / 32u) * nb + b;
+    let j = n % 32u;
+    o[0] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 0u));
+    o[1] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 1u));
+    o[2] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 2u));
+    o[3] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 3u));
+    o[4] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 4u));
+    o[5] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 5u));
+    o[6] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 6u));
+    o[7] = bitcast<vec4<f32>>(wbuf_tex(qs_off + 8u * (pb * 32u + j) + 7u));
     return o;
 }
 
 @compute @workgroup_size(8)
 fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 1u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 1u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 1u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -325,10 +344,10 @@ fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a0_2 = 0.0;
         var a0_3 = 0.0;
         var xs0 = 0.0;
-        let w0 = wtex(q0 + 0u * nb + b);
-        let w1 = wtex(q0 + 1u * nb + b);
-        let w2 = wtex(q0 + 2u * nb + b);
-        let w3 = wtex(q0 + 3u * nb + b);
+        let w0 = wtex(q0 + b * 32u + 0u);
+        let w1 = wtex(q0 + b * 32u + 1u);
+        let w2 = wtex(q0 + b * 32u + 2u);
+        let w3 = wtex(q0 + b * 32u + 3u);
         {
             let xa0 = subgroupBroadcast(mine0, 0u);
             let xb0 = subgroupBroadcast(mine0, 4u);
@@ -405,7 +424,7 @@ fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_2 += dot(lo2, sa0) + dot(hi2, sb0);
             a0_3 += dot(lo3, sa0) + dot(hi3, sb0);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -428,15 +447,15 @@ fn qmm_q41_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 2u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 1u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 1u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -468,10 +487,10 @@ fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a1_2 = 0.0;
         var a1_3 = 0.0;
         var xs1 = 0.0;
-        let w0 = wtex(q0 + 0u * nb + b);
-        let w1 = wtex(q0 + 1u * nb + b);
-        let w2 = wtex(q0 + 2u * nb + b);
-        let w3 = wtex(q0 + 3u * nb + b);
+        let w0 = wtex(q0 + b * 32u + 0u);
+        let w1 = wtex(q0 + b * 32u + 1u);
+        let w2 = wtex(q0 + b * 32u + 2u);
+        let w3 = wtex(q0 + b * 32u + 3u);
         {
             let xa0 = subgroupBroadcast(mine0, 0u);
             let xb0 = subgroupBroadcast(mine0, 4u);
@@ -584,7 +603,7 @@ fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_2 += dot(lo2, sa1) + dot(hi2, sb1);
             a1_3 += dot(lo3, sa1) + dot(hi3, sb1);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -616,15 +635,15 @@ fn qmm_q41_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 4u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 1u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 1u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -684,10 +703,10 @@ fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a3_2 = 0.0;
         var a3_3 = 0.0;
         var xs3 = 0.0;
-        let w0 = wtex(q0 + 0u * nb + b);
-        let w1 = wtex(q0 + 1u * nb + b);
-        let w2 = wtex(q0 + 2u * nb + b);
-        let w3 = wtex(q0 + 3u * nb + b);
+        let w0 = wtex(q0 + b * 32u + 0u);
+        let w1 = wtex(q0 + b * 32u + 1u);
+        let w2 = wtex(q0 + b * 32u + 2u);
+        let w3 = wtex(q0 + b * 32u + 3u);
         {
             let xa0 = subgroupBroadcast(mine0, 0u);
             let xb0 = subgroupBroadcast(mine0, 4u);
@@ -840,7 +859,7 @@ fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_2 += dot(lo2, xa3) + dot(hi2, xb3);
             a3_3 += dot(lo3, xa3) + dot(hi3, xb3);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -890,15 +909,15 @@ fn qmm_q41_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_q41_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 8u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 1u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 1u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -1014,10 +1033,10 @@ fn qmm_q41_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a7_2 = 0.0;
         var a7_3 = 0.0;
         var xs7 = 0.0;
-        let w0 = wtex(q0 + 0u * nb + b);
-        let w1 = wtex(q0 + 1u * nb + b);
-        let w2 = wtex(q0 + 2u * nb + b);
-        let w3 = wtex(q0 + 3u * nb + b);
+        let w0 = wtex(q0 + b * 32u + 0u);
+        let w1 = wtex(q0 + b * 32u + 1u);
+        let w2 = wtex(q0 + b * 32u + 2u);
+        let w3 = wtex(q0 + b * 32u + 3u);
         {
             let xa0 = subgroupBroadcast(mine0, 0u);
             let xb0 = subgroupBroadcast(mine0, 4u);
@@ -1282,7 +1301,7 @@ fn qmm_q41_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_2 += dot(lo2, xa7) + dot(hi2, xb7);
             a7_3 += dot(lo3, xa7) + dot(hi3, xb7);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -1495,15 +1514,15 @@ fn qembed_q41_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
 @compute @workgroup_size(8)
 fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 1u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 2u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 2u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -1521,10 +1540,10 @@ fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a0_2 = 0.0;
         var a0_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 0u);
+            let w0 = wtex(q0 + b * 64u + 0u);
+            let w1 = wtex(q0 + b * 64u + 2u);
+            let w2 = wtex(q0 + b * 64u + 4u);
+            let w3 = wtex(q0 + b * 64u + 6u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let v0_0 = i8x4(w0[0u]);
             let v1_0 = i8x4(w1[0u]);
@@ -1563,10 +1582,10 @@ fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_3, x0_3);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 1u);
+            let w0 = wtex(q0 + b * 64u + 1u);
+            let w1 = wtex(q0 + b * 64u + 3u);
+            let w2 = wtex(q0 + b * 64u + 5u);
+            let w3 = wtex(q0 + b * 64u + 7u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let v0_0 = i8x4(w0[0u]);
             let v1_0 = i8x4(w1[0u]);
@@ -1604,7 +1623,7 @@ fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_2 += dot(v2_3, x0_3);
             a0_3 += dot(v3_3, x0_3);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -1627,15 +1646,15 @@ fn qmm_q80_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 2u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 2u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 2u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -1666,10 +1685,10 @@ fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a1_2 = 0.0;
         var a1_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 0u);
+            let w0 = wtex(q0 + b * 64u + 0u);
+            let w1 = wtex(q0 + b * 64u + 2u);
+            let w2 = wtex(q0 + b * 64u + 4u);
+            let w3 = wtex(q0 + b * 64u + 6u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let v0_0 = i8x4(w0[0u]);
@@ -1728,10 +1747,10 @@ fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_3, x1_3);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 1u);
+            let w0 = wtex(q0 + b * 64u + 1u);
+            let w1 = wtex(q0 + b * 64u + 3u);
+            let w2 = wtex(q0 + b * 64u + 5u);
+            let w3 = wtex(q0 + b * 64u + 7u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let v0_0 = i8x4(w0[0u]);
@@ -1789,7 +1808,7 @@ fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_2 += dot(v2_3, x1_3);
             a1_3 += dot(v3_3, x1_3);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -1821,15 +1840,15 @@ fn qmm_q80_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 4u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 2u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 2u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -1886,10 +1905,10 @@ fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a3_2 = 0.0;
         var a3_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 0u);
+            let w0 = wtex(q0 + b * 64u + 0u);
+            let w1 = wtex(q0 + b * 64u + 2u);
+            let w2 = wtex(q0 + b * 64u + 4u);
+            let w3 = wtex(q0 + b * 64u + 6u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let x2_0 = subgroupBroadcast(mine2, 0u);
@@ -1988,10 +2007,10 @@ fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_3, x3_3);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 1u);
+            let w0 = wtex(q0 + b * 64u + 1u);
+            let w1 = wtex(q0 + b * 64u + 3u);
+            let w2 = wtex(q0 + b * 64u + 5u);
+            let w3 = wtex(q0 + b * 64u + 7u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let x2_0 = subgroupBroadcast(mine2, 4u);
@@ -2089,7 +2108,7 @@ fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_2 += dot(v2_3, x3_3);
             a3_3 += dot(v3_3, x3_3);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -2139,15 +2158,15 @@ fn qmm_q80_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_q80_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 8u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 2u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 2u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -2256,10 +2275,10 @@ fn qmm_q80_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a7_2 = 0.0;
         var a7_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 0u);
+            let w0 = wtex(q0 + b * 64u + 0u);
+            let w1 = wtex(q0 + b * 64u + 2u);
+            let w2 = wtex(q0 + b * 64u + 4u);
+            let w3 = wtex(q0 + b * 64u + 6u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let x2_0 = subgroupBroadcast(mine2, 0u);
@@ -2438,10 +2457,10 @@ fn qmm_q80_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_3, x7_3);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 2u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 2u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 2u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 2u + 1u);
+            let w0 = wtex(q0 + b * 64u + 1u);
+            let w1 = wtex(q0 + b * 64u + 3u);
+            let w2 = wtex(q0 + b * 64u + 5u);
+            let w3 = wtex(q0 + b * 64u + 7u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let x2_0 = subgroupBroadcast(mine2, 4u);
@@ -2619,7 +2638,7 @@ fn qmm_q80_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_2 += dot(v2_3, x7_3);
             a7_3 += dot(v3_3, x7_3);
         }
-        let sc = wtex(s0 + b);
+        let sc = wtex(s0 + b * 8u);
         let dm0 = unpack2x16float(sc[0u]);
         let dm1 = unpack2x16float(sc[1u]);
         let dm2 = unpack2x16float(sc[2u]);
@@ -2832,15 +2851,15 @@ fn qembed_q80_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
 @compute @workgroup_size(8)
 fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 1u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 4u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 4u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -2858,10 +2877,10 @@ fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a0_2 = 0.0;
         var a0_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 0u);
+            let w0 = wtex(q0 + b * 128u + 0u);
+            let w1 = wtex(q0 + b * 128u + 4u);
+            let w2 = wtex(q0 + b * 128u + 8u);
+            let w3 = wtex(q0 + b * 128u + 12u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
             let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
@@ -2882,10 +2901,10 @@ fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_1, x0_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 1u);
+            let w0 = wtex(q0 + b * 128u + 1u);
+            let w1 = wtex(q0 + b * 128u + 5u);
+            let w2 = wtex(q0 + b * 128u + 9u);
+            let w3 = wtex(q0 + b * 128u + 13u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
             let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
@@ -2906,10 +2925,10 @@ fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_1, x0_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 2u);
+            let w0 = wtex(q0 + b * 128u + 2u);
+            let w1 = wtex(q0 + b * 128u + 6u);
+            let w2 = wtex(q0 + b * 128u + 10u);
+            let w3 = wtex(q0 + b * 128u + 14u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
             let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
@@ -2930,10 +2949,10 @@ fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_1, x0_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 3u);
+            let w0 = wtex(q0 + b * 128u + 3u);
+            let w1 = wtex(q0 + b * 128u + 7u);
+            let w2 = wtex(q0 + b * 128u + 11u);
+            let w3 = wtex(q0 + b * 128u + 15u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
             let v1_0 = vec4<f32>(unpack2x16float(w1[0u]), unpack2x16float(w1[1u]));
@@ -2971,15 +2990,15 @@ fn qmm_f16_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 2u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 4u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 4u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -3010,10 +3029,10 @@ fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a1_2 = 0.0;
         var a1_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 0u);
+            let w0 = wtex(q0 + b * 128u + 0u);
+            let w1 = wtex(q0 + b * 128u + 4u);
+            let w2 = wtex(q0 + b * 128u + 8u);
+            let w3 = wtex(q0 + b * 128u + 12u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
@@ -3044,10 +3063,10 @@ fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_1, x1_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 1u);
+            let w0 = wtex(q0 + b * 128u + 1u);
+            let w1 = wtex(q0 + b * 128u + 5u);
+            let w2 = wtex(q0 + b * 128u + 9u);
+            let w3 = wtex(q0 + b * 128u + 13u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let x1_0 = subgroupBroadcast(mine1, 2u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
@@ -3078,10 +3097,10 @@ fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_1, x1_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 2u);
+            let w0 = wtex(q0 + b * 128u + 2u);
+            let w1 = wtex(q0 + b * 128u + 6u);
+            let w2 = wtex(q0 + b * 128u + 10u);
+            let w3 = wtex(q0 + b * 128u + 14u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
@@ -3112,10 +3131,10 @@ fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_1, x1_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 3u);
+            let w0 = wtex(q0 + b * 128u + 3u);
+            let w1 = wtex(q0 + b * 128u + 7u);
+            let w2 = wtex(q0 + b * 128u + 11u);
+            let w3 = wtex(q0 + b * 128u + 15u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let x1_0 = subgroupBroadcast(mine1, 6u);
             let v0_0 = vec4<f32>(unpack2x16float(w0[0u]), unpack2x16float(w0[1u]));
@@ -3172,15 +3191,15 @@ fn qmm_f16_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 4u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 4u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 4u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -3237,10 +3256,10 @@ fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a3_2 = 0.0;
         var a3_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 0u);
+            let w0 = wtex(q0 + b * 128u + 0u);
+            let w1 = wtex(q0 + b * 128u + 4u);
+            let w2 = wtex(q0 + b * 128u + 8u);
+            let w3 = wtex(q0 + b * 128u + 12u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let x2_0 = subgroupBroadcast(mine2, 0u);
@@ -3291,10 +3310,10 @@ fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_1, x3_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 1u);
+            let w0 = wtex(q0 + b * 128u + 1u);
+            let w1 = wtex(q0 + b * 128u + 5u);
+            let w2 = wtex(q0 + b * 128u + 9u);
+            let w3 = wtex(q0 + b * 128u + 13u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let x1_0 = subgroupBroadcast(mine1, 2u);
             let x2_0 = subgroupBroadcast(mine2, 2u);
@@ -3345,10 +3364,10 @@ fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_1, x3_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 2u);
+            let w0 = wtex(q0 + b * 128u + 2u);
+            let w1 = wtex(q0 + b * 128u + 6u);
+            let w2 = wtex(q0 + b * 128u + 10u);
+            let w3 = wtex(q0 + b * 128u + 14u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let x2_0 = subgroupBroadcast(mine2, 4u);
@@ -3399,10 +3418,10 @@ fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_1, x3_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 3u);
+            let w0 = wtex(q0 + b * 128u + 3u);
+            let w1 = wtex(q0 + b * 128u + 7u);
+            let w2 = wtex(q0 + b * 128u + 11u);
+            let w3 = wtex(q0 + b * 128u + 15u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let x1_0 = subgroupBroadcast(mine1, 6u);
             let x2_0 = subgroupBroadcast(mine2, 6u);
@@ -3497,15 +3516,15 @@ fn qmm_f16_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 8u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 4u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 4u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -3614,10 +3633,10 @@ fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a7_2 = 0.0;
         var a7_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 0u);
+            let w0 = wtex(q0 + b * 128u + 0u);
+            let w1 = wtex(q0 + b * 128u + 4u);
+            let w2 = wtex(q0 + b * 128u + 8u);
+            let w3 = wtex(q0 + b * 128u + 12u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let x2_0 = subgroupBroadcast(mine2, 0u);
@@ -3708,10 +3727,10 @@ fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_1, x7_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 1u);
+            let w0 = wtex(q0 + b * 128u + 1u);
+            let w1 = wtex(q0 + b * 128u + 5u);
+            let w2 = wtex(q0 + b * 128u + 9u);
+            let w3 = wtex(q0 + b * 128u + 13u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let x1_0 = subgroupBroadcast(mine1, 2u);
             let x2_0 = subgroupBroadcast(mine2, 2u);
@@ -3802,10 +3821,10 @@ fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_1, x7_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 2u);
+            let w0 = wtex(q0 + b * 128u + 2u);
+            let w1 = wtex(q0 + b * 128u + 6u);
+            let w2 = wtex(q0 + b * 128u + 10u);
+            let w3 = wtex(q0 + b * 128u + 14u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let x2_0 = subgroupBroadcast(mine2, 4u);
@@ -3896,10 +3915,10 @@ fn qmm_f16_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_1, x7_1);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 4u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 4u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 4u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 4u + 3u);
+            let w0 = wtex(q0 + b * 128u + 3u);
+            let w1 = wtex(q0 + b * 128u + 7u);
+            let w2 = wtex(q0 + b * 128u + 11u);
+            let w3 = wtex(q0 + b * 128u + 15u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let x1_0 = subgroupBroadcast(mine1, 6u);
             let x2_0 = subgroupBroadcast(mine2, 6u);
@@ -4197,15 +4216,15 @@ fn qembed_f16_buf(@builtin(global_invocation_id) gid: vec3<u32>) {
 @compute @workgroup_size(8)
 fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 1u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 8u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 8u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -4223,10 +4242,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a0_2 = 0.0;
         var a0_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 0u);
+            let w0 = wtex(q0 + b * 256u + 0u);
+            let w1 = wtex(q0 + b * 256u + 8u);
+            let w2 = wtex(q0 + b * 256u + 16u);
+            let w3 = wtex(q0 + b * 256u + 24u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4238,10 +4257,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_0, x0_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 1u);
+            let w0 = wtex(q0 + b * 256u + 1u);
+            let w1 = wtex(q0 + b * 256u + 9u);
+            let w2 = wtex(q0 + b * 256u + 17u);
+            let w3 = wtex(q0 + b * 256u + 25u);
             let x0_0 = subgroupBroadcast(mine0, 1u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4253,10 +4272,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_0, x0_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 2u);
+            let w0 = wtex(q0 + b * 256u + 2u);
+            let w1 = wtex(q0 + b * 256u + 10u);
+            let w2 = wtex(q0 + b * 256u + 18u);
+            let w3 = wtex(q0 + b * 256u + 26u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4268,10 +4287,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_0, x0_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 3u);
+            let w0 = wtex(q0 + b * 256u + 3u);
+            let w1 = wtex(q0 + b * 256u + 11u);
+            let w2 = wtex(q0 + b * 256u + 19u);
+            let w3 = wtex(q0 + b * 256u + 27u);
             let x0_0 = subgroupBroadcast(mine0, 3u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4283,10 +4302,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_0, x0_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 4u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 4u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 4u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 4u);
+            let w0 = wtex(q0 + b * 256u + 4u);
+            let w1 = wtex(q0 + b * 256u + 12u);
+            let w2 = wtex(q0 + b * 256u + 20u);
+            let w3 = wtex(q0 + b * 256u + 28u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4298,10 +4317,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_0, x0_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 5u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 5u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 5u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 5u);
+            let w0 = wtex(q0 + b * 256u + 5u);
+            let w1 = wtex(q0 + b * 256u + 13u);
+            let w2 = wtex(q0 + b * 256u + 21u);
+            let w3 = wtex(q0 + b * 256u + 29u);
             let x0_0 = subgroupBroadcast(mine0, 5u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4313,10 +4332,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_0, x0_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 6u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 6u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 6u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 6u);
+            let w0 = wtex(q0 + b * 256u + 6u);
+            let w1 = wtex(q0 + b * 256u + 14u);
+            let w2 = wtex(q0 + b * 256u + 22u);
+            let w3 = wtex(q0 + b * 256u + 30u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4328,10 +4347,10 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a0_3 += dot(v3_0, x0_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 7u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 7u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 7u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 7u);
+            let w0 = wtex(q0 + b * 256u + 7u);
+            let w1 = wtex(q0 + b * 256u + 15u);
+            let w2 = wtex(q0 + b * 256u + 23u);
+            let w3 = wtex(q0 + b * 256u + 31u);
             let x0_0 = subgroupBroadcast(mine0, 7u);
             let v0_0 = bitcast<vec4<f32>>(w0);
             let v1_0 = bitcast<vec4<f32>>(w1);
@@ -4360,15 +4379,15 @@ fn qmm_f32_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 2u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 8u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 8u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -4399,10 +4418,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a1_2 = 0.0;
         var a1_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 0u);
+            let w0 = wtex(q0 + b * 256u + 0u);
+            let w1 = wtex(q0 + b * 256u + 8u);
+            let w2 = wtex(q0 + b * 256u + 16u);
+            let w3 = wtex(q0 + b * 256u + 24u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4419,10 +4438,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_0, x1_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 1u);
+            let w0 = wtex(q0 + b * 256u + 1u);
+            let w1 = wtex(q0 + b * 256u + 9u);
+            let w2 = wtex(q0 + b * 256u + 17u);
+            let w3 = wtex(q0 + b * 256u + 25u);
             let x0_0 = subgroupBroadcast(mine0, 1u);
             let x1_0 = subgroupBroadcast(mine1, 1u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4439,10 +4458,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_0, x1_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 2u);
+            let w0 = wtex(q0 + b * 256u + 2u);
+            let w1 = wtex(q0 + b * 256u + 10u);
+            let w2 = wtex(q0 + b * 256u + 18u);
+            let w3 = wtex(q0 + b * 256u + 26u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let x1_0 = subgroupBroadcast(mine1, 2u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4459,10 +4478,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_0, x1_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 3u);
+            let w0 = wtex(q0 + b * 256u + 3u);
+            let w1 = wtex(q0 + b * 256u + 11u);
+            let w2 = wtex(q0 + b * 256u + 19u);
+            let w3 = wtex(q0 + b * 256u + 27u);
             let x0_0 = subgroupBroadcast(mine0, 3u);
             let x1_0 = subgroupBroadcast(mine1, 3u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4479,10 +4498,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_0, x1_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 4u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 4u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 4u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 4u);
+            let w0 = wtex(q0 + b * 256u + 4u);
+            let w1 = wtex(q0 + b * 256u + 12u);
+            let w2 = wtex(q0 + b * 256u + 20u);
+            let w3 = wtex(q0 + b * 256u + 28u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4499,10 +4518,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_0, x1_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 5u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 5u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 5u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 5u);
+            let w0 = wtex(q0 + b * 256u + 5u);
+            let w1 = wtex(q0 + b * 256u + 13u);
+            let w2 = wtex(q0 + b * 256u + 21u);
+            let w3 = wtex(q0 + b * 256u + 29u);
             let x0_0 = subgroupBroadcast(mine0, 5u);
             let x1_0 = subgroupBroadcast(mine1, 5u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4519,10 +4538,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_0, x1_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 6u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 6u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 6u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 6u);
+            let w0 = wtex(q0 + b * 256u + 6u);
+            let w1 = wtex(q0 + b * 256u + 14u);
+            let w2 = wtex(q0 + b * 256u + 22u);
+            let w3 = wtex(q0 + b * 256u + 30u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let x1_0 = subgroupBroadcast(mine1, 6u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4539,10 +4558,10 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a1_3 += dot(v3_0, x1_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 7u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 7u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 7u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 7u);
+            let w0 = wtex(q0 + b * 256u + 7u);
+            let w1 = wtex(q0 + b * 256u + 15u);
+            let w2 = wtex(q0 + b * 256u + 23u);
+            let w3 = wtex(q0 + b * 256u + 31u);
             let x0_0 = subgroupBroadcast(mine0, 7u);
             let x1_0 = subgroupBroadcast(mine1, 7u);
             let v0_0 = bitcast<vec4<f32>>(w0);
@@ -4585,15 +4604,15 @@ fn qmm_f32_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 4u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 8u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 8u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -4650,10 +4669,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a3_2 = 0.0;
         var a3_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 0u);
+            let w0 = wtex(q0 + b * 256u + 0u);
+            let w1 = wtex(q0 + b * 256u + 8u);
+            let w2 = wtex(q0 + b * 256u + 16u);
+            let w3 = wtex(q0 + b * 256u + 24u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let x2_0 = subgroupBroadcast(mine2, 0u);
@@ -4680,10 +4699,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_0, x3_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 1u);
+            let w0 = wtex(q0 + b * 256u + 1u);
+            let w1 = wtex(q0 + b * 256u + 9u);
+            let w2 = wtex(q0 + b * 256u + 17u);
+            let w3 = wtex(q0 + b * 256u + 25u);
             let x0_0 = subgroupBroadcast(mine0, 1u);
             let x1_0 = subgroupBroadcast(mine1, 1u);
             let x2_0 = subgroupBroadcast(mine2, 1u);
@@ -4710,10 +4729,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_0, x3_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 2u);
+            let w0 = wtex(q0 + b * 256u + 2u);
+            let w1 = wtex(q0 + b * 256u + 10u);
+            let w2 = wtex(q0 + b * 256u + 18u);
+            let w3 = wtex(q0 + b * 256u + 26u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let x1_0 = subgroupBroadcast(mine1, 2u);
             let x2_0 = subgroupBroadcast(mine2, 2u);
@@ -4740,10 +4759,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_0, x3_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 3u);
+            let w0 = wtex(q0 + b * 256u + 3u);
+            let w1 = wtex(q0 + b * 256u + 11u);
+            let w2 = wtex(q0 + b * 256u + 19u);
+            let w3 = wtex(q0 + b * 256u + 27u);
             let x0_0 = subgroupBroadcast(mine0, 3u);
             let x1_0 = subgroupBroadcast(mine1, 3u);
             let x2_0 = subgroupBroadcast(mine2, 3u);
@@ -4770,10 +4789,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_0, x3_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 4u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 4u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 4u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 4u);
+            let w0 = wtex(q0 + b * 256u + 4u);
+            let w1 = wtex(q0 + b * 256u + 12u);
+            let w2 = wtex(q0 + b * 256u + 20u);
+            let w3 = wtex(q0 + b * 256u + 28u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let x2_0 = subgroupBroadcast(mine2, 4u);
@@ -4800,10 +4819,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_0, x3_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 5u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 5u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 5u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 5u);
+            let w0 = wtex(q0 + b * 256u + 5u);
+            let w1 = wtex(q0 + b * 256u + 13u);
+            let w2 = wtex(q0 + b * 256u + 21u);
+            let w3 = wtex(q0 + b * 256u + 29u);
             let x0_0 = subgroupBroadcast(mine0, 5u);
             let x1_0 = subgroupBroadcast(mine1, 5u);
             let x2_0 = subgroupBroadcast(mine2, 5u);
@@ -4830,10 +4849,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_0, x3_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 6u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 6u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 6u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 6u);
+            let w0 = wtex(q0 + b * 256u + 6u);
+            let w1 = wtex(q0 + b * 256u + 14u);
+            let w2 = wtex(q0 + b * 256u + 22u);
+            let w3 = wtex(q0 + b * 256u + 30u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let x1_0 = subgroupBroadcast(mine1, 6u);
             let x2_0 = subgroupBroadcast(mine2, 6u);
@@ -4860,10 +4879,10 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a3_3 += dot(v3_0, x3_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 7u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 7u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 7u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 7u);
+            let w0 = wtex(q0 + b * 256u + 7u);
+            let w1 = wtex(q0 + b * 256u + 15u);
+            let w2 = wtex(q0 + b * 256u + 23u);
+            let w3 = wtex(q0 + b * 256u + 31u);
             let x0_0 = subgroupBroadcast(mine0, 7u);
             let x1_0 = subgroupBroadcast(mine1, 7u);
             let x2_0 = subgroupBroadcast(mine2, 7u);
@@ -4934,15 +4953,15 @@ fn qmm_f32_r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(8)
 fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let col = wg.y * 8u + li;
-    let live = col * 4u < p.n;
-    let c0 = min(col * 4u, p.n - 4u);
+    let c0 = col * 4u; // past N: zero rows of the last panel, never stored
+    let live = c0 < p.n;
     let r0 = wg.x * 8u;
     let norm = p.norm_off != NO_NORM;
     let g0 = p.norm_off / 4u + (sl & 7u);
     let nb = p.k / 32u;
     let k4 = p.k / 4u;
-    let q0 = p.qs_off + c0 * 8u * nb;
-    let s0 = p.sc_off + (c0 / 4u) * nb;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u) * 8u; // + b * 32 T + c T + h
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u; // + b * 8
     let xr0 = p.x_off / 4u + min(r0 + 0u, p.m - 1u) * k4 + (sl & 7u);
     var ss0 = 0.0;
     var y0_0 = 0.0;
@@ -5051,10 +5070,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var a7_2 = 0.0;
         var a7_3 = 0.0;
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 0u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 0u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 0u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 0u);
+            let w0 = wtex(q0 + b * 256u + 0u);
+            let w1 = wtex(q0 + b * 256u + 8u);
+            let w2 = wtex(q0 + b * 256u + 16u);
+            let w3 = wtex(q0 + b * 256u + 24u);
             let x0_0 = subgroupBroadcast(mine0, 0u);
             let x1_0 = subgroupBroadcast(mine1, 0u);
             let x2_0 = subgroupBroadcast(mine2, 0u);
@@ -5101,10 +5120,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_0, x7_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 1u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 1u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 1u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 1u);
+            let w0 = wtex(q0 + b * 256u + 1u);
+            let w1 = wtex(q0 + b * 256u + 9u);
+            let w2 = wtex(q0 + b * 256u + 17u);
+            let w3 = wtex(q0 + b * 256u + 25u);
             let x0_0 = subgroupBroadcast(mine0, 1u);
             let x1_0 = subgroupBroadcast(mine1, 1u);
             let x2_0 = subgroupBroadcast(mine2, 1u);
@@ -5151,10 +5170,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_0, x7_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 2u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 2u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 2u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 2u);
+            let w0 = wtex(q0 + b * 256u + 2u);
+            let w1 = wtex(q0 + b * 256u + 10u);
+            let w2 = wtex(q0 + b * 256u + 18u);
+            let w3 = wtex(q0 + b * 256u + 26u);
             let x0_0 = subgroupBroadcast(mine0, 2u);
             let x1_0 = subgroupBroadcast(mine1, 2u);
             let x2_0 = subgroupBroadcast(mine2, 2u);
@@ -5201,10 +5220,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_0, x7_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 3u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 3u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 3u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 3u);
+            let w0 = wtex(q0 + b * 256u + 3u);
+            let w1 = wtex(q0 + b * 256u + 11u);
+            let w2 = wtex(q0 + b * 256u + 19u);
+            let w3 = wtex(q0 + b * 256u + 27u);
             let x0_0 = subgroupBroadcast(mine0, 3u);
             let x1_0 = subgroupBroadcast(mine1, 3u);
             let x2_0 = subgroupBroadcast(mine2, 3u);
@@ -5251,10 +5270,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_0, x7_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 4u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 4u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 4u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 4u);
+            let w0 = wtex(q0 + b * 256u + 4u);
+            let w1 = wtex(q0 + b * 256u + 12u);
+            let w2 = wtex(q0 + b * 256u + 20u);
+            let w3 = wtex(q0 + b * 256u + 28u);
             let x0_0 = subgroupBroadcast(mine0, 4u);
             let x1_0 = subgroupBroadcast(mine1, 4u);
             let x2_0 = subgroupBroadcast(mine2, 4u);
@@ -5301,10 +5320,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_0, x7_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 5u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 5u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 5u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 5u);
+            let w0 = wtex(q0 + b * 256u + 5u);
+            let w1 = wtex(q0 + b * 256u + 13u);
+            let w2 = wtex(q0 + b * 256u + 21u);
+            let w3 = wtex(q0 + b * 256u + 29u);
             let x0_0 = subgroupBroadcast(mine0, 5u);
             let x1_0 = subgroupBroadcast(mine1, 5u);
             let x2_0 = subgroupBroadcast(mine2, 5u);
@@ -5351,10 +5370,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_0, x7_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 6u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 6u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 6u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 6u);
+            let w0 = wtex(q0 + b * 256u + 6u);
+            let w1 = wtex(q0 + b * 256u + 14u);
+            let w2 = wtex(q0 + b * 256u + 22u);
+            let w3 = wtex(q0 + b * 256u + 30u);
             let x0_0 = subgroupBroadcast(mine0, 6u);
             let x1_0 = subgroupBroadcast(mine1, 6u);
             let x2_0 = subgroupBroadcast(mine2, 6u);
@@ -5401,10 +5420,10 @@ fn qmm_f32_r8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             a7_3 += dot(v3_0, x7_0);
         }
         {
-            let w0 = wtex(q0 + (0u * nb + b) * 8u + 7u);
-            let w1 = wtex(q0 + (1u * nb + b) * 8u + 7u);
-            let w2 = wtex(q0 + (2u * nb + b) * 8u + 7u);
-            let w3 = wtex(q0 + (3u * nb + b) * 8u + 7u);
+            let w0 = wtex(q0 + b * 256u + 7u);
+            let w1 = wtex(q0 + b * 256u + 15u);
+            let w2 = wtex(q0 + b * 256u + 23u);
+            let w3 = wtex(q0 + b * 256u + 31u);
             let x0_0 = subgroupBroadcast(mine0, 7u);
             let x1_0 = subgroupBroadcast(mine1, 7u);
             let x2_0 = subgroupBroadcast(mine2, 7u);

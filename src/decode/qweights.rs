@@ -5,26 +5,34 @@
 //! weights).
 //!
 //! # Layout (per matrix `[rows, cols]`, `nb = cols / 32` blocks per row)
-//! - [`KernelType::Q41`] (from Q4_1, and from Q4_0 with `m = -8 d`, exact):
-//!   `rows * nb` texels of nibbles (texel `qs_off + n*nb + b` = the 16 `qs`
-//!   bytes of block `(n, b)`), then `rows / 4 * nb` scale texels (texel
-//!   `sc_off + (n/4)*nb + b` holds `d | m << 16` (two binary16) of rows
-//!   `4(n/4) .. 4(n/4) + 3`, one per channel).
-//! - [`KernelType::Q80`] (from Q8_0): two texels per block (the 32 `i8`
-//!   codes), scale texels as Q41 with `m = 0`.
-//! - [`KernelType::F16`]: four texels per block (the 32 binary16 values);
-//!   [`KernelType::F32`]: eight (the 32 binary32 values); no scale texels.
+//! Rows go in *panels* of 32 (the last padded with zero rows): within a
+//! panel `p`, block `b` of all 32 rows is contiguous. With `T` the code
+//! texels per block of the type, row `n = 32p + j`:
+//! - code texel `h` of block `(n, b)`: `qs_off + ((p*nb + b)*32 + j)*T + h`;
+//! - scale texel of block `b` of rows `4(j/4) .. +3` of the panel:
+//!   `sc_off + (p*nb + b)*8 + j/4`, holding `d | m << 16` (two binary16) of
+//!   the four rows, one per channel.
 //!
-//! Scales in groups of four rows make one texel fetch serve the four output
-//! rows an invocation of the CPU-form kernels computes; nibbles in their own
-//! texels make each block one aligned 16-byte fetch (a GGUF Q4_1 block is 20
-//! bytes, so its `qs` never sits on a 16-byte boundary).
+//! Types: [`KernelType::Q41`] (from Q4_1, and from Q4_0 with `m = -8 d`,
+//! exact): `T = 1`, the 16 `qs` bytes; [`KernelType::Q80`] (from Q8_0):
+//! `T = 2`, the 32 `i8` codes, scales with `m = 0`; [`KernelType::F16`]:
+//! `T = 4` (binary16 values) and [`KernelType::F32`]: `T = 8`, no scales.
+//!
+//! Why: a subgroup of the CPU-form kernels (8 lanes x 4 output rows) reads
+//! block `b` of one panel, so each block step of a whole workgroup is one
+//! contiguous run of `512 T` bytes (one memory stream, where row-major
+//! matrices gave 32 strided ones); scales in groups of four rows make one
+//! fetch serve an invocation's four outputs; codes in their own texels make
+//! each block an aligned 16-byte fetch (a GGUF Q4_1 block is 20 bytes).
 
 use super::model::gguf::GgmlType;
 use super::model::quant::{self, QMatrix};
 
 /// Bytes of one texel.
 pub const TEXEL: usize = 16;
+
+/// Rows of a panel (module documentation).
+pub const PANEL: usize = 32;
 
 /// The block format a kernel reads (the `<ty>` of `qmm_<ty>_*` entry points).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,9 +83,11 @@ impl KernelType {
         matches!(self, KernelType::Q41 | KernelType::Q80)
     }
 
-    /// Texels of a `[rows, cols]` matrix (`rows % 4 == 0`, `cols % 32 == 0`).
+    /// Texels of a `[rows, cols]` matrix (`cols % 32 == 0`; rows padded to
+    /// a multiple of [`PANEL`]).
     pub fn texels(self, rows: usize, cols: usize) -> usize {
         let nb = cols / quant::BLOCK;
+        let rows = rows.next_multiple_of(PANEL);
         rows * nb * self.block_texels() + if self.has_scales() { rows / 4 * nb } else { 0 }
     }
 }
@@ -227,29 +237,43 @@ impl TexelStream {
         if qs_off + kt.texels(rows, cols) > u32::MAX as usize {
             return Err(RepackError::TooLarge);
         }
-        let all_rows = || all.iter().copied();
         let bb = quant::block_bytes(ty);
-        // Codes / values, row by row, block by block.
-        for row in all_rows() {
-            for blk in row.chunks_exact(bb) {
-                match ty {
-                    GgmlType::Q4_0 => self.words.extend((0..4).map(|i| le32(blk, 2 + 4 * i))),
-                    GgmlType::Q4_1 => self.words.extend((0..4).map(|i| le32(blk, 4 + 4 * i))),
-                    GgmlType::Q8_0 => self.words.extend((0..8).map(|i| le32(blk, 2 + 4 * i))),
-                    GgmlType::F16 => self.words.extend((0..16).map(|i| le32(blk, 4 * i))),
-                    GgmlType::F32 => self.words.extend((0..32).map(|i| le32(blk, 4 * i))),
+        let t = kt.block_texels();
+        let padded = rows.next_multiple_of(PANEL);
+        let zero = vec![0u8; bb];
+        let block = |n: usize, b: usize| -> &[u8] {
+            match all.get(n) {
+                Some(row) => &row[b * bb..(b + 1) * bb],
+                None => &zero,
+            }
+        };
+        // Codes / values, panel by panel, block by block, row by row.
+        for p in 0..padded / PANEL {
+            for b in 0..nb {
+                for j in 0..PANEL {
+                    let blk = block(p * PANEL + j, b);
+                    let words: &mut Vec<u32> = &mut self.words;
+                    match ty {
+                        GgmlType::Q4_0 => words.extend((0..4).map(|i| le32(blk, 2 + 4 * i))),
+                        GgmlType::Q4_1 => words.extend((0..4).map(|i| le32(blk, 4 + 4 * i))),
+                        GgmlType::Q8_0 => words.extend((0..8).map(|i| le32(blk, 2 + 4 * i))),
+                        GgmlType::F16 => words.extend((0..16).map(|i| le32(blk, 4 * i))),
+                        GgmlType::F32 => words.extend((0..32).map(|i| le32(blk, 4 * i))),
+                    }
                 }
             }
         }
+        debug_assert_eq!(self.texels() - qs_off, padded * nb * t);
         let sc_off = self.texels();
         if kt.has_scales() {
-            // (d, m) of every block, row-major, then grouped by four rows.
-            let dm: Vec<u32> = all_rows()
-                .flat_map(|row| row.chunks_exact(bb).map(scale_word(ty)).collect::<Vec<_>>())
-                .collect();
-            for g in 0..rows / 4 {
+            let scale = scale_word(ty);
+            for p in 0..padded / PANEL {
                 for b in 0..nb {
-                    self.words.extend((0..4).map(|r| dm[(4 * g + r) * nb + b]));
+                    for j in 0..PANEL {
+                        let n = p * PANEL + j;
+                        self.words
+                            .push(if n < rows { scale(block(n, b)) } else { 0 });
+                    }
                 }
             }
         }
@@ -288,14 +312,15 @@ mod tests {
         let w = |i: usize| s.words[i];
         let nb = t.cols as usize / 32;
         let (b, j) = (k / 32, k % 32);
+        let (p, r) = (n / PANEL, n % PANEL);
         let dm = || {
-            let v = w(4 * (t.sc_off as usize + n / 4 * nb + b) + n % 4);
+            let v = w(4 * (t.sc_off as usize + (p * nb + b) * 8 + r / 4) + r % 4);
             (
                 quant::f16_to_f32(v as u16),
                 quant::f16_to_f32((v >> 16) as u16),
             )
         };
-        let base = 4 * (t.qs_off as usize + (n * nb + b) * t.ty.block_texels());
+        let base = 4 * (t.qs_off as usize + ((p * nb + b) * PANEL + r) * t.ty.block_texels());
         match t.ty {
             KernelType::Q41 => {
                 let byte = (w(base + (j % 16) / 4) >> (8 * (j % 4))) as u8;
@@ -315,7 +340,7 @@ mod tests {
     #[test]
     fn every_format_round_trips_through_the_stream() {
         let mut rng = fastrand::Rng::with_seed(4);
-        let (rows, cols) = (8, 96);
+        let (rows, cols) = (40, 96);
         for ty in [
             GgmlType::F32,
             GgmlType::F16,
@@ -355,7 +380,9 @@ mod tests {
         let mut s = TexelStream::new();
         assert_eq!(s.push(&a), Err(RepackError::Rows { rows: 2 }));
         let t = s.push_stacked(&[a, a]).unwrap();
-        assert_eq!((t.rows, t.cols, t.qs_off, t.sc_off), (4, 32, 0, 8));
+        // 4 rows padded to a panel of 32: 64 code texels, then 8 scale texels.
+        assert_eq!((t.rows, t.cols, t.qs_off, t.sc_off), (4, 32, 0, 64));
+        assert_eq!(s.texels(), 72);
         let f = quant::quantize(GgmlType::F32, &[0.5; 64]);
         let other = QMatrix::new(GgmlType::F32, 2, 32, &f).unwrap();
         assert!(matches!(
