@@ -29,3 +29,4 @@ if [ "$(printf '%s\n1.88.0\n' "$ver" | sort -V | head -n1)" != "1.88.0" ]; then
   echo "ensure-deps: rustc $ver is too old: xtc needs >= 1.88 (edition 2024); run 'rustup update stable'" >&2
   exit 1
 fi
+"$(dirname "$0")/../scripts/fetch-model.sh"   # the GGUF model (SmolLM2-135M-Instruct Q4_1) into ${XDG_CACHE_HOME:-$HOME/.cache}/xtc/

@@ -14,10 +14,10 @@
 use std::time::Instant;
 
 use xtc::decode::model::gguf::GgmlType;
+use xtc::decode::model::ops::{Op, Variant};
+use xtc::decode::model::qops::QMatmul;
 use xtc::decode::model::quant::{self, QMatrix};
-use xtc::decode::ops::{Op, Variant};
-use xtc::decode::qops::QMatmul;
-use xtc::decode::qweights::TexelStream;
+use xtc::decode::model::qweights::TexelStream;
 use xtc::vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, Selector, StorageImage, TexelFormat,
 };

@@ -21,9 +21,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use xtc::decode::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::ops::{Matmul, Ops, Variant};
 use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
-use xtc::decode::ops::{Matmul, Ops, Variant};
 use xtc::vk::{BindingSet, Buffer, CommandPool, Device, Kernels, Location, Selector};
 
 fn wait_fd(fd: std::os::fd::BorrowedFd<'_>) {

@@ -9,16 +9,18 @@
 //! prompts still being prefilled. The device (here the toy model, whose next
 //! token is a hash of the sequence read back through its *block table*) runs
 //! the plan; members leave DONE at their output length and their blocks go
-//! back to the cache at once, so waiting requests join mid-run.
+//! back to the cache at once, so waiting requests join mid-run. One type keeps
+//! the books: the KV ledger charges, admits, grows and frees.
 //!
 //! At the end every request's tokens are checked against decoding it alone.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use xtc::decode::backend::{DecodeModel, Launch, ToyModel, toy_reference};
-use xtc::decode::kv_cache::BlockAllocator;
-use xtc::decode::seq::{self, Outcome, RequestSpec, Sequence};
+use xtc::decode::Model;
+use xtc::decode::model::backend::{ToyModel, toy_reference};
+use xtc::decode::serve::kv::KvLedger;
+use xtc::decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 
 const VOCAB: usize = 1000;
 const BLOCK_SIZE: usize = 4;
@@ -29,7 +31,7 @@ const TOKEN_BUDGET: usize = 6;
 const REQUESTS: [(usize, usize, usize); 4] = [(0, 9, 3), (0, 3, 6), (1, 5, 2), (2, 12, 4)];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut kv = BlockAllocator::new(KV_BLOCKS, BLOCK_SIZE)?;
+    let mut kv = KvLedger::new(KV_BLOCKS, BLOCK_SIZE)?;
     let mut model = ToyModel::new(VOCAB, KV_BLOCKS, BLOCK_SIZE);
     let specs: Vec<RequestSpec> = REQUESTS
         .iter()
@@ -44,7 +46,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let mut waiting: VecDeque<Sequence> = VecDeque::new();
     let mut active: Vec<Sequence> = Vec::new();
-    let mut reserved = 0u64;
     let mut finished = Vec::new();
     println!(
         "KV cache: {KV_BLOCKS} blocks x {BLOCK_SIZE} positions; token budget {TOKEN_BUDGET}\n"
@@ -53,27 +54,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // 1. arrivals: a request's charge covers its prompt and output
         for (spec, &(at, _, _)) in specs.iter().zip(&REQUESTS) {
             if at == iter {
-                let charge = kv.charge_for(spec.prompt.len(), spec.output_tokens);
+                let account = kv.account(spec.prompt.len(), spec.output_tokens);
                 println!(
-                    "iter {iter}: request {} arrives, charge {charge} blocks",
-                    spec.id
+                    "iter {iter}: request {} arrives, charge {} blocks",
+                    spec.id,
+                    account.charge()
                 );
-                waiting.push_back(Sequence::new(spec, charge, None, Instant::now()));
+                waiting.push_back(Sequence::new(spec, account, None, Instant::now()));
             }
         }
         // 2. FCFS admission while the charge fits in the cache
         while let Some(s) = waiting.front() {
-            if reserved + s.charge > KV_BLOCKS as u64 {
+            if !kv.fits(&s.kv) {
                 println!(
                     "iter {iter}: request {} waits (needs {} blocks, {} free)",
                     s.id,
-                    s.charge,
-                    KV_BLOCKS as u64 - reserved
+                    s.kv.charge(),
+                    KV_BLOCKS as u64 - kv.reserved()
                 );
                 break;
             }
-            reserved += s.charge;
-            active.push(waiting.pop_front().expect("front exists"));
+            let mut s = waiting.pop_front().expect("front exists");
+            kv.admit(&mut s.kv)?;
+            active.push(s);
         }
         if active.is_empty() && waiting.is_empty() && iter > 2 {
             break;
@@ -103,16 +106,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             shares.join("; ")
         );
         // 4. the device runs it; sampled tokens come back in plan order
-        if let Launch::Blocking(work) = model.launch(&plan)? {
-            work(); // host models hand back their compute: run it here
-        }
+        // (host models hand back their compute: wait_here runs it here)
+        model.launch(&plan)?.wait_here();
         let tokens = model.finish()?;
         let outcomes = seq::apply(&mut members, &tokens, Instant::now())?;
         // 5. DONE members leave and free their blocks
         for (mut s, o) in std::mem::take(&mut active).into_iter().zip(outcomes) {
             if o == Outcome::Done {
-                kv.free(&mut s.block_table)?;
-                reserved -= s.charge;
+                kv.free(&mut s.kv)?;
                 println!(
                     "iter {iter}: request {} DONE with {:?}; {} blocks in use",
                     s.id,

@@ -1,8 +1,10 @@
-//! `xtc decode` end to end through the command's parser (in process): the
-//! report, `--json`, `--trace-out`, `--compare`, `--cancel-rate`, `--model`,
-//! and errors for bad input (exit status 1, or 2 for usage).
+//! `xtc decode` end to end through the command's parser (in process) and the
+//! real binary: the report, `--json`, `--trace-out`, `--compare`,
+//! `--cancel-rate`, `--model`, errors for bad input (exit status 1, or 2 for
+//! usage: every range check is clap's), the memory check, and the exit
+//! statuses of runs with rejected requests.
 
-use xtc::decode::checkpoint;
+use xtc::decode::model::checkpoint;
 use xtc::decode::model::{Config, Weights};
 
 fn xtc(args: &[&str]) -> (i32, String) {
@@ -165,11 +167,12 @@ fn bad_input_is_an_error() {
         xtc(&["--device", "toy", "--model", junk.to_str().unwrap()]).0,
         1
     );
-    assert_eq!(xtc(&["--device", "toy", "--requests", "0"]).0, 1);
-    assert_eq!(xtc(&["--device", "toy", "--time-scale", "0"]).0, 1);
-    assert_eq!(xtc(&["--device", "toy", "--cancel-rate", "2"]).0, 1);
-    assert_eq!(xtc(&["--device", "toy", "--token-budget", "0"]).0, 1);
-    assert_eq!(xtc(&["--device", "toy", "--tokenizer", "/x"]).0, 1);
+    // Values out of range are usage errors (clap's value parsers).
+    assert_eq!(xtc(&["--device", "toy", "--requests", "0"]).0, 2);
+    assert_eq!(xtc(&["--device", "toy", "--time-scale", "0"]).0, 2);
+    assert_eq!(xtc(&["--device", "toy", "--cancel-rate", "2"]).0, 2);
+    assert_eq!(xtc(&["--device", "toy", "--token-budget", "0"]).0, 2);
+    assert_eq!(xtc(&["--device", "toy", "--tokenizer", "/x"]).0, 2);
     assert_eq!(xtc(&["--device", "no-such-gpu-name"]).0, 1);
     assert_eq!(xtc(&["--requests", "many"]).0, 2);
 }
@@ -207,8 +210,11 @@ fn zero_sizes_are_refused_up_front_naming_the_option() {
         "--max-active",
     ] {
         let (code, _, err) = xtc_bin(&["--device", "toy", opt, "0"]);
-        assert_eq!(code, 1, "{opt}: {err}");
-        assert!(err.contains(&format!("{opt} must be at least 1")), "{err}");
+        assert_eq!(code, 2, "{opt}: {err}");
+        assert!(
+            err.contains(&format!("invalid value '0' for '{opt} <N>': must be")),
+            "{err}"
+        );
         assert!(
             !err.contains(BANNER),
             "{opt}: banner before the error:\n{err}"
@@ -219,8 +225,11 @@ fn zero_sizes_are_refused_up_front_naming_the_option() {
 #[test]
 fn absurd_kv_cache_names_the_option_it_came_from() {
     let (code, _, err) = xtc_bin(&["--device", "toy", "--kv-blocks", "100000000000000000"]);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("from --kv-blocks"), "{err}");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("'--kv-blocks <N>': must be from 1 to 4294967295"),
+        "{err}"
+    );
     // 1000 requests' worth of blocks of 10^15 positions: no machine holds it.
     let (code, _, err) = xtc_bin(&[
         "--device",
@@ -233,9 +242,9 @@ fn absurd_kv_cache_names_the_option_it_came_from() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("derived from --max-active 1000"), "{err}");
     let (code, _, err) = xtc_bin(&["--device", "toy", "--max-active", "100000000000000000"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("--max-active 100000000000000000 is more than"),
+        err.contains("'--max-active <N>': must be from 1 to 1048576"),
         "{err}"
     );
     assert!(!err.contains(BANNER), "{err}");
@@ -244,15 +253,17 @@ fn absurd_kv_cache_names_the_option_it_came_from() {
 #[test]
 fn negative_numbers_reach_the_range_checks() {
     let (code, _, err) = xtc_bin(&["--device", "toy", "--time-scale", "-1"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("--time-scale must be a positive number, not -1"),
+        err.contains(
+            "invalid value '-1' for '--time-scale <X>': must be a finite number greater than 0"
+        ),
         "{err}"
     );
     let (code, _, err) = xtc_bin(&["--device", "toy", "--cancel-rate", "-0.1"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("--cancel-rate must be in 0..=1, not -0.1"),
+        err.contains("invalid value '-0.1' for '--cancel-rate <P>': must be a number from 0 to 1"),
         "{err}"
     );
 }
@@ -382,18 +393,12 @@ fn a_failed_run_leaves_an_existing_trace_out_file_alone() {
     );
 }
 
-/// `--kv-blocks` beyond the 32-bit block ids is refused up front naming the
-/// option: before the fix the toy model first allocated one slot per
-/// position (16 GiB for 2^32 blocks of 1 position, which passed the host
-/// memory check) and only then failed with "invalid KV cache shape". The
-/// child runs under a 4 GiB address-space limit so the old behaviour fails
-/// (allocation abort) instead of exhausting this machine.
-#[test]
-fn kv_blocks_beyond_block_ids_are_refused_up_front() {
+/// `xtc decode ARGS` under a 4 GiB address-space limit, so a run that
+/// allocates more fails (allocation abort) instead of exhausting this machine.
+fn xtc_bin_4gib(args: &[&str]) -> std::process::Output {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"));
-    cmd.args(["decode", "--device", "toy", "--requests", "2"])
-        .args(["--kv-blocks", "4294967296", "--block-size", "1"]);
+    cmd.arg("decode").args(args);
     // SAFETY: the closure runs in the forked child before exec and only
     // calls setrlimit(2), which is async-signal-safe.
     unsafe {
@@ -406,12 +411,406 @@ fn kv_blocks_beyond_block_ids_are_refused_up_front() {
             Ok(())
         });
     }
-    let o = cmd.output().unwrap();
+    cmd.output().unwrap()
+}
+
+/// `--kv-blocks` beyond the 32-bit block ids is refused up front naming the
+/// option: before the fix the toy model first allocated one slot per
+/// position (16 GiB for 2^32 blocks of 1 position, which passed the host
+/// memory check) and only then failed with "invalid KV cache shape". Now
+/// clap's range refuses it (usage, exit 2) before anything is allocated.
+#[test]
+fn kv_blocks_beyond_block_ids_are_refused_up_front() {
+    let o = xtc_bin_4gib(&[
+        "--device",
+        "toy",
+        "--requests",
+        "2",
+        "--kv-blocks",
+        "4294967296",
+        "--block-size",
+        "1",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("4294967295 blocks") && err.contains("from --kv-blocks"),
+        err.contains("'--kv-blocks <N>': must be from 1 to 4294967295"),
         "{err}"
     );
     assert!(!err.contains(BANNER), "{err}");
+}
+
+/// Issue 12: `--kv-blocks 4294967295 --block-size 1` on the toy model passed
+/// the memory check (it counted only the toy's 16 GiB of slots, against
+/// `MemTotal`) and the kernel then killed the run (exit 137, no message):
+/// the block allocator's free list and flags are 20 GiB more. The check now
+/// counts every part that scales with the options against what the process
+/// can get (here the 4 GiB address-space limit, so the test holds on any
+/// machine; the old binary aborts on the first allocation instead).
+#[test]
+fn memory_check_counts_the_block_allocator_and_the_toy_slots() {
+    let o = xtc_bin_4gib(&[
+        "--device",
+        "toy",
+        "--requests",
+        "3",
+        "--kv-blocks",
+        "4294967295",
+        "--block-size",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the run needs about 36.0 GiB of host memory"),
+        "{err}"
+    );
+    assert!(
+        err.contains("block allocator 20.0 GiB") && err.contains("KV cache 16.0 GiB"),
+        "{err}"
+    );
+    assert!(err.contains("address-space limit"), "{err}");
+    assert!(err.contains("from --kv-blocks"), "{err}");
+    assert!(!err.contains(BANNER), "{err}");
+    assert!(o.stdout.is_empty());
+}
+
+/// A trace of `rows` two-token requests, one every `gap` seconds.
+fn spaced_trace(dir: &std::path::Path, rows: usize, gap: u64) -> std::path::PathBuf {
+    let mut csv = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
+    for i in 0..rows as u64 {
+        csv += &format!("{},3,2\n", i * gap);
+    }
+    let p = dir.join(format!("trace-{rows}x{gap}.csv"));
+    std::fs::write(&p, csv).unwrap();
+    p
+}
+
+/// Files in `dir` (names), sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Starts `xtc decode ARGS`, reads stderr until the banner (the run is about
+/// to start), sends SIGINT and returns the exit status and stderr so far.
+fn interrupt_after_banner(args: &[&str]) -> (std::process::ExitStatus, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .arg("decode")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        err += &line;
+        err.push('\n');
+        if line.contains(BANNER) {
+            let pid = rustix::process::Pid::from_child(&child);
+            rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    (status, err)
+}
+
+/// Issue 12: `--trace-out new.json` left a 0-byte `new.json` when the run
+/// failed after the path check (here: no such device). Now the trace goes
+/// to a temporary file that is renamed only after a successful run, and the
+/// up-front probe leaves nothing behind.
+#[test]
+fn a_failed_run_leaves_no_trace_out_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("new.json");
+    let (code, _, err) = xtc_bin(&[
+        "--device",
+        "no-such-gpu-name",
+        "--trace-out",
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(!p.exists(), "a failed run left {}", p.display());
+    assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
+}
+
+/// Issue 12: an interrupted run (Ctrl-C during the replay) left a 0-byte
+/// `--trace-out` file; now it leaves no file at all.
+#[test]
+fn an_interrupted_run_leaves_no_trace_out_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // The second request arrives 1000 s after the first: the run is still
+    // waiting for it when interrupted.
+    let t = spaced_trace(dir.path(), 2, 1000);
+    let p = dir.path().join("new.json");
+    let (status, err) = interrupt_after_banner(&[
+        "--device",
+        "toy",
+        "--time-scale",
+        "1",
+        "--trace",
+        t.to_str().unwrap(),
+        "--trace-out",
+        p.to_str().unwrap(),
+    ]);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains(BANNER), "{err}");
+    assert!(!p.exists(), "an interrupted run left {}", p.display());
+    assert_eq!(listing(dir.path()), ["trace-2x1000.csv"]);
+}
+
+/// A successful run replaces an existing `--trace-out` file in one rename:
+/// its permission bits are kept, and a symlink stays a symlink (the file it
+/// points to gets the trace).
+#[test]
+fn trace_out_replaces_the_file_after_the_run_keeping_mode_and_links() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real.json");
+    std::fs::write(&real, "previous trace").unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link = dir.path().join("link.json");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let (code, _, err) = xtc_bin(
+        &[
+            &FAST[..],
+            &["--requests", "3", "--trace-out", link.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&real).unwrap()).unwrap();
+    assert!(v["traceEvents"].is_array());
+    let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    assert_eq!(listing(dir.path()), ["link.json", "real.json"]);
+}
+
+#[test]
+fn a_directory_as_trace_out_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (code, _, err) = xtc_bin(&[&FAST[..], &["--requests", "2", "--trace-out", d]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is a directory"), "{err}");
+    assert!(!err.contains(BANNER), "{err}");
+}
+
+/// Issue 12: a 4-row `--trace` without `--requests` warned "--requests 512
+/// but the trace has only 4 rows"; the default now replays every row of a
+/// shorter trace silently.
+#[test]
+fn a_short_trace_without_requests_replays_every_row_without_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = spaced_trace(dir.path(), 4, 1);
+    let (code, out, err) = xtc_bin(&[&FAST[..], &["--trace", t.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    assert!(out.contains("requests        4 (4 done"), "{out}");
+}
+
+/// Issue 12: `--device ''` silently selected device 0 (the Vulkan layer reads
+/// an empty selector as `auto`); it is now a usage error.
+#[test]
+fn an_empty_device_is_a_usage_error() {
+    for dev in ["", "  "] {
+        let (code, out, err) = xtc_bin(&["--device", dev, "--requests", "1"]);
+        assert_eq!(code, 2, "{dev:?}: {err}");
+        assert!(
+            err.contains("'--device <DEV>': must name a device"),
+            "{err}"
+        );
+        assert!(out.is_empty() && !err.contains(BANNER), "{err}");
+    }
+}
+
+/// Issue 12: a run with rejected requests exited 0 and printed one line per
+/// rejected request (1,383 in one run). Now one line per reason, and exit
+/// status 3 with a line on stderr saying why.
+#[test]
+fn rejections_are_counted_per_reason_and_exit_3() {
+    let args = [
+        &FAST[..],
+        &["--requests", "40", "--kv-blocks", "2", "--block-size", "1"],
+    ]
+    .concat();
+    let (code, out, err) = xtc_bin(&args);
+    assert_eq!(code, 3, "{err}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("rejected")).collect();
+    assert_eq!(lines.len(), 2, "{out}"); // the request counts, one summary
+    assert!(lines[0].contains("40 rejected"), "{out}");
+    assert!(
+        lines[1].contains("40 requests rejected: need up to")
+            && lines[1].contains("but the cache has 2")
+            && lines[1].contains("and 35 more"),
+        "{out}"
+    );
+    assert!(err.contains("40 of 40 requests rejected"), "{err}");
+    assert!(err.contains("exit status 3"), "{err}");
+    let (code, out, _) = xtc_bin(&[&args[..], &["--json"]].concat());
+    assert_eq!(code, 3);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let r = v["rejections"].as_array().unwrap();
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0]["reason"], "kv-blocks");
+    assert_eq!(r[0]["count"], 40);
+    assert_eq!(r[0]["limit"], 2);
+    assert_eq!(r[0]["ids"].as_array().unwrap().len(), 40);
+    // --compare: the worst of the three runs.
+    let (code, _, _) = xtc_bin(&[&args[..], &["--compare"]].concat());
+    assert_eq!(code, 3);
+    // Every request fits: 0.
+    let (code, _, err) = xtc_bin(&[&FAST[..], &["--requests", "5"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("exit status"), "{err}");
+}
+
+/// Issue 12: range checks were split between clap (exit 2) and the command
+/// (exit 1, another style); now every single-option range is a clap value
+/// parser: exit 2, "invalid value 'V' for '--OPT <N>': must be ...".
+/// `--time-scale inf` said "must be positive"; it now says finite.
+#[test]
+fn range_errors_are_usage_errors_in_one_style() {
+    for (opt, v) in [
+        ("--requests", "0"),
+        ("--requests", "x"),
+        ("--time-scale", "0"),
+        ("--time-scale", "inf"),
+        ("--time-scale", "NaN"),
+        ("--cancel-rate", "1.5"),
+        ("--max-active", "1048577"),
+        ("--kv-blocks", "0"),
+        ("--block-size", "-3"),
+        ("--token-budget", "0"),
+        ("--prompt-div", "0"),
+        ("--output-div", "0"),
+    ] {
+        let (code, out, err) = xtc_bin(&["--device", "toy", opt, v]);
+        assert_eq!(code, 2, "{opt} {v}: {err}");
+        assert!(
+            err.starts_with(&format!("error: invalid value '{v}' for '{opt} <")),
+            "{opt} {v}: {err}"
+        );
+        assert!(err.contains("': must be"), "{err}");
+        assert!(out.is_empty() && !err.contains(BANNER), "{err}");
+    }
+    let (_, _, err) = xtc_bin(&["--device", "toy", "--time-scale", "inf"]);
+    assert!(
+        err.contains("must be a finite number greater than 0") && !err.contains("positive"),
+        "{err}"
+    );
+}
+
+/// Issue 12: `--time-scale 1e-9` accepted a replay of 136 years. A replay
+/// longer than a day is refused (exit 1, naming the option and the way out)
+/// unless `--allow-long-replay` is given.
+#[test]
+fn replays_longer_than_a_day_need_allow_long_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = spaced_trace(dir.path(), 2, 5);
+    let t = t.to_str().unwrap();
+    let base = ["--device", "toy", "--trace", t, "--time-scale", "1e-9"];
+    let (code, out, err) = xtc_bin(&base);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--time-scale 1e-9") && err.contains("longer than a day"),
+        "{err}"
+    );
+    assert!(err.contains("about 158 years"), "{err}");
+    assert!(err.contains("--allow-long-replay"), "{err}");
+    assert!(out.is_empty() && !err.contains(BANNER), "{err}");
+    // Asked for: the run starts (and is interrupted while it waits).
+    let (status, err) = interrupt_after_banner(&[&base[..], &["--allow-long-replay"]].concat());
+    assert!(err.contains(BANNER), "{err}");
+    assert!(!status.success());
+    // One row arrives at 0 whatever the scale: runs.
+    let (code, _, err) = xtc_bin(&[
+        "--device",
+        "toy",
+        "--trace",
+        t,
+        "--time-scale",
+        "1e-9",
+        "--requests",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn help_lists_the_exit_statuses() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .args(["decode", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(o.stdout).unwrap();
+    assert!(help.contains("Exit status:"), "{help}");
+    for line in [
+        "  0  every request",
+        "  1  error",
+        "  2  usage error",
+        "  3  the run finished but some requests were rejected",
+        "  4  the run finished but some requests failed",
+        "  5  KV-cache blocks were still allocated",
+    ] {
+        assert!(help.contains(line), "missing {line:?} in\n{help}");
+    }
+    assert!(help.contains("--allow-long-replay"), "{help}");
+}
+
+/// Issue 12: after the README's test command, `target/release/xtc` was the
+/// build without `sched-policy` (the no-default-features suite overwrote
+/// it). That suite now builds in `target/nosys`, and the README and
+/// `.ci/run` run the same command.
+#[test]
+fn the_nosys_suite_builds_apart_and_readme_matches_ci() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let ci = std::fs::read_to_string(format!("{root}/.ci/run")).unwrap();
+    let test = std::fs::read_to_string(format!("{root}/.ci/test")).unwrap();
+    let readme_cmd = readme
+        .lines()
+        .find_map(|l| l.strip_suffix("# the tests"))
+        .expect("the README's test command")
+        .trim();
+    let ci_cmd = ci
+        .lines()
+        .find(|l| l.starts_with(".ci/ensure-deps.sh"))
+        .expect("the command of .ci/run")
+        .trim();
+    assert_eq!(readme_cmd, ci_cmd);
+    assert_eq!(ci_cmd, ".ci/ensure-deps.sh && .ci/test");
+    // The suites of .ci/test: one command a line, comments aside.
+    let suites: Vec<&str> = test
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    for s in suites.iter().filter(|s| s.contains("cargo test")) {
+        let own_dir = s.contains("CARGO_TARGET_DIR=");
+        let default_build = s == &"cargo test --release";
+        assert!(
+            own_dir || default_build,
+            "{s:?} would overwrite target/release"
+        );
+    }
+    let nosys = suites
+        .iter()
+        .find(|s| s.contains("--no-default-features"))
+        .unwrap();
+    assert!(
+        nosys.starts_with("CARGO_TARGET_DIR=target/nosys "),
+        "{nosys}"
+    );
+    assert!(nosys.contains("--test decode_nosys"), "{nosys}");
 }

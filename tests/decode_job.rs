@@ -4,10 +4,13 @@
 
 use std::time::Duration;
 
-use xtc::decode::backend::{ToyModel, toy_reference};
-use xtc::decode::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
-use xtc::decode::report::Report;
-use xtc::decode::seq::RequestSpec;
+use xtc::decode::model::backend::{ToyModel, toy_reference};
+use xtc::decode::serve::report::Report;
+use xtc::decode::serve::seq::RequestSpec;
+use xtc::decode::serve::{
+    self,
+    job::{self, JobOpts, Mode, RunOutput, Status, Workload},
+};
 
 const VOCAB: usize = 97;
 
@@ -36,7 +39,7 @@ fn opts(mode: Mode) -> JobOpts {
 
 fn run(wl: &Workload, o: &JobOpts) -> RunOutput {
     let m = job::shared(ToyModel::new(VOCAB, o.kv_blocks, o.block_size));
-    job::run(&m, wl, o, Box::new(|_| {})).unwrap()
+    serve::run(&m, wl, o, Box::new(|_| {})).unwrap()
 }
 
 /// Staggered arrivals and mixed lengths: members join while others decode.
@@ -173,7 +176,7 @@ fn bad_options_are_errors() {
     let mut o = opts(Mode::Continuous);
     o.token_budget = 0;
     let m = job::shared(ToyModel::new(VOCAB, 24, 4));
-    let e = job::run(&m, &wl, &o, Box::new(|_| {})).unwrap_err();
+    let e = serve::run(&m, &wl, &o, Box::new(|_| {})).unwrap_err();
     assert!(e.to_string().contains("--token-budget"), "{e}");
 }
 
@@ -183,7 +186,7 @@ fn local_driver_agrees_with_the_group_driver() {
     for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
         let o = opts(mode);
         let mut m = ToyModel::new(VOCAB, o.kv_blocks, o.block_size);
-        let out = xtc::decode::local::run(&mut m, &wl, &o, &mut |_| {}).unwrap();
+        let out = xtc::decode::serve::local::run(&mut m, &wl, &o, &mut |_| {}).unwrap();
         assert_matches_reference(&wl, &out);
         let mut a: Vec<_> = out
             .finished

@@ -8,11 +8,15 @@ use std::time::Duration;
 
 mod vk_support;
 
-use xtc::decode::backend::{CpuModel, DecodeModel, VulkanModel, reference_greedy};
-use xtc::decode::checkpoint;
-use xtc::decode::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
+use xtc::decode::Model;
+use xtc::decode::model::backend::{CpuModel, VulkanModel, reference_greedy};
+use xtc::decode::model::checkpoint;
 use xtc::decode::model::{Config, KvGeometry, Weights};
-use xtc::decode::seq::RequestSpec;
+use xtc::decode::serve::seq::RequestSpec;
+use xtc::decode::serve::{
+    self,
+    job::{self, JobOpts, Mode, RunOutput, Status, Workload},
+};
 
 const SMALL: Config = Config {
     dim: 32,
@@ -97,8 +101,8 @@ fn check(w: &Weights, wl: &Workload, out: &RunOutput) {
     );
 }
 
-fn run(model: impl DecodeModel + 'static, o: &JobOpts) -> RunOutput {
-    job::run(&job::shared(model), &workload(), o, Box::new(|_| {})).unwrap()
+fn run(model: impl Model + 'static, o: &JobOpts) -> RunOutput {
+    serve::run(&job::shared(model), &workload(), o, Box::new(|_| {})).unwrap()
 }
 
 #[test]
@@ -140,12 +144,12 @@ fn vulkan_model_batched_equals_cpu_reference_alone() {
 /// they end cancelled having run at most one more iteration (their blocks
 /// were freed then: nothing leaks), with a prefix of their reference tokens;
 /// the others are untouched.
-fn check_cancelled(w: &Weights, model: impl DecodeModel + 'static) {
+fn check_cancelled(w: &Weights, model: impl Model + 'static) {
     let mut wl = workload();
     wl.requests[1].cancel_after = Some(2);
     wl.requests[3].cancel_after = Some(0);
     let o = opts(Mode::Continuous);
-    let out = job::run(&job::shared(model), &wl, &o, Box::new(|_| {})).unwrap();
+    let out = serve::run(&job::shared(model), &wl, &o, Box::new(|_| {})).unwrap();
     assert_eq!(out.kv_leaked, 0);
     for f in &out.finished {
         let r = &wl.requests[f.seq.id];

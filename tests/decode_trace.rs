@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use xtc::decode::job;
-use xtc::decode::trace::{self, Scaling, TraceError};
+use xtc::decode::serve::job;
+use xtc::decode::serve::trace::{self, Scaling, TraceError};
 
 const HEADER: &str = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
 

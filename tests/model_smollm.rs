@@ -80,3 +80,93 @@ fn greedy_answer_is_paris() {
         "The capital of France is Paris."
     );
 }
+
+/// decode(encode(text)) == text over ASCII, UTF-8 of 2, 3 and 4 bytes,
+/// whitespace runs, digits, and (with specials parsed) the special tokens.
+#[test]
+fn encode_decode_round_trips() {
+    let Some((_, t)) = model_support::model() else {
+        return;
+    };
+    let ascii: String = (0x20u8..0x7f).map(char::from).collect();
+    let texts = [
+        ascii.as_str(),
+        "Hello, world! It's 2024; isn't it?",
+        "  leading spaces,\ttabs\tand\n\nnew lines   \n",
+        "naïve café, Ünïcödé — «quotes» … 東京タワー 서울 🚀🦀 𝔘𝔫𝔦",
+        "π ≈ 3.14159, e^iπ + 1 = 0, ½ ⅓ ², ٣ ४",
+        "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n",
+        "",
+    ];
+    for text in texts {
+        let ids = t.encode(text);
+        assert_eq!(t.decode(&ids), text, "ids {ids:?}");
+        assert!(ids.iter().all(|&i| (i as usize) < t.vocab_size()));
+    }
+    let special = "<|im_start|>system\nBe brief.<|im_end|>\n<|endoftext|><|im_start|>user\nhi";
+    let ids = t.encode_with_specials(special);
+    assert_eq!(t.decode(&ids), special);
+    assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 2);
+    assert!(ids.contains(&0) && ids.contains(&2));
+    // Without parsing, the same text is plain characters.
+    let plain = t.encode(special);
+    assert!(!plain.contains(&1) && !plain.contains(&2));
+    assert_eq!(t.decode(&plain), special);
+}
+
+#[test]
+fn numerals_split_one_by_one_and_uncovered_bytes_drop() {
+    let Some((_, t)) = model_support::model() else {
+        return;
+    };
+    let digits = t.encode("2024");
+    assert_eq!(digits.len(), 4);
+    assert_eq!(t.decode(&digits[..1]), "2");
+    // SmolLM2's vocabulary has no token for 21 bytes, 0x04 among them.
+    let missing = t.uncovered_bytes();
+    assert_eq!(missing.len(), 21);
+    assert!(missing.contains(&0x04) && missing.contains(&0xff));
+    assert_eq!(t.uncovered_in("a\u{4}b"), [0x04]);
+    assert_eq!(t.decode(&t.encode("a\u{4}b")), "ab");
+}
+
+/// Two prompts in one forward pass give the bits of each alone (the
+/// oracle's contract for batched kernels).
+#[test]
+fn a_batch_of_prompts_matches_each_alone() {
+    use xtc::decode::model::llama::{Chunk, Logits};
+    let Some((m, t)) = model_support::model() else {
+        return;
+    };
+    let a = chat::user_prompt(t, "Name a colour.").unwrap();
+    let b = chat::user_prompt(t, "What is 2 + 2?").unwrap();
+    let alone = |p: &[u32]| {
+        let mut s = m.new_sequence();
+        m.forward(&mut [Chunk {
+            seq: &mut s,
+            tokens: p,
+            logits: Logits::Last,
+        }])
+        .unwrap()
+        .remove(0)
+    };
+    let (la, lb) = (alone(&a), alone(&b));
+    let (mut sa, mut sb) = (m.new_sequence(), m.new_sequence());
+    let both = m
+        .forward(&mut [
+            Chunk {
+                seq: &mut sa,
+                tokens: &a,
+                logits: Logits::Last,
+            },
+            Chunk {
+                seq: &mut sb,
+                tokens: &b,
+                logits: Logits::Last,
+            },
+        ])
+        .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&both[0]), bits(&la));
+    assert_eq!(bits(&both[1]), bits(&lb));
+}

@@ -1,5 +1,5 @@
-//! `decode::gpu::GpuModel` on lavapipe against the CPU reference
-//! (`decode::reference`): greedy tokens, teacher-forced logits at every step,
+//! `decode::model::gpu::GpuModel` on lavapipe against the CPU reference
+//! (`decode::model::reference`): greedy tokens, teacher-forced logits at every step,
 //! and members joining/leaving the ready vector without disturbing others.
 //!
 //! Tolerance: logits (magnitude up to ~8 for the synthetic model) agree within
@@ -8,10 +8,10 @@
 
 mod vk_support;
 
-use xtc::decode::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::ops::Variant;
+use xtc::decode::model::reference::{self, CpuKvCache};
 use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
-use xtc::decode::ops::Variant;
-use xtc::decode::reference::{self, CpuKvCache};
 use xtc::vk::Device;
 
 const TOL: f32 = 1e-4;
@@ -43,12 +43,10 @@ fn seq(tokens: Vec<u32>, start_pos: usize, first_block: u32, sample: bool) -> Se
 /// The GPU's greedy token is the reference's, or the two are a near-tie in the
 /// reference logits.
 fn assert_greedy_agrees(gpu_tok: u32, ref_logits: &[f32]) {
-    let want = reference::argmax(ref_logits);
-    let gap = ref_logits[want as usize] - ref_logits[gpu_tok as usize];
-    assert!(
-        gpu_tok == want || gap <= TOL,
-        "gpu token {gpu_tok} vs reference {want} (gap {gap})"
-    );
+    if let Err(gap) = reference::greedy_agrees(gpu_tok, ref_logits, TOL) {
+        let want = reference::argmax(ref_logits);
+        panic!("gpu token {gpu_tok} vs reference {want} (gap {gap})");
+    }
 }
 
 /// Runs `plan` on both and checks logits and tokens; returns the GPU tokens.

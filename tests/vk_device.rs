@@ -147,8 +147,8 @@ fn thread_safety_of_public_types() {
     send_sync::<vk::Kernels>();
     send_sync::<vk::Buffer>();
     send::<vk::CommandPool>();
-    send::<xtc::decode::gpu::GpuModel>();
-    send::<xtc::decode::gpu::InFlight>();
+    send::<xtc::decode::model::gpu::GpuModel>();
+    send::<xtc::decode::model::gpu::InFlight>();
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Every decode kernel on lavapipe against the CPU reference
-//! (`decode::reference`), over several shapes including odd sizes, and a
+//! (`decode::model::reference`), over several shapes including odd sizes, and a
 //! ready vector that mixes prefill chunks with single decode tokens of
 //! different sequence lengths (KV append + attention over the paged cache).
 //!
@@ -12,11 +12,11 @@
 mod vk_support;
 
 use vk_support::{Rig, max_abs_diff, rand_vec};
-use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
-use xtc::decode::ops::{
+use xtc::decode::model::ops::{
     Argmax, Attention, Embed, KvAppend, Matmul, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use xtc::decode::reference::{self, CpuKvCache, EPS};
+use xtc::decode::model::reference::{self, CpuKvCache, EPS};
+use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
 
 const TOL: f32 = 1e-4;
 

@@ -8,9 +8,9 @@
 mod vk_support;
 
 use xtc::Error;
-use xtc::decode::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::gpu::{GpuModel, GpuOptions};
+use xtc::decode::model::ops::{KvImage, Variant};
 use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
-use xtc::decode::ops::{KvImage, Variant};
 
 const GEO: KvGeometry = KvGeometry {
     block_size: 8,

@@ -11,9 +11,9 @@ mod vk_support;
 use xtc::decode::model::gguf::{GgmlType, Gguf};
 use xtc::decode::model::gpu_llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use xtc::decode::model::llama::{Chunk, Llama, Logits, Sequence, gguf_from_weights};
+use xtc::decode::model::ops::Variant;
 use xtc::decode::model::sampling::argmax;
 use xtc::decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights, chat};
-use xtc::decode::ops::Variant;
 
 const BLOCK: usize = 16;
 /// KV blocks per member (positions 0..BLOCKS_PER * BLOCK).
@@ -384,4 +384,4 @@ fn bad_plans_and_options_are_refused() {
     assert_eq!(gpu.finish(new).unwrap().len(), 1);
 }
 
-type InFlightAlias = xtc::decode::gpu::InFlight;
+type InFlightAlias = xtc::decode::model::gpu::InFlight;

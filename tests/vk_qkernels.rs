@@ -7,14 +7,14 @@
 mod vk_support;
 
 use xtc::decode::model::gguf::GgmlType;
-use xtc::decode::model::quant::{self, QMatrix};
-use xtc::decode::model::sampling::argmax;
-use xtc::decode::ops::{Ops, Rope, Variant};
-use xtc::decode::qops::{
+use xtc::decode::model::ops::{Ops, Rope, Variant};
+use xtc::decode::model::qops::{
     ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, reference_embed, reference_glu,
     reference_matmul, reference_norm_matmul, reference_rope, rope_table,
 };
-use xtc::decode::qweights::{QTensor, TexelStream};
+use xtc::decode::model::quant::{self, QMatrix};
+use xtc::decode::model::qweights::{QTensor, TexelStream};
+use xtc::decode::model::sampling::argmax;
 use xtc::vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage, TexelFormat,
 };

@@ -12,8 +12,8 @@
 mod vk_support;
 
 use vk_support::{Rig, max_abs_diff, rand_vec};
-use xtc::decode::ops::{Matmul, Op, Variant, Windowed};
-use xtc::decode::reference;
+use xtc::decode::model::ops::{Matmul, Op, Variant, Windowed};
+use xtc::decode::model::reference;
 use xtc::vk::{VkError, WINDOW_BYTES, WINDOWS, Window};
 
 const TOL: f32 = 1e-4;
@@ -266,8 +266,8 @@ fn dispatch_windowed_refuses_bad_offsets() {
 /// list (the LM head's gather) keeps the storage form.
 #[test]
 fn windowed_rmsnorm_chunks_rows_and_matches_the_reference() {
-    use xtc::decode::ops::RmsNorm;
-    use xtc::decode::reference::EPS;
+    use xtc::decode::model::ops::RmsNorm;
+    use xtc::decode::model::reference::EPS;
     let Some(dev) = vk_support::device() else {
         return;
     };

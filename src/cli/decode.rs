@@ -6,18 +6,19 @@
 //! on the default device; prints the report. See `xtc decode --help`.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::decode::backend::{CpuModel, ToyModel, VulkanModel};
-use crate::decode::checkpoint;
-use crate::decode::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
+use crate::decode::model::backend::{CpuModel, ToyModel, VulkanModel};
+use crate::decode::model::checkpoint;
+use crate::decode::model::tokenizer::{self, Tokenizer};
 use crate::decode::model::{Config, KvGeometry, Weights};
-use crate::decode::report::{Comparison, Report, chrome_trace};
-use crate::decode::tokenizer::{self, Tokenizer};
-use crate::decode::trace::{self, Scaling, Trace};
+use crate::decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
+use crate::decode::serve::kv::KvLedger;
+use crate::decode::serve::report::{Comparison, Report, chrome_trace};
+use crate::decode::serve::trace::{self, Scaling, Trace};
 use crate::vk;
 
 /// Default speed-up of the trace's arrival clock.
@@ -41,14 +42,51 @@ pub const CPU_SCALING: Scaling = Scaling {
     max_output: 128,
 };
 
+/// Exit status: the run finished and every request was done or cancelled.
+pub const EXIT_OK: i32 = 0;
+/// Exit status: the run could not start or complete (a bad trace or model
+/// file, no device, too little memory, a `--trace-out` that cannot be
+/// written, an engine or device failure). Comes before the codes below.
+pub const EXIT_ERROR: i32 = 1;
+/// Exit status: usage error (an unknown option, a value out of its range);
+/// nothing ran.
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status: the run finished, but some requests were rejected (they could
+/// never fit the KV cache or the model's `seq_len`).
+pub const EXIT_REJECTED: i32 = 3;
+/// Exit status: the run finished, but some requests failed.
+pub const EXIT_FAILED: i32 = 4;
+/// Exit status: KV-cache blocks were still allocated after the run (a leak:
+/// a bug in xtc).
+pub const EXIT_LEAK: i32 = 5;
+
+/// The exit-status section of `xtc decode --help` (also in the README).
+pub const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  every request was done or cancelled
+  1  error: the run could not start or complete (bad trace or model file, no
+     device, too little memory, --trace-out not writable, device failure)
+  2  usage error: unknown option or a value out of range (nothing ran)
+  3  the run finished but some requests were rejected (never fit the KV cache
+     or the model's seq_len; the report counts them per reason)
+  4  the run finished but some requests failed
+  5  KV-cache blocks were still allocated after the run (a leak: a bug)
+1 comes first; otherwise the largest of 3-5 that applies (with --compare,
+over the three runs).";
+
+/// Longest replay (last arrival after the first) run without
+/// `--allow-long-replay`: one day.
+pub const MAX_REPLAY: Duration = Duration::from_secs(24 * 3600);
+
 /// Arguments of `xtc decode`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = EXIT_STATUS_HELP)]
 pub struct DecodeArgs {
     /// llama2.c checkpoint to run instead of the synthetic model.
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// llama2.c tokenizer.bin: print sample outputs as text.
-    #[arg(long, value_name = "PATH")]
+    /// llama2.c tokenizer.bin: print sample outputs as text (needs --model).
+    #[arg(long, value_name = "PATH", requires = "model")]
     pub tokenizer: Option<PathBuf>,
     /// Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) instead of the embedded Azure slice.
     /// TIMESTAMP is `YYYY-MM-DD HH:MM:SS[.f]` (optionally with a `+00:00`/`Z`
@@ -56,26 +94,68 @@ pub struct DecodeArgs {
     /// an error naming its line).
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
-    /// Requests to replay (the trace's first rows; a warning if the trace has fewer).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_REQUESTS)]
-    pub requests: usize,
-    /// Speed-up of the arrival clock (2 replays twice as fast).
-    #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE, allow_negative_numbers = true)]
+    /// Requests to replay: the trace's first N rows, N >= 1 (default: 512, or
+    /// every row of a shorter trace; a warning if N is more than the trace has).
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = count(1, usize::MAX),
+    )]
+    pub requests: Option<usize>,
+    /// Speed-up of the arrival clock, a finite number > 0 (2 replays twice as
+    /// fast; replays longer than a day need --allow-long-replay).
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = DEFAULT_TIME_SCALE,
+        allow_negative_numbers = true,
+        value_parser = time_scale,
+    )]
     pub time_scale: f64,
+    /// Run a replay whose arrivals span more than a day (a small --time-scale
+    /// on a long trace); refused otherwise, as it is almost always a typo.
+    #[arg(long)]
+    pub allow_long_replay: bool,
     /// Members in the ready vector at most (1 to 1048576).
-    #[arg(long, value_name = "N", default_value_t = 32)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 32,
+        allow_negative_numbers = true,
+        value_parser = count(1, MAX_ACTIVE_LIMIT),
+    )]
     pub max_active: usize,
-    /// Blocks in the KV cache, at most 4294967295 (default: enough for max-active requests of the longest scaled length).
-    #[arg(long, value_name = "N")]
+    /// Blocks in the KV cache, 1 to 4294967295 (default: enough for max-active
+    /// requests of the longest scaled length). The run is refused up front if
+    /// the cache and its bookkeeping do not fit in the memory available.
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = count(1, u32::MAX as usize),
+    )]
     pub kv_blocks: Option<usize>,
-    /// Positions per KV block.
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    /// Positions per KV block (>= 1).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 16,
+        allow_negative_numbers = true,
+        value_parser = count(1, usize::MAX),
+    )]
     pub block_size: usize,
-    /// Token rows per iteration (prefill chunks + one per decoding member).
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    /// Token rows per iteration (prefill chunks + one per decoding member; >= 1).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 64,
+        allow_negative_numbers = true,
+        value_parser = count(1, usize::MAX),
+    )]
     pub token_budget: usize,
     /// Device: `auto` (a GPU if present, else lavapipe), a Vulkan device index, name or render node, `cpu` (the CPU reference, no Vulkan) or `toy` (no model: measures the batching alone).
-    #[arg(long, value_name = "DEV", default_value = "auto")]
+    #[arg(long, value_name = "DEV", default_value = "auto", value_parser = device)]
     pub device: String,
     /// Seed of the synthetic weights, prompts and cancellations.
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -84,70 +164,173 @@ pub struct DecodeArgs {
     #[arg(long)]
     pub json: bool,
     /// Write a Chrome trace / Perfetto JSON of iterations and requests (with
-    /// `--compare`: of the continuous run only). The file is created before the
-    /// run (an existing one is kept as is until the run succeeds).
+    /// `--compare`: of the continuous run only). A bad path fails before the
+    /// run; the trace is written to a temporary file beside FILE and renamed
+    /// over it after a successful run, so a failed or interrupted run leaves
+    /// FILE as it was (or absent).
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
-    /// Fraction of requests whose client cancels after a random number of tokens.
+    /// Fraction of requests whose client cancels after a random number of tokens (0 to 1).
     #[arg(
         long,
         value_name = "P",
         default_value_t = 0.0,
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = fraction,
     )]
     pub cancel_rate: f64,
     /// Run continuous, static and one-at-a-time batching on the same workload and print ratios
     /// (`--trace-out` then traces the continuous run only).
     #[arg(long)]
     pub compare: bool,
-    /// Divide prompt lengths by this (default: 32 on CPU devices, 1 on GPUs).
-    #[arg(long, value_name = "N")]
+    /// Divide prompt lengths by this (>= 1; default: 32 on CPU devices, 1 on GPUs).
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = count(1, usize::MAX),
+    )]
     pub prompt_div: Option<usize>,
-    /// Divide output lengths by this (default: 4 on CPU devices, 1 on GPUs).
-    #[arg(long, value_name = "N")]
+    /// Divide output lengths by this (>= 1; default: 4 on CPU devices, 1 on GPUs).
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = count(1, usize::MAX),
+    )]
     pub output_div: Option<usize>,
 }
 
-/// Runs `xtc decode`, writing the report to `out` (progress and the banner go
-/// to stderr); returns the exit status (0 ok, 1 error).
-pub fn run(args: &DecodeArgs, out: &mut dyn Write) -> i32 {
-    match run_inner(args, out) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("xtc decode: error: {e}");
-            1
+/// A clap value parser of a whole number in `lo..=hi`; its messages read
+/// "must be a whole number from 1 to 1048576" (or "..., at least 1").
+fn count(lo: usize, hi: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    move |s: &str| {
+        let range = if hi == usize::MAX {
+            format!("at least {lo}")
+        } else {
+            format!("from {lo} to {hi}")
+        };
+        match s.trim().parse::<u128>() {
+            Ok(n) if (lo as u128..=hi as u128).contains(&n) => Ok(n as usize),
+            Ok(n) if n > hi as u128 && hi == usize::MAX => Err(format!("must be at most {hi}")),
+            Ok(_) => Err(format!("must be {range}")),
+            Err(_) => Err(format!("must be a whole number, {range}")),
         }
     }
 }
 
-fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
-    check_args(args)?;
+/// The clap value parser of `--time-scale`: a finite number > 0.
+fn time_scale(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(x) if x.is_infinite() && x > 0.0 => Err(
+            "must be a finite number greater than 0 (to send every request at once, \
+             use a large one such as 1e9)"
+                .into(),
+        ),
+        _ => Err("must be a finite number greater than 0".into()),
+    }
+}
+
+/// The clap value parser of `--cancel-rate`: a number from 0 to 1.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err("must be a number from 0 to 1".into()),
+    }
+}
+
+/// The clap value parser of `--device`: anything but an empty (or blank)
+/// selector, which the Vulkan layer would read as `auto`.
+fn device(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err(
+            "must name a device: `auto`, `cpu`, `toy`, an index, part of a name, \
+                    or a render node (`xtc probe` lists them)"
+                .into(),
+        );
+    }
+    Ok(s.to_string())
+}
+
+/// Runs `xtc decode`, writing the report to `out` (progress and the banner go
+/// to stderr); returns the exit status ([`EXIT_OK`], [`EXIT_ERROR`],
+/// [`EXIT_REJECTED`], [`EXIT_FAILED`], [`EXIT_LEAK`]; see [`EXIT_STATUS_HELP`]).
+pub fn run(args: &DecodeArgs, out: &mut dyn Write) -> i32 {
+    match run_inner(args, out) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtc decode: error: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+/// The exit status a finished run's report calls for ([`EXIT_OK`] or one of
+/// [`EXIT_REJECTED`], [`EXIT_FAILED`], [`EXIT_LEAK`]: the largest that
+/// applies), with the line that explains it on stderr.
+pub fn exit_status(r: &Report) -> (i32, Option<String>) {
+    if r.kv_leaked_blocks > 0 {
+        let m = format!(
+            "{} KV-cache blocks still allocated after the {} run: a leak (a bug in xtc)",
+            r.kv_leaked_blocks, r.mode
+        );
+        return (EXIT_LEAK, Some(m));
+    }
+    if r.failed > 0 {
+        let m = format!(
+            "{} of {} requests failed ({} run)",
+            r.failed, r.requests, r.mode
+        );
+        return (EXIT_FAILED, Some(m));
+    }
+    if r.rejected > 0 {
+        let m = format!(
+            "{} of {} requests rejected in the {} run",
+            r.rejected, r.requests, r.mode
+        );
+        return (EXIT_REJECTED, Some(m));
+    }
+    (EXIT_OK, None)
+}
+
+/// The worst exit status of `reports`, printing why on stderr.
+fn finish_status<'a>(reports: impl IntoIterator<Item = &'a Report>) -> i32 {
+    let worst = reports
+        .into_iter()
+        .map(exit_status)
+        .max_by_key(|(code, _)| *code);
+    match worst {
+        Some((code, Some(why))) => {
+            eprintln!("xtc decode: {why} (exit status {code})");
+            code
+        }
+        _ => EXIT_OK,
+    }
+}
+
+fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let trace = match &args.trace {
         Some(p) => trace::load(p).map_err(|e| e.to_string())?,
         None => trace::embedded(),
     };
-    let replayed = &trace.requests[..args.requests.min(trace.requests.len())];
-    Scaling {
-        time_scale: args.time_scale,
-        ..Scaling::IDENTITY
-    }
-    .check_arrivals(replayed)?;
-    if args.requests > trace.requests.len() {
+    let rows = trace.requests.len();
+    let requests = args.requests.unwrap_or(DEFAULT_REQUESTS).min(rows);
+    let replayed = &trace.requests[..requests];
+    check_replay(args, replayed)?;
+    if let Some(n) = args.requests.filter(|&n| n > rows) {
         eprintln!(
-            "xtc decode: warning: --requests {} but the trace has only {} rows: replaying {}",
-            args.requests,
-            trace.requests.len(),
-            trace.requests.len()
+            "xtc decode: warning: --requests {n} but the trace has only {rows} rows: replaying {rows}"
         );
     }
-    open_trace_out(args)?;
+    let trace_out = TraceOut::prepare(args)?;
     let weights = load_weights(args)?;
     let config = weights.config;
     let device = DeviceChoice::open(&args.device)?;
     let scaling = scaling(args, &config, device.is_cpu());
     let wl = job::workload(
         &trace,
-        args.requests,
+        requests,
         &scaling,
         config.vocab_size,
         args.seed,
@@ -155,7 +338,8 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     );
     let opts = job_opts(args, &wl, &config);
     let tokenizer = load_tokenizer(args, &config)?;
-    check_kv_size(args, &config, &opts, &device)?;
+    check_kv_size(args, &config, &opts)?;
+    check_memory(args, &weights, &opts, &device, &wl)?;
     let model = device.model(weights, &opts).map_err(|e| {
         format!(
             "{e} (buffers for --token-budget {} token rows and a ready vector of \
@@ -172,7 +356,7 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
         );
     }
     if args.compare {
-        return compare(args, &model, &wl, &opts, w);
+        return compare(args, &model, &wl, &opts, trace_out, w);
     }
     let out = run_once(&model, &wl, &opts, !args.json)?;
     let report = Report::from_run(&out, wl.requests.len());
@@ -183,7 +367,48 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<(), String> {
     };
     // The report first: a late trace-file failure must not lose it.
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    write_trace(args, &out)
+    if let Some(t) = trace_out {
+        t.write(&out)?;
+    }
+    Ok(finish_status([&report]))
+}
+
+/// Refuses a replay the clock cannot hold, or one longer than
+/// [`MAX_REPLAY`] without `--allow-long-replay`, naming `--time-scale`.
+fn check_replay(args: &DecodeArgs, replayed: &[trace::TraceRequest]) -> Result<(), String> {
+    let scaling = Scaling {
+        time_scale: args.time_scale,
+        ..Scaling::IDENTITY
+    };
+    scaling.check_arrivals(replayed)?;
+    let Some(last) = replayed.iter().map(|r| r.arrival).max() else {
+        return Ok(());
+    };
+    let span = last.as_secs_f64() / args.time_scale;
+    if span > MAX_REPLAY.as_secs_f64() && !args.allow_long_replay {
+        let least = last.as_secs_f64() / MAX_REPLAY.as_secs_f64();
+        return Err(format!(
+            "--time-scale {:?}: the {} replayed requests would arrive over {span:.3e} s \
+             ({}; {:.1} s in the trace), longer than a day: use a larger --time-scale \
+             (at least {least:.3e} for a day), fewer --requests, or --allow-long-replay \
+             to run it anyway",
+            args.time_scale,
+            replayed.len(),
+            long_span(span),
+            last.as_secs_f64()
+        ));
+    }
+    Ok(())
+}
+
+/// A span of more than a day in days or years.
+fn long_span(secs: f64) -> String {
+    let days = secs / 86400.0;
+    if days < 365.0 {
+        format!("about {days:.1} days")
+    } else {
+        format!("about {:.0} years", days / 365.25)
+    }
 }
 
 /// Where the model runs (`--device`).
@@ -252,46 +477,6 @@ fn load_weights(args: &DecodeArgs) -> Result<Weights, String> {
         Some(p) => checkpoint::load(p).map_err(|e| e.to_string()),
         None => Ok(Weights::synthetic(Config::tiny(), args.seed)),
     }
-}
-
-fn check_args(args: &DecodeArgs) -> Result<(), String> {
-    if args.requests == 0 {
-        return Err("--requests must be at least 1".into());
-    }
-    if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
-        return Err(format!(
-            "--time-scale must be a positive number, not {}",
-            args.time_scale
-        ));
-    }
-    if !(0.0..=1.0).contains(&args.cancel_rate) {
-        return Err(format!(
-            "--cancel-rate must be in 0..=1, not {}",
-            args.cancel_rate
-        ));
-    }
-    for (name, v) in [
-        ("--max-active", args.max_active),
-        ("--block-size", args.block_size),
-        ("--token-budget", args.token_budget),
-        ("--kv-blocks", args.kv_blocks.unwrap_or(1)),
-        ("--prompt-div", args.prompt_div.unwrap_or(1)),
-        ("--output-div", args.output_div.unwrap_or(1)),
-    ] {
-        if v == 0 {
-            return Err(format!("{name} must be at least 1, not 0"));
-        }
-    }
-    if args.max_active > MAX_ACTIVE_LIMIT {
-        return Err(format!(
-            "--max-active {} is more than the {MAX_ACTIVE_LIMIT} members a ready vector may hold",
-            args.max_active
-        ));
-    }
-    if args.tokenizer.is_some() && args.model.is_none() {
-        return Err("--tokenizer needs --model (the synthetic model has no vocabulary)".into());
-    }
-    Ok(())
 }
 
 /// The length scaling for the device: CPU devices get [`CPU_SCALING`]'s
@@ -388,7 +573,8 @@ fn run_once(
         b.set_position(p.done as u64);
         b.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
     };
-    let out = job::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
+    let out =
+        crate::decode::serve::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
     bar.finish_and_clear();
     out
 }
@@ -412,8 +598,9 @@ fn compare(
     model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
+    trace_out: Option<TraceOut>,
     w: &mut dyn Write,
-) -> Result<(), String> {
+) -> Result<i32, String> {
     let t0 = Instant::now();
     let mut reports = Vec::new();
     let mut traced = None;
@@ -440,63 +627,174 @@ fn compare(
         )
     };
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    traced.map_or(Ok(()), |out| write_trace(args, &out))
+    if let (Some(t), Some(out)) = (trace_out, traced) {
+        t.write(&out)?;
+    }
+    Ok(finish_status([
+        &cmp.continuous,
+        &cmp.static_,
+        &cmp.one_at_a_time,
+    ]))
 }
 
-/// Opens (creating it if missing, never truncating) the `--trace-out` file
-/// before the run, so a bad path is reported before minutes of work rather
-/// than after; an existing file keeps its content until the trace is written
-/// after a successful run. A `--trace-out` that is one of the input files is
-/// refused.
-fn open_trace_out(args: &DecodeArgs) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let Some(path) = &args.trace_out else {
-        return Ok(());
-    };
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| {
+/// Where `--trace-out` is written, checked before the run.
+///
+/// A regular file (or a path that does not exist yet) is written atomically:
+/// the trace goes to a temporary file in the same directory, which is renamed
+/// over the target only after the run succeeded, so a failed or interrupted
+/// run leaves no file, or the previous one as it was. The directory is
+/// probed up front (a temporary file created and removed at once), so a bad
+/// path fails before minutes of work and an interrupted run leaves nothing
+/// behind. Anything else that exists (`/dev/stdout`, a FIFO) is opened up
+/// front and written in place after the run.
+#[derive(Debug)]
+enum TraceOut {
+    /// Temporary file in `dir`, renamed to `target` (symlinks resolved),
+    /// with permission bits `mode` (the old file's, else `0o666` less umask).
+    Atomic {
+        path: PathBuf,
+        target: PathBuf,
+        dir: PathBuf,
+        mode: Option<u32>,
+    },
+    /// Written in place: not a regular file.
+    InPlace { path: PathBuf, file: std::fs::File },
+}
+
+impl TraceOut {
+    /// Checks `--trace-out` before the run: refuses a directory, one of the
+    /// input files, or a place no file can be created.
+    fn prepare(args: &DecodeArgs) -> Result<Option<TraceOut>, String> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let Some(path) = &args.trace_out else {
+            return Ok(None);
+        };
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            format!("--trace-out {}: {what}: {e}", path.display())
+        };
+        let existing = match std::fs::metadata(path) {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(fail("cannot use the path", &e)),
+        };
+        if let Some(m) = &existing {
+            if m.is_dir() {
+                return Err(format!(
+                    "--trace-out {} is a directory: name a file",
+                    path.display()
+                ));
+            }
+            let inputs = [
+                ("--model", &args.model),
+                ("--trace", &args.trace),
+                ("--tokenizer", &args.tokenizer),
+            ];
+            for (opt, input) in inputs {
+                let Some(input) = input else { continue };
+                let same = std::fs::metadata(input)
+                    .is_ok_and(|i| (i.dev(), i.ino()) == (m.dev(), m.ino()));
+                if same {
+                    return Err(format!(
+                        "--trace-out {} is the {opt} file: it would be overwritten; \
+                         write the trace elsewhere",
+                        path.display()
+                    ));
+                }
+            }
+            if !m.is_file() {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| fail("cannot open it for writing", &e))?;
+                return Ok(Some(TraceOut::InPlace {
+                    path: path.clone(),
+                    file,
+                }));
+            }
+        }
+        if existing.is_some() {
+            // A rename would replace a read-only file: refuse it, as writing would.
+            rustix::fs::access(path, rustix::fs::Access::WRITE_OK)
+                .map_err(|e| fail("cannot write it", &std::io::Error::from(e)))?;
+        }
+        // Rename over the file a symlink points to, not over the link.
+        let target = match &existing {
+            Some(_) => std::fs::canonicalize(path).map_err(|e| fail("cannot resolve it", &e))?,
+            None => path.clone(),
+        };
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let t = TraceOut::Atomic {
+            path: path.clone(),
+            target,
+            dir,
+            mode: existing.map(|m| m.permissions().mode() & 0o7777),
+        };
+        // The probe: removed again when it drops, here.
+        t.temp_file()?;
+        Ok(Some(t))
+    }
+
+    /// A new temporary file beside the target.
+    fn temp_file(&self) -> Result<tempfile::NamedTempFile, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let TraceOut::Atomic {
+            path, dir, mode, ..
+        } = self
+        else {
+            unreachable!("only atomic trace files use a temporary file");
+        };
+        let mut b = tempfile::Builder::new();
+        b.prefix(".xtc-trace-").suffix(".tmp");
+        // The file's permissions: as the file it replaces, else as a file
+        // created by open(2) (0o666 less the umask).
+        b.permissions(std::fs::Permissions::from_mode(mode.unwrap_or(0o666)));
+        let f = b.tempfile_in(dir).map_err(|e| {
             format!(
-                "--trace-out {}: cannot create the file: {e}",
-                path.display()
+                "--trace-out {}: cannot create a file in {}: {e}",
+                path.display(),
+                dir.display()
             )
         })?;
-    let Ok(out) = file.metadata() else {
-        return Ok(());
-    };
-    let inputs = [
-        ("--model", &args.model),
-        ("--trace", &args.trace),
-        ("--tokenizer", &args.tokenizer),
-    ];
-    for (opt, input) in inputs {
-        let Some(input) = input else { continue };
-        let same = std::fs::metadata(input)
-            .is_ok_and(|m| m.is_file() && (m.dev(), m.ino()) == (out.dev(), out.ino()));
-        if same {
-            return Err(format!(
-                "--trace-out {} is the {opt} file: it would be overwritten; write the trace elsewhere",
-                path.display()
-            ));
+        if let Some(m) = mode {
+            // The umask applied at creation: restore the old file's bits.
+            f.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(*m))
+                .map_err(|e| format!("--trace-out {}: {e}", path.display()))?;
+        }
+        Ok(f)
+    }
+
+    /// Writes the run's Chrome trace (after the report was printed).
+    fn write(self, out: &RunOutput) -> Result<(), String> {
+        let text = serde_json::to_vec(&chrome_trace(out)).map_err(|e| e.to_string())?;
+        let late = |p: &Path, e: &dyn std::fmt::Display| {
+            format!(
+                "--trace-out {}: cannot write the trace (the report above is complete): {e}",
+                p.display()
+            )
+        };
+        match self {
+            TraceOut::InPlace { path, mut file } => {
+                file.write_all(&text).map_err(|e| late(&path, &e))
+            }
+            TraceOut::Atomic {
+                ref path,
+                ref target,
+                ..
+            } => {
+                let mut f = self.temp_file()?;
+                f.write_all(&text)
+                    .and_then(|()| f.as_file().sync_all())
+                    .map_err(|e| late(path, &e))?;
+                // On failure the temporary file is removed when it drops.
+                f.persist(target).map_err(|e| late(path, &e.error))?;
+                Ok(())
+            }
         }
     }
-    Ok(())
-}
-
-fn write_trace(args: &DecodeArgs, out: &RunOutput) -> Result<(), String> {
-    let Some(path) = &args.trace_out else {
-        return Ok(());
-    };
-    let text = serde_json::to_string(&chrome_trace(out)).map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| {
-        format!(
-            "--trace-out {}: cannot write the trace (the report above is complete): {e}",
-            path.display()
-        )
-    })
 }
 
 /// The `--device` error as the user wrote the selector, with the Vulkan
@@ -547,55 +845,242 @@ fn kv_origin(args: &DecodeArgs, o: &JobOpts) -> String {
     }
 }
 
-/// Bytes of the KV cache (keys and values, f32) of `opts` for `config`, or
-/// `None` on overflow; the toy model keeps one u32 slot per position.
-fn kv_bytes(config: &Config, o: &JobOpts, toy: bool) -> Option<u128> {
-    let positions = (o.kv_blocks as u128).checked_mul(o.block_size as u128)?;
-    if toy {
-        return positions.checked_mul(4);
-    }
-    let per_pos = 2 * 4 * config.n_layers as u128 * config.kv_dim() as u128;
-    positions.checked_mul(per_pos)
-}
-
-/// Rejects a KV cache that cannot fit: larger than the host's memory on CPU
-/// devices (`cpu`, `toy`, lavapipe), or more blocks than 32-bit block ids
-/// name, naming the option the size came from.
-fn check_kv_size(
-    args: &DecodeArgs,
-    config: &Config,
-    o: &JobOpts,
-    dev: &DeviceChoice,
-) -> Result<(), String> {
-    let toy = matches!(dev, DeviceChoice::Toy);
-    let limit = if dev.is_cpu() { host_memory() } else { None };
-    match (kv_bytes(config, o, toy), limit) {
-        (None, _) => Err(format!(
+/// Rejects a KV cache whose positions overflow, or with more blocks than
+/// 32-bit block ids name (a derived size: `--kv-blocks` itself is limited
+/// by its parser), naming the option the size came from.
+fn check_kv_size(args: &DecodeArgs, config: &Config, o: &JobOpts) -> Result<(), String> {
+    let positions = o.kv_blocks.checked_mul(o.block_size);
+    let elems = positions.and_then(|p| p.checked_mul(2 * config.n_layers * config.kv_dim()));
+    if elems.is_none() {
+        return Err(format!(
             "the KV cache is too large ({})",
             kv_origin(args, o)
-        )),
-        (Some(b), Some(max)) if b > max => Err(format!(
-            "the KV cache needs {} MiB, more than this machine's {} MiB ({})",
-            b >> 20,
-            max >> 20,
-            kv_origin(args, o)
-        )),
-        // Checked before the model allocates anything for the cache.
-        _ if u32::try_from(o.kv_blocks).is_err() => Err(format!(
+        ));
+    }
+    // Checked before the model allocates anything for the cache.
+    if u32::try_from(o.kv_blocks).is_err() {
+        return Err(format!(
             "the KV cache has more than the {} blocks block ids can name ({})",
             u32::MAX,
             kv_origin(args, o)
-        )),
-        _ => Ok(()),
+        ));
+    }
+    Ok(())
+}
+
+/// What a run's host memory holds, part by part, in bytes: everything whose
+/// size follows from the options (an estimate from above of the big parts,
+/// not of every allocation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// `(what, bytes)`, largest first.
+    pub parts: Vec<(&'static str, u128)>,
+}
+
+impl MemoryNeed {
+    /// The sum of the parts.
+    pub fn total(&self) -> u128 {
+        self.parts.iter().map(|(_, b)| b).sum()
     }
 }
 
-/// `MemTotal` of `/proc/meminfo`, in bytes.
-fn host_memory() -> Option<u128> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+/// Where the model of a [`memory_need`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// The toy model: one `u32` slot per KV position.
+    Toy,
+    /// The CPU reference: K and V `f32` of every layer per position.
+    Cpu,
+    /// A Vulkan device whose memory is host memory (lavapipe): weights, KV
+    /// cache, activations and metadata buffers.
+    VulkanHost,
+    /// A Vulkan device with its own memory (a GPU): only the metadata
+    /// staging copy lives on the host.
+    VulkanDevice,
+}
+
+/// Host memory of a run of `wl` under `o` on `kind` for a model of `config`
+/// with `weight_elems` `f32` weights; `compare` keeps a second run's records.
+/// The parts: the model's KV cache (by kind), the KV ledger's block free list
+/// and flags ([`KvLedger::host_bytes`]), the Vulkan activations and
+/// metadata (`--token-budget` rows, `--max-active` sequences), the batch
+/// group's member storage (`--max-active`, `--requests`), and the requests'
+/// tokens and per-iteration records (`--requests` and the lengths).
+pub fn memory_need(
+    config: &Config,
+    weight_elems: u128,
+    o: &JobOpts,
+    kind: MemoryKind,
+    wl: &Workload,
+    compare: bool,
+) -> MemoryNeed {
+    let n = |x: usize| x as u128;
+    let positions = n(o.kv_blocks) * n(o.block_size);
+    let f32s = |elems: u128| elems.saturating_mul(4);
+    let kv_f32 = f32s(positions.saturating_mul(2 * n(config.n_layers) * n(config.kv_dim())));
+    let (t, sq) = (n(o.token_budget), n(o.max_active.max(1)));
+    let (d, kvd, h, v) = (
+        n(config.dim),
+        n(config.kv_dim()),
+        n(config.hidden_dim),
+        n(config.vocab_size),
+    );
+    // As GpuModel::new sizes them: x, xb, q, att [T, dim]; k, v [T, kv_dim];
+    // h1, h3 [T, hidden]; sel [S, dim]; logits [S, vocab]; metadata
+    // 4 per row + a block table per sequence.
+    let act = f32s(t * (4 * d + 2 * kvd + 2 * h) + sq * (d + v));
+    let meta = f32s(4 * t + sq * (n(config.seq_len.div_ceil(o.block_size.max(1))) + 1));
+    let mut parts = vec![("block allocator", KvLedger::host_bytes(o.kv_blocks))];
+    match kind {
+        MemoryKind::Toy => parts.push(("KV cache", positions.saturating_mul(4))),
+        MemoryKind::Cpu => parts.push(("KV cache", kv_f32)),
+        MemoryKind::VulkanHost => {
+            parts.push(("KV cache", kv_f32));
+            parts.push(("weights on the device", f32s(weight_elems)));
+            parts.push(("activations", act));
+            parts.push(("metadata", meta.saturating_mul(2)));
+        }
+        MemoryKind::VulkanDevice => parts.push(("metadata", meta)),
+    }
+    // The group holds every request's slot and max-active members several
+    // times over (ready, blocked, the driver's items): a generous bound.
+    let seq = n(size_of::<crate::decode::serve::seq::Sequence>());
+    let slots = n(wl.requests.len().max(o.max_active));
+    parts.push(("batch group", slots * (2 * seq + 64) + sq * (6 * seq + 64)));
+    // Tokens live in the spec, the member and the output's copy; each token
+    // row can cost an iteration record and a token gap.
+    let tokens: u128 = wl
+        .requests
+        .iter()
+        .map(|r| n(r.prompt.len()) + n(r.output_tokens))
+        .sum();
+    let per_token = n(3 * size_of::<u32>() + size_of::<job::IterRecord>() + size_of::<Duration>());
+    let runs = if compare { 2 } else { 1 };
+    parts.push(("requests and records", tokens * per_token * runs));
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    MemoryNeed { parts }
+}
+
+/// Refuses a run whose host memory ([`memory_need`]) is more than this
+/// process can get ([`host_limit`]), naming the parts and the option the KV
+/// cache's size came from. Before the fix only the KV tensors were counted,
+/// against `MemTotal`: `--kv-blocks 4294967295 --block-size 1` on the toy
+/// model passed and the kernel killed the run (20 GiB of allocator it missed).
+fn check_memory(
+    args: &DecodeArgs,
+    weights: &Weights,
+    o: &JobOpts,
+    dev: &DeviceChoice,
+    wl: &Workload,
+) -> Result<(), String> {
+    let kind = match dev {
+        DeviceChoice::Toy => MemoryKind::Toy,
+        DeviceChoice::Cpu => MemoryKind::Cpu,
+        DeviceChoice::Vulkan(_) if dev.is_cpu() => MemoryKind::VulkanHost,
+        DeviceChoice::Vulkan(_) => MemoryKind::VulkanDevice,
+    };
+    let elems = weights.tensors().iter().map(|(_, t)| t.len() as u128).sum();
+    let need = memory_need(&weights.config, elems, o, kind, wl, args.compare);
+    let Some(limit) = host_limit() else {
+        return Ok(());
+    };
+    if need.total() <= limit.bytes {
+        return Ok(());
+    }
+    let parts: Vec<String> = need
+        .parts
+        .iter()
+        .filter(|(_, b)| *b >= 1 << 20)
+        .map(|(what, b)| format!("{what} {}", gib(*b)))
+        .collect();
+    Err(format!(
+        "the run needs about {} of host memory ({}), more than the {} {} \
+         ({}; --token-budget {}, --max-active {})",
+        gib(need.total()),
+        parts.join(", "),
+        gib(limit.bytes),
+        limit.source,
+        kv_origin(args, o),
+        o.token_budget,
+        o.max_active
+    ))
+}
+
+/// `bytes` as GiB with one decimal (MiB below one GiB).
+fn gib(bytes: u128) -> String {
+    if bytes < 1 << 30 {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    }
+}
+
+/// How much memory this process can still get, and what bounds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLimit {
+    /// Bytes.
+    pub bytes: u128,
+    /// What bounds it, for the message ("available on this machine
+    /// (MemAvailable)", "left under the address-space limit (ulimit -v)", ...).
+    pub source: String,
+}
+
+/// The tightest of: `MemAvailable` (memory the kernel can hand out without
+/// swapping, not `MemTotal`), the address-space and data rlimits less what
+/// this process already maps, and the cgroup's `memory.max` less its
+/// `memory.current`. `None` when none can be read.
+pub fn host_limit() -> Option<HostLimit> {
+    use rustix::process::{Resource, getrlimit};
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mut limits = Vec::new();
+    if let Some(b) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| mem_available(&t))
+    {
+        limits.push((b, "available on this machine (MemAvailable)".to_string()));
+    }
+    for (res, field, what) in [
+        (Resource::As, "VmSize:", "address-space limit (ulimit -v)"),
+        (Resource::Data, "VmData:", "data-segment limit (ulimit -d)"),
+    ] {
+        if let Some(cur) = getrlimit(res).current {
+            let used = proc_kib(&status, field).unwrap_or(0);
+            let left = u128::from(cur).saturating_sub(used);
+            limits.push((left, format!("left under the {what}")));
+        }
+    }
+    if let Some(left) = cgroup_left() {
+        limits.push((left, "left under the cgroup's memory.max".to_string()));
+    }
+    limits
+        .into_iter()
+        .min_by_key(|(b, _)| *b)
+        .map(|(bytes, source)| HostLimit { bytes, source })
+}
+
+/// `MemAvailable` of `/proc/meminfo` text, in bytes (`MemFree` on kernels
+/// before 3.14, which lack it).
+pub fn mem_available(meminfo: &str) -> Option<u128> {
+    proc_kib(meminfo, "MemAvailable:").or_else(|| proc_kib(meminfo, "MemFree:"))
+}
+
+/// A `Field:   N kB` line of a `/proc` file, in bytes.
+fn proc_kib(text: &str, field: &str) -> Option<u128> {
+    let line = text.lines().find(|l| l.starts_with(field))?;
     let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// `memory.max - memory.current` of this process's cgroup (v2), when it has
+/// a limit.
+fn cgroup_left() -> Option<u128> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    let max: u128 = read("memory.max")?.trim().parse().ok()?; // "max": no limit
+    let cur: u128 = read("memory.current")?.trim().parse().ok()?;
+    Some(max.saturating_sub(cur))
 }
 
 fn samples(t: &Tokenizer, out: &RunOutput) -> String {
@@ -606,4 +1091,180 @@ fn samples(t: &Tokenizer, out: &RunOutput) -> String {
         s += &format!("  request {}: {text:?}\n", f.seq.id);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::serve::job::RunOutput;
+    use crate::decode::serve::trace::TraceRequest;
+
+    fn report() -> Report {
+        let out = RunOutput {
+            mode: Mode::Continuous,
+            device: "test".into(),
+            finished: Vec::new(),
+            rejected: Vec::new(),
+            iterations: Vec::new(),
+            started: Instant::now(),
+            wall: Duration::from_secs(1),
+            kv_capacity: 8,
+            kv_peak: 0,
+            kv_leaked: 0,
+        };
+        Report::from_run(&out, 10)
+    }
+
+    /// Issue 12: failed requests and leaked blocks exited 0.
+    #[test]
+    fn exit_status_follows_rejections_failures_and_leaks() {
+        let mut r = report();
+        assert_eq!(exit_status(&r), (EXIT_OK, None));
+        r.rejected = 2;
+        assert_eq!(exit_status(&r).0, EXIT_REJECTED);
+        r.failed = 1;
+        let (code, why) = exit_status(&r);
+        assert_eq!(code, EXIT_FAILED);
+        assert!(why.unwrap().contains("1 of 10 requests failed"));
+        r.kv_leaked_blocks = 3;
+        let (code, why) = exit_status(&r);
+        assert_eq!(code, EXIT_LEAK);
+        assert!(why.unwrap().contains("3 KV-cache blocks still allocated"));
+        // --compare: the worst of the runs.
+        let ok = report();
+        assert_eq!(finish_status([&ok, &r, &ok]), EXIT_LEAK);
+        assert_eq!(finish_status([&ok, &ok]), EXIT_OK);
+        let codes = [
+            EXIT_OK,
+            EXIT_ERROR,
+            EXIT_USAGE,
+            EXIT_REJECTED,
+            EXIT_FAILED,
+            EXIT_LEAK,
+        ];
+        for (i, c) in codes.iter().enumerate() {
+            assert!(EXIT_STATUS_HELP.contains(&format!("\n  {c}  ")), "{i}");
+        }
+    }
+
+    fn workload(n: usize, tokens: usize) -> Workload {
+        let t = Trace {
+            requests: vec![
+                TraceRequest {
+                    arrival: Duration::ZERO,
+                    prompt_tokens: tokens,
+                    output_tokens: tokens,
+                };
+                n
+            ],
+        };
+        job::workload(&t, n, &Scaling::IDENTITY, 100, 1, 0.0)
+    }
+
+    fn opts(kv_blocks: usize, block_size: usize) -> JobOpts {
+        JobOpts {
+            mode: Mode::Continuous,
+            max_active: 32,
+            kv_blocks,
+            block_size,
+            token_budget: 64,
+            stop_token: None,
+        }
+    }
+
+    /// Issue 12: the command of the issue needs 36 GiB (the check counted
+    /// only the toy's 16 GiB of slots).
+    #[test]
+    fn memory_need_counts_the_allocator_and_the_toy_slots() {
+        let need = memory_need(
+            &Config::tiny(),
+            0,
+            &opts(u32::MAX as usize, 1),
+            MemoryKind::Toy,
+            &workload(3, 4),
+            false,
+        );
+        let part = |name: &str| need.parts.iter().find(|(n, _)| *n == name).unwrap().1;
+        let blocks = u32::MAX as u128;
+        assert_eq!(part("block allocator"), 5 * blocks);
+        assert_eq!(part("KV cache"), 4 * blocks);
+        assert!(need.total() > 36 * (1 << 30) - (1 << 20), "{need:?}");
+        assert_eq!(need.parts[0].0, "block allocator", "largest first");
+    }
+
+    #[test]
+    fn memory_need_grows_with_every_option_that_sizes_memory() {
+        let c = Config::tiny();
+        let wl = workload(4, 8);
+        let base = opts(64, 16);
+        let total =
+            |o: &JobOpts, kind, wl: &Workload| memory_need(&c, 1000, o, kind, wl, false).total();
+        for kind in [
+            MemoryKind::Toy,
+            MemoryKind::Cpu,
+            MemoryKind::VulkanHost,
+            MemoryKind::VulkanDevice,
+        ] {
+            let t0 = total(&base, kind, &wl);
+            assert!(total(&opts(128, 16), kind, &wl) > t0, "{kind:?} kv-blocks");
+            let more_active = JobOpts {
+                max_active: 64,
+                ..base
+            };
+            assert!(total(&more_active, kind, &wl) > t0, "{kind:?} max-active");
+            assert!(
+                total(&base, kind, &workload(8, 8)) > t0,
+                "{kind:?} requests"
+            );
+            assert!(
+                total(&base, kind, &workload(4, 16)) > t0,
+                "{kind:?} lengths"
+            );
+        }
+        for kind in [MemoryKind::VulkanHost, MemoryKind::VulkanDevice] {
+            let t0 = total(&base, kind, &wl);
+            let budget = JobOpts {
+                token_budget: 128,
+                ..base
+            };
+            assert!(total(&budget, kind, &wl) > t0, "{kind:?} token-budget");
+        }
+        // The KV tensors: f32 K and V of every layer for the CPU reference.
+        let kv = |kind| {
+            let need = memory_need(&c, 0, &base, kind, &wl, false);
+            need.parts.iter().find(|(n, _)| *n == "KV cache").unwrap().1
+        };
+        assert_eq!(
+            kv(MemoryKind::Cpu),
+            64 * 16 * 2 * 4 * 4 * c.kv_dim() as u128
+        );
+        assert_eq!(kv(MemoryKind::Toy), 64 * 16 * 4);
+    }
+
+    /// Issue 12: the check compared with `MemTotal`.
+    #[test]
+    fn host_memory_is_mem_available_not_mem_total() {
+        let info = "MemTotal:       24684084 kB\nMemFree:         1000000 kB\n\
+                    MemAvailable:    2000000 kB\n";
+        assert_eq!(mem_available(info), Some(2_000_000 * 1024));
+        let old_kernel = "MemTotal:       24684084 kB\nMemFree:         1000000 kB\n";
+        assert_eq!(mem_available(old_kernel), Some(1_000_000 * 1024));
+        let limit = host_limit().expect("/proc/meminfo is readable here");
+        assert!(limit.bytes > 0, "{limit:?}");
+    }
+
+    #[test]
+    fn count_parser_messages() {
+        let p = count(1, 8);
+        assert_eq!(p("3"), Ok(3));
+        assert_eq!(p("9"), Err("must be from 1 to 8".into()));
+        assert_eq!(p("x"), Err("must be a whole number, from 1 to 8".into()));
+        let q = count(1, usize::MAX);
+        assert_eq!(q("0"), Err("must be at least 1".into()));
+        assert_eq!(q("-1"), Err("must be a whole number, at least 1".into()));
+        assert_eq!(
+            q("99999999999999999999999"),
+            Err(format!("must be at most {}", usize::MAX))
+        );
+    }
 }

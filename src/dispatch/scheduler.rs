@@ -312,6 +312,25 @@ impl RunReport {
     pub fn outputs_exact(&self) -> bool {
         self.outputs == self.expected
     }
+
+    /// The store fences of every pop (D-02, D-04): exactly one for a pop
+    /// without a sync_start task and for a drain pop; one per dispatched
+    /// task for a pop carrying a sync_start task.
+    ///
+    /// # Errors
+    /// The first pop that breaks the rule, described.
+    pub fn check_fence_counts(&self) -> std::result::Result<(), String> {
+        for p in &self.pops {
+            let want = if p.sync && !p.drain { p.tasks } else { 1 };
+            if p.fences != want {
+                return Err(format!(
+                    "{} store fences where {want} were due: {p:?}",
+                    p.fences
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Read-only view of a stepped or Sim run for schedule policies.

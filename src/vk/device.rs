@@ -84,6 +84,13 @@ pub struct PhysicalDeviceInfo {
     pub device_id: u32,
     /// Vulkan version the driver supports, (major, minor, patch).
     pub api_version: (u32, u32, u32),
+    /// The driver: `driverName` and `driverInfo` of
+    /// `VkPhysicalDeviceDriverProperties` (Vulkan 1.2), e.g. `llvmpipe Mesa
+    /// 22.3.6 (LLVM 15.0.6)`; empty for a driver below 1.2. With `name`, the
+    /// key of a device's baselines (`xtc ci`).
+    pub driver: String,
+    /// `driverVersion` (vendor-specific encoding).
+    pub driver_version: u32,
     /// Render node, where the driver has `VK_EXT_physical_device_drm`.
     pub render_node: Option<RenderNode>,
     /// Whether fences can be exported as `SYNC_FD` (`VK_KHR_external_fence_fd`).
@@ -300,6 +307,11 @@ impl Instance {
             .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
             .map(|i| i as u32);
         let v = props.api_version;
+        let driver = if vk::api_version_minor(v) >= 2 || vk::api_version_major(v) > 1 {
+            self.driver(pd)
+        } else {
+            String::new()
+        };
         PhysicalDeviceInfo {
             index,
             name: props
@@ -314,11 +326,26 @@ impl Instance {
                 vk::api_version_minor(v),
                 vk::api_version_patch(v),
             ),
+            driver,
+            driver_version: props.driver_version,
             render_node,
             sync_fd_export: has(khr::external_fence_fd::NAME) && self.fence_exports_sync_fd(pd),
             timeline_semaphore: self.has_timeline(pd),
             compute_family,
         }
+    }
+
+    /// `driverName driverInfo` of a Vulkan 1.2 device.
+    fn driver(&self, pd: vk::PhysicalDevice) -> String {
+        let mut drv = vk::PhysicalDeviceDriverProperties::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut drv);
+        // SAFETY: a core 1.2 query on a device of API version 1.2 or later;
+        // `p2` chains `drv`, both live here.
+        unsafe { self.instance.get_physical_device_properties2(pd, &mut p2) };
+        let text = |c: Result<&CStr, _>| c.map(|c| c.to_string_lossy().into_owned());
+        let name = text(drv.driver_name_as_c_str()).unwrap_or_default();
+        let info = text(drv.driver_info_as_c_str()).unwrap_or_default();
+        format!("{name} {info}").trim().to_owned()
     }
 
     fn drm_node(&self, pd: vk::PhysicalDevice) -> Option<RenderNode> {
@@ -632,6 +659,8 @@ mod tests {
             vendor_id: 0,
             device_id: 0,
             api_version: (1, 3, 0),
+            driver: String::new(),
+            driver_version: 0,
             render_node: minor.map(|m| RenderNode {
                 major: 226,
                 minor: m,

@@ -190,25 +190,9 @@ pub fn retry_aba_schedule(
     (r, exercised.get())
 }
 
-/// The reclaim scene (D-08..D-13): tasks 0..6 complete (local head 6, below
-/// K = 16, so unpublished); the scope opened at task 6 keeps the ring from
-/// draining; task 8 needs a slot of the [`WINDOW`]-slot task window.
+/// The reclaim scene (D-08..D-13): `xtc::dispatch::scenarios::open_scope`.
 pub fn open_scope_graph() -> Graph {
-    let mut g = Graph::new();
-    // Long enough that the orchestrator has submitted 6 and 7 before they
-    // complete (otherwise the ring drains and publishes at once).
-    for _ in 0..6 {
-        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(200_000));
-    }
-    g.open_scope();
-    for _ in 0..4 {
-        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(2_000));
-    }
-    g.close_scope();
-    for _ in 0..40 {
-        g.add(TaskSpec::new(Shape::Aic, 1).lasting(2_000));
-    }
-    g
+    xtc::dispatch::scenarios::open_scope()
 }
 
 /// The split barrier of the retry-ABA schedule without generation tags: the

@@ -41,7 +41,7 @@
 //! What the keys mean for a model (`llama.*`, `tokenizer.*`) and whether the
 //! tensors' shapes agree with it belongs to `config`, `llama` and `bpe`.
 //!
-//! # The one `unsafe` block
+//! # Safety
 //! [`Gguf::open`] maps the file with `memmap2::Mmap::map`, unsafe because
 //! another process could change the file under the map. The file is opened
 //! read-only and the contract (as llama.cpp's mmap loading) is that a model
@@ -1051,10 +1051,12 @@ pub struct RawTensor {
     pub dims: Vec<u64>,
     /// ggml type id (any `u32`).
     pub ty: u32,
-    /// Bytes written to the data section.
+    /// Bytes written to the data section at the tensor's offset (none when
+    /// empty: a table entry pointing past the end of the file writes nothing).
     pub data: Vec<u8>,
     /// Offset written to the table; `None`: the next aligned offset after the
-    /// previous tensor's data.
+    /// data of the previous tensor placed this way (a chosen offset does not
+    /// move the tensors after it).
     pub offset: Option<u64>,
 }
 
@@ -1151,7 +1153,9 @@ impl GgufWriter {
         for t in &self.tensors {
             let off = t.offset.unwrap_or(next);
             offsets.push(off);
-            next = (off + t.data.len() as u64).next_multiple_of(align as u64);
+            if t.offset.is_none() {
+                next = (off + t.data.len() as u64).next_multiple_of(align as u64);
+            }
             write_str(&mut out, &t.name);
             out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
             for d in &t.dims {
@@ -1163,6 +1167,9 @@ impl GgufWriter {
         out.resize(out.len().next_multiple_of(align), 0);
         let data_start = out.len();
         for (t, off) in self.tensors.iter().zip(offsets) {
+            if t.data.is_empty() {
+                continue;
+            }
             let at = data_start + off as usize;
             if out.len() < at + t.data.len() {
                 out.resize(at + t.data.len(), 0);

@@ -17,7 +17,7 @@
 //!   the start of the weights buffer.
 //! - The weights buffer (f32): the RMSNorm vectors and the RoPE table
 //!   ([`rope_table`]: `[max_context][head_size / 2][cos, sin]`).
-//! - Activations, metadata, tokens: as [`super::super::gpu::GpuModel`]
+//! - Activations, metadata, tokens: as [`super::gpu::GpuModel`]
 //!   (`x, xb, q, att [T, dim]`, `k, v [T, kv_dim]`, `h1, h3 [T, hidden]`,
 //!   `sel [S, dim]`, `logits [S, vocab]`).
 //! - The KV cache: the storage image in the [`KvImage`] layout on CPU
@@ -35,18 +35,16 @@
 use std::os::fd::BorrowedFd;
 
 use super::gguf::Gguf;
+use super::gpu::InFlight;
 use super::llama::Llama;
-use super::quant::{self, QMatrix};
-use super::{BatchPlan, Config, KvGeometry, ModelError};
-use crate::decode::gpu::InFlight;
-use crate::decode::ops::{
+use super::ops::{
     Attention, AttentionImage, KvImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use crate::decode::qops::{
-    ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, rope_table,
-};
-use crate::decode::qweights::{QTensor, RepackError, TexelStream};
-use crate::decode::record::{ActOffsets, u32_of};
+use super::qops::{ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, rope_table};
+use super::quant::{self, QMatrix};
+use super::qweights::{QTensor, RepackError, TexelStream};
+use super::record::{ActOffsets, u32_of};
+use super::{BatchPlan, Config, KvGeometry, ModelError};
 use crate::vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, StorageImage,
     TexelFormat, Timestamps, VkError, VkResult,

@@ -738,8 +738,8 @@ pub fn gguf_from_weights(w: &Weights, ty: GgmlType, rope_base: f32, tied: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::model::reference::{self, CpuKvCache};
     use crate::decode::model::{Config, KvGeometry};
-    use crate::decode::reference::{self, CpuKvCache};
 
     fn tiny(ty: GgmlType, tied: bool) -> (Weights, Llama) {
         let w = Weights::synthetic(Config::tiny(), 7);
@@ -751,7 +751,7 @@ mod tests {
     }
 
     /// The GGUF model in F32 against the independent llama2.c-order
-    /// reference (`decode::reference`, rope base 10000) on the same weights.
+    /// reference (`decode::model::reference`, rope base 10000) on the same weights.
     #[test]
     fn f32_model_matches_the_llama2c_reference() {
         let (w, model) = tiny(GgmlType::F32, false);
@@ -885,7 +885,7 @@ mod tests {
     fn bad_chunks_are_refused_and_change_nothing() {
         let (_, model) = tiny(GgmlType::Q8_0, true);
         let mut seq = model.new_sequence();
-        let mut run = |tokens: &[u32], seq: &mut Sequence| {
+        let run = |tokens: &[u32], seq: &mut Sequence| {
             model
                 .forward(&mut [Chunk {
                     seq,

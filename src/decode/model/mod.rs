@@ -1,13 +1,51 @@
-//! The llama-style decoder: its shape, its weights in two forms, and one
-//! iteration's work plan.
+//! The model side of `decode`: the llama-style decoder — its formats, shape
+//! and weights, its CPU references, its tokenizers and sampling, the model on
+//! a Vulkan device — and the models that implement [`crate::decode::Model`].
+//!
+//! # What each module owns
+//! - Formats: [`checkpoint`] (llama2.c checkpoints, read and written),
+//!   [`tokenizer`] (llama2.c `tokenizer.bin`), [`gguf`] / [`quant`] /
+//!   [`config`] / [`bpe`] / [`chat`] (GGUF, below).
+//! - Shape, weights and one iteration's work (this file): [`Config`],
+//!   [`Weights`] (seeded synthetic weights, [`Config::tiny`]), [`BatchPlan`] /
+//!   [`SeqWork`] (the plan the serving side hands [`crate::decode::Model`]) and
+//!   [`KvGeometry`] (the shape of a paged KV cache the model holds).
+//! - References: [`mod@reference`] (f32, llama2.c order, over a paged CPU KV
+//!   cache: the oracle of the Vulkan kernels) and [`llama`] (the GGUF model's
+//!   quantized CPU forward pass); [`sampling`] and [`generate`] (one stream).
+//! - The model on a Vulkan device: [`ops`] (the kernels' push constants and
+//!   dispatch grids), `record` (buffer layout and the recording of one
+//!   iteration), [`gpu`] ([`gpu::GpuModel`]: ONE command buffer per iteration
+//!   for the whole ready vector, completion as a fence fd).
+//! - [`backend`]: the implementations of [`crate::decode::Model`] —
+//!   [`backend::VulkanModel`] (over [`gpu::GpuModel`], completes with an owned
+//!   fence), [`backend::CpuModel`] (over [`reference::forward`]) and
+//!   [`backend::ToyModel`] (a device-free hash model), both completing with
+//!   host work for the blocking pool — and [`backend::reference_greedy`], the
+//!   oracle a served request is checked against.
+//!
+//! # Import rule
+//! `crate::vk`, `crate::Error` / `crate::Result` and the join items of
+//! [`crate::decode`]; never `crate::batch`, `crate::rt` or `decode::serve`
+//! (`tests/decode_layout.rs`). A model knows nothing of batching: it runs the
+//! plan it is handed, and its KV cache is addressed through the plan's block
+//! tables, which the serving side's ledger owns.
+//!
+//! # Invariants of the f32 side
+//! - A plan is checked before any kernel or host loop reads through it
+//!   ([`BatchPlan::validate`]: tokens in the vocabulary, positions below
+//!   `seq_len`, block tables covering every position, block ids in the cache).
+//! - The Vulkan model is checked against the CPU reference on the same plans
+//!   (`tests/vk_decode.rs`), and both, served, against
+//!   [`backend::reference_greedy`] (`tests/decode_models.rs`).
 //!
 //! # Two kinds of weights
 //! - **f32, llama2.c order** (this file): [`Config`], [`Weights`] (seeded
 //!   synthetic weights, or a llama2.c checkpoint through
-//!   [`checkpoint`](super::checkpoint)), [`BatchPlan`] and [`KvGeometry`].
+//!   [`checkpoint`]), [`BatchPlan`] and [`KvGeometry`].
 //!   Every matrix is row-major `[out, in]` f32 and a matmul is
 //!   `y[o] = sum_i W[o*in + i] * x[i]`. `xtc decode`, the Vulkan model and
-//!   [`reference`](super::reference) use these.
+//!   [`mod@reference`] use these.
 //! - **A real model in a GGUF file** (the submodules): SmolLM2-135M-Instruct
 //!   in Q4_1 is the one the project ships a fetch script for
 //!   ([`FETCH_SCRIPT`]), found at [`default_model_path`] unless a path is
@@ -36,15 +74,24 @@
 //!   [`llama`]): the same result for any thread count and any batch of
 //!   sequences a row is computed in.
 
+pub mod backend;
 pub mod bpe;
 pub mod chat;
+pub mod checkpoint;
 pub mod config;
 pub mod generate;
 pub mod gguf;
+pub mod gpu;
 pub mod gpu_llama;
 pub mod llama;
+pub mod ops;
+pub mod qops;
 pub mod quant;
+pub mod qweights;
+mod record;
+pub mod reference;
 pub mod sampling;
+pub mod tokenizer;
 
 use std::path::{Path, PathBuf};
 

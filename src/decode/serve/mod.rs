@@ -1,0 +1,57 @@
+//! The serving side of `decode`: a trace-replayed workload decoded with
+//! KV-cache continuous batching on any [`Model`] (`xtc decode`).
+//!
+//! # What each module owns (bottom to top)
+//! - [`trace`]: request traces in the Azure LLM inference trace schema (an
+//!   embedded CC-BY-4.0 slice is the default workload) and their scaling.
+//! - [`kv`]: the ONE KV ledger, [`kv::KvLedger`]: a request's charge, its
+//!   admission against the cache, the growth of its block table and the
+//!   return of its blocks. Nothing else allocates or frees a KV block.
+//! - [`seq`]: a member's sequence state ([`seq::Sequence`], which carries its
+//!   [`kv::KvAccount`]) and the pure iteration logic: [`seq::pack`] the ready
+//!   vector into ONE [`BatchPlan`](crate::decode::BatchPlan) under the token
+//!   budget, [`seq::apply`] the sampled tokens back.
+//! - [`job`]: what a run is — options ([`job::JobOpts`], [`job::Mode`]), the
+//!   workload from a trace, the rejection of requests that can never fit,
+//!   what a run observed ([`job::RunOutput`]) and why it failed
+//!   ([`job::JobError`]). No driver: the drivers import it, never the reverse.
+//! - [`grouped`]: the run on one async batch group ([`run`], the `xtc decode`
+//!   driver): the step (submit packs and launches, collect applies), the
+//!   completion of a member, the arrival process, the canceller; and the ONE
+//!   place a model's [`Completion`](crate::decode::Completion) becomes the
+//!   engine's [`Exec`](crate::batch::Exec).
+//! - [`local`]: the same rules without the batch engine, in a plain loop (the
+//!   second driver the tests cross-check the group against).
+//! - [`report`]: the figures of a run (text, JSON, `--compare`, Chrome trace).
+//!
+//! # Import rule
+//! `crate::batch`, `crate::rt`, `crate::Error` and the join items of
+//! [`crate::decode`] ([`Model`], `Completion`, `BatchPlan`, `SeqWork`,
+//! `Config`, `DeviceError`); never `crate::vk` or `decode::model`
+//! (`tests/decode_layout.rs`).
+//!
+//! # Invariants
+//! - The KV cache is never over-committed: a request's charge (the blocks its
+//!   prompt and output may need) is reserved when it is admitted — by the
+//!   group's FCFS admission with `resource_capacity` = the cache's blocks
+//!   (B-036..B-040), mirrored by [`kv::KvLedger::admit`]; by the ledger
+//!   itself in the local driver — so growing an admitted member's block table
+//!   never fails ([`kv`] states and tests the ledger's invariants).
+//! - Every member that leaves — DONE, cancelled (before or after admission),
+//!   failed — goes through [`kv::KvLedger::free`] exactly once; a run ends
+//!   with no KV block held ([`job::RunOutput::kv_leaked`] is 0; anything else
+//!   is a bug the command reports).
+//! - Both drivers apply the same rules to the same workload and produce the
+//!   same tokens as decoding each request alone (`tests/decode_job.rs`).
+//!
+//! [`Model`]: crate::decode::Model
+
+pub mod grouped;
+pub mod job;
+pub mod kv;
+pub mod local;
+pub mod report;
+pub mod seq;
+pub mod trace;
+
+pub use grouped::run;

@@ -1,0 +1,206 @@
+//! `xtc generate` and `xtc perplexity` through the binary: the streamed
+//! answer on stdout and tokens/s on stderr, `--json`, the perplexity figure,
+//! and errors with their exit statuses. Tests that need the model skip
+//! without it unless `CI` is set (then they fail).
+
+mod model_support;
+
+use std::process::{Command, Output};
+
+fn xtc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .args(args)
+        .output()
+        .expect("run xtc")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn generate_answers_paris_greedily() {
+    if model_support::model_path().is_none() {
+        return;
+    }
+    let o = xtc(&[
+        "generate",
+        "--device",
+        "cpu",
+        "What is the capital of France?",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "The capital of France is Paris.\n");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("tokens/s decode") && err.contains("prefill"),
+        "{err}"
+    );
+    assert!(err.contains("stop: Eos"), "{err}");
+}
+
+#[test]
+fn generate_json_and_raw_agree_with_the_chat_template() {
+    if model_support::model_path().is_none() {
+        return;
+    }
+    let o = xtc(&["generate", "--json", "What is the capital of France?"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["text"], "The capital of France is Paris.");
+    assert_eq!(v["stats"]["stop"], "eos");
+    assert_eq!(v["ids"].as_array().unwrap().last().unwrap(), 2);
+    assert!(v["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    let raw = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+    let o = xtc(&["generate", "--json", "--raw", raw]);
+    let w: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(w["prompt_ids"], v["prompt_ids"]);
+    assert_eq!(w["ids"], v["ids"]);
+}
+
+#[test]
+fn generate_stops_at_max_tokens_and_samples_reproducibly() {
+    if model_support::model_path().is_none() {
+        return;
+    }
+    let run = |seed: &str| {
+        let o = xtc(&[
+            "generate",
+            "--json",
+            "--max-tokens",
+            "6",
+            "--temperature",
+            "0.9",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.95",
+            "--min-p",
+            "0.02",
+            "--seed",
+            seed,
+            "Write a poem about the sea.",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let a = run("7");
+    assert_eq!(a["stats"]["stop"], "max_tokens");
+    assert_eq!(a["ids"].as_array().unwrap().len(), 6);
+    assert_eq!(run("7")["ids"], a["ids"]);
+}
+
+#[test]
+fn perplexity_of_austen_is_far_below_uniform() {
+    if model_support::model_path().is_none() {
+        return;
+    }
+    let o = xtc(&[
+        "perplexity",
+        "--json",
+        "tests/data/pride_and_prejudice_ch1.txt",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nll = v["mean_nll"].as_f64().unwrap();
+    let uniform = v["uniform_nll"].as_f64().unwrap();
+    eprintln!(
+        "mean NLL {nll:.4} nats/token over {} tokens (uniform {uniform:.4})",
+        v["scored"]
+    );
+    assert!((uniform - 49152f64.ln()).abs() < 1e-9);
+    assert!(
+        nll < 0.5 * uniform,
+        "mean NLL {nll} is not far below a uniform guess {uniform}"
+    );
+    assert!(nll > 0.5, "mean NLL {nll} is implausibly low");
+    assert!(v["scored"].as_u64().unwrap() > 300);
+    // The text report names the figure too.
+    let o = xtc(&[
+        "perplexity",
+        "--ctx",
+        "128",
+        "tests/data/pride_and_prejudice_ch1.txt",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("mean NLL") && text(&o.stdout).contains("4 window(s)"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+// ---- errors (no model needed) ----------------------------------------
+
+#[test]
+fn other_devices_are_refused_until_the_vulkan_path_exists() {
+    for cmd in [
+        &["generate", "--device", "0", "hi"][..],
+        &["perplexity", "--device", "lavapipe", "x.txt"],
+    ] {
+        let o = xtc(cmd);
+        assert_eq!(o.status.code(), Some(2), "{cmd:?}");
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("Vulkan path comes later") && err.contains("--device cpu"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_model_names_the_fetch_script() {
+    let o = xtc(&["generate", "--model", "/nonexistent/model.gguf", "hi"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("/nonexistent/model.gguf") && err.contains("scripts/fetch-model.sh"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_gguf_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("not.gguf");
+    std::fs::write(&p, b"PK\x03\x04 this is a zip, not a model").unwrap();
+    let o = xtc(&["generate", "--model", p.to_str().unwrap(), "hi"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("not a GGUF file"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn bad_option_values_are_usage_errors() {
+    for args in [
+        &["generate", "--top-p", "0", "hi"][..],
+        &["generate", "--temperature", "-1", "hi"],
+        &["generate", "--min-p", "2", "hi"],
+        &["generate", "--threads", "0", "hi"],
+        &["perplexity", "--ctx", "1", "x.txt"],
+        &["generate", "--raw", "--system", "s", "hi"],
+    ] {
+        let o = xtc(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
+    }
+}
+
+#[test]
+fn perplexity_refuses_unreadable_and_non_utf8_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("latin1.txt");
+    std::fs::write(&p, b"caf\xe9").unwrap();
+    let o = xtc(&["perplexity", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("not UTF-8"), "{}", text(&o.stderr));
+    let o = xtc(&["perplexity", "/nonexistent.txt"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("/nonexistent.txt"),
+        "{}",
+        text(&o.stderr)
+    );
+}
