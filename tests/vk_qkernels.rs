@@ -172,6 +172,9 @@ fn quantized_products_match_the_reference_in_both_forms() {
     let Some(dev) = vk_support::device() else {
         return;
     };
+    // The CPU form needs subgroups of at least 8 lanes (lavapipe: 8).
+    let sg = dev.subgroup_size();
+    assert!(sg.is_some_and(|s| s >= 8), "subgroups {sg:?}");
     let mut rng = fastrand::Rng::with_seed(11);
     // (rows N, cols K, token rows M): a multiple-of-64 N, a ragged N (20: the
     // last invocations compute a clamped copy and store nothing), and

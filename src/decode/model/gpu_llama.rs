@@ -77,7 +77,11 @@ pub struct GpuLlamaOptions {
     /// Copy the sampled rows' logits back each iteration
     /// ([`GpuLlama::finish_with_logits`]); off by default (costs a copy).
     pub keep_logits: bool,
-    /// Kernel forms; `None`: [`Variant::for_device`].
+    /// Kernel forms; `None`: [`Variant::for_device`], or `Gpu` where the
+    /// device lacks what the CPU form needs: subgroups of at least 8 lanes
+    /// with ballot and arithmetic operations ([`Device::subgroup_size`];
+    /// llvmpipe on a CPU without AVX has 4). Asking for `Cpu` there is an
+    /// [`GpuLlamaError::Options`] error.
     pub variant: Option<Variant>,
 }
 
@@ -268,7 +272,24 @@ impl GpuLlama {
             seq_len: opts.max_context,
             ..lc.shape
         };
-        let variant = opts.variant.unwrap_or_else(|| Variant::for_device(dev));
+        // The CPU form hands x around subgroups of at least 8 lanes
+        // (`subgroupBroadcast` from lanes 0..7) and reduces with
+        // `subgroupAdd` / `Max` / `Min`; without them the GPU form runs.
+        let subgroups = dev.subgroup_size().is_some_and(|s| s >= 8);
+        let variant = match opts.variant {
+            Some(v) => v,
+            None if subgroups => Variant::for_device(dev),
+            None => Variant::Gpu,
+        };
+        if variant == Variant::Cpu && !subgroups {
+            return Err(bad(
+                "variant",
+                &format!(
+                    "the CPU-device kernels need subgroups of at least 8 lanes with ballot and arithmetic operations; this device has {:?} (use the GPU form)",
+                    dev.subgroup_size()
+                ),
+            ));
+        }
         let kernels = Kernels::new(dev)?;
         let ops = Ops::new(&kernels, variant)?;
         let g = model.gguf();

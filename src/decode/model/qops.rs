@@ -217,7 +217,9 @@ impl Op for QMatmul {
         let _ = variant;
         (qmm_name(self.kernel_type(), 4, Variant::Gpu), self.grid())
     }
-    /// The CPU form: rows chunked so each chunk's x rows fit one placement
+    /// The CPU form (needs subgroups of at least 8 lanes with ballot and
+    /// arithmetic operations, [`crate::vk::Device::subgroup_size`]): rows
+    /// chunked so each chunk's x rows fit one placement
     /// of the activation window (`k` and `x_off` are multiples of 4 by the
     /// op's contract), the weight window placed over the norm vector;
     /// `None` on [`Variant::Gpu`], when a row does not fit a window, or the
