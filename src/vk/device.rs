@@ -418,6 +418,9 @@ pub(crate) struct Inner {
     pub(crate) allocator: Mutex<ManuallyDrop<Allocator>>,
     pub(crate) fence_fd: Option<khr::external_fence_fd::Device>,
     pub(crate) limits: vk::PhysicalDeviceLimits,
+    /// `(subgroupSize, compute stage supports subgroup ops with ballot and
+    /// arithmetic)` from `VkPhysicalDeviceSubgroupProperties`.
+    pub(crate) subgroup: (u32, bool),
     validation: bool,
     instance: ManuallyDrop<Instance>,
 }
@@ -458,6 +461,23 @@ impl Device {
         };
         // SAFETY: `physical` belongs to the instance.
         let limits = unsafe { instance.instance.get_physical_device_properties(physical) }.limits;
+        let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+        // SAFETY: `physical` belongs to the instance (Vulkan 1.2); `props`
+        // chains one live struct that outlives the call.
+        unsafe {
+            instance
+                .instance
+                .get_physical_device_properties2(physical, &mut props)
+        };
+        let needed = vk::SubgroupFeatureFlags::BASIC
+            | vk::SubgroupFeatureFlags::BALLOT
+            | vk::SubgroupFeatureFlags::ARITHMETIC;
+        let subgroup = (
+            sub.subgroup_size,
+            sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
+                && sub.supported_operations.contains(needed),
+        );
         let fence_fd = info
             .sync_fd_export
             .then(|| khr::external_fence_fd::Device::new(&instance.instance, &device));
@@ -480,6 +500,7 @@ impl Device {
             allocator: Mutex::new(ManuallyDrop::new(allocator)),
             fence_fd,
             limits,
+            subgroup,
             instance: ManuallyDrop::new(instance),
         })))
     }
@@ -534,6 +555,23 @@ impl Device {
             l.max_uniform_buffer_range.into(),
             l.min_uniform_buffer_offset_alignment.max(1),
         )
+    }
+
+    /// The compute stage's subgroup size when it supports the subgroup
+    /// operations the quantized kernels' CPU form uses (basic, ballot:
+    /// `subgroupBroadcast`, arithmetic: `subgroupAdd` / `Max` / `Min`), else
+    /// `None`.
+    pub fn subgroup_size(&self) -> Option<u32> {
+        let (size, ops) = self.0.subgroup;
+        ops.then_some(size)
+    }
+
+    /// Nanoseconds per timestamp tick (`timestampPeriod`), or `None` when
+    /// compute queues cannot write timestamps
+    /// (`timestampComputeAndGraphics`).
+    pub fn timestamp_period(&self) -> Option<f64> {
+        let l = &self.0.limits;
+        (l.timestamp_compute_and_graphics == vk::TRUE).then_some(f64::from(l.timestamp_period))
     }
 
     /// `(maxImageDimension2D, maxImageArrayLayers)`: the largest

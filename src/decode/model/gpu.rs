@@ -82,6 +82,26 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// An iteration in flight: `sub` completes it, `n_samples` sequences
+    /// sample, `iteration` is its model's iteration count (checked by finish).
+    pub(crate) fn new(sub: Submission, n_samples: usize, iteration: u64) -> InFlight {
+        InFlight {
+            sub: Arc::new(sub),
+            n_samples,
+            iteration,
+        }
+    }
+
+    /// The model iteration it belongs to.
+    pub(crate) fn iteration(&self) -> u64 {
+        self.iteration
+    }
+
+    /// Waits for completion; `false` on a lost device.
+    pub(crate) fn wait(&self) -> crate::vk::VkResult<bool> {
+        self.sub.wait(None)
+    }
+
     /// The completion fd: an eventfd or sync_file, POLLIN once the
     /// iteration's command buffer has executed (B-066). Valid while `self` lives.
     pub fn fence_fd(&self) -> BorrowedFd<'_> {
