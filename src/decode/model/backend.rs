@@ -26,14 +26,15 @@ use crate::vk;
 type Outcome = Option<Result<Vec<u32>, DeviceError>>;
 
 /// A host model's state and the result slot of its launched plan, shared
-/// with the closure that computes it on a pool thread.
-struct HostCompute<S> {
+/// with the closure that computes it on a pool thread (also the GGUF CPU
+/// model's, `llama_backend`).
+pub(super) struct HostCompute<S> {
     state: Arc<Mutex<S>>,
     result: Arc<Mutex<Outcome>>,
 }
 
 impl<S: Send + 'static> HostCompute<S> {
-    fn new(state: S) -> Self {
+    pub(super) fn new(state: S) -> Self {
         HostCompute {
             state: Arc::new(Mutex::new(state)),
             result: Arc::new(Mutex::new(None)),
@@ -41,7 +42,7 @@ impl<S: Send + 'static> HostCompute<S> {
     }
 
     /// The closure that runs `step` on `plan` and stores its result.
-    fn launch(
+    pub(super) fn launch(
         &self,
         plan: &BatchPlan,
         step: fn(&mut S, &BatchPlan) -> Result<Vec<u32>, DeviceError>,
@@ -54,7 +55,7 @@ impl<S: Send + 'static> HostCompute<S> {
         }))
     }
 
-    fn finish(&self) -> Result<Vec<u32>, DeviceError> {
+    pub(super) fn finish(&self) -> Result<Vec<u32>, DeviceError> {
         lock(&self.result)
             .take()
             .unwrap_or_else(|| Err(DeviceError("finish before the launched plan ran".into())))

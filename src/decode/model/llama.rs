@@ -42,7 +42,7 @@ use rayon::prelude::*;
 use super::config::LlamaConfig;
 use super::gguf::{GgmlType, Gguf, GgufWriter, TensorInfo, Value};
 use super::quant::{self, QMatrix};
-use super::{ModelError, Weights};
+use super::{BatchPlan, KvGeometry, ModelError, Weights};
 
 /// A matrix of the model: where its bytes are in the file.
 #[derive(Debug, Clone)]
@@ -139,6 +139,34 @@ pub enum ForwardError {
         /// Index of the chunk.
         chunk: usize,
     },
+    /// A paged KV cache made for a model of another shape.
+    #[error("the paged KV cache was made for another model shape")]
+    ForeignCache,
+    /// A block table too short for the positions a plan's sequence runs.
+    #[error(
+        "sequence {chunk}: {positions} positions need {need} blocks of {block_size}, its block table has {blocks}",
+        need = positions.div_ceil(*block_size)
+    )]
+    BlockTable {
+        /// Index of the sequence in the plan.
+        chunk: usize,
+        /// Positions covered after the sequence's tokens (`start_pos + tokens`).
+        positions: usize,
+        /// Entries in its block table.
+        blocks: usize,
+        /// Positions per block.
+        block_size: usize,
+    },
+    /// A block id outside the paged KV cache.
+    #[error("sequence {chunk}: block {block} is not below the cache's {n_blocks} blocks")]
+    Block {
+        /// Index of the sequence in the plan.
+        chunk: usize,
+        /// The block id.
+        block: u32,
+        /// Blocks in the cache.
+        n_blocks: usize,
+    },
 }
 
 /// One stream's KV cache (see the module documentation).
@@ -184,6 +212,110 @@ impl Sequence {
     pub fn v_at(&self, layer: usize, pos: usize) -> &[f32] {
         assert!(pos < self.len);
         &self.v[layer][pos * self.kv_dim..(pos + 1) * self.kv_dim]
+    }
+}
+
+/// A paged KV cache: per layer, K and V of `n_blocks * block_size`
+/// positions (`[n_layers][n_blocks][block_size][kv_dim]` f32 each),
+/// addressed through a plan's block tables ([`Llama::forward_paged`]); the
+/// CPU counterpart of the Vulkan model's KV cache.
+#[derive(Debug, Clone)]
+pub struct PagedKv {
+    n_layers: usize,
+    kv_dim: usize,
+    geometry: KvGeometry,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl PagedKv {
+    /// The cache's geometry.
+    pub fn geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+
+    /// Bytes of K and V held.
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 4
+    }
+
+    /// Element offset of `(layer, block, slot within the block)`.
+    fn at(&self, layer: usize, block: u32, slot: usize) -> usize {
+        let positions = self.geometry.n_blocks * self.geometry.block_size;
+        (layer * positions + block as usize * self.geometry.block_size + slot) * self.kv_dim
+    }
+}
+
+/// Where a forward pass's K and V rows go and are read back from: the
+/// contiguous per-sequence caches of [`Llama::forward`] or the paged cache
+/// of [`Llama::forward_paged`]. Everything else of the pass is shared.
+trait KvStore: Sync {
+    /// Stores layer `layer`'s K and V of every row of the pass (`[rows,
+    /// kv_dim]` each, rows in pass order).
+    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]);
+    /// K of sequence `seq` (its index in the pass) at `pos` in `layer`: `[kv_dim]`.
+    fn k(&self, layer: usize, seq: usize, pos: usize) -> &[f32];
+    /// V, as [`KvStore::k`].
+    fn v(&self, layer: usize, seq: usize, pos: usize) -> &[f32];
+}
+
+/// [`KvStore`] over the chunks' own sequences (appended in chunk order).
+struct SeqStore<'s, 'c> {
+    chunks: &'s mut [Chunk<'c>],
+}
+
+impl KvStore for SeqStore<'_, '_> {
+    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let mut r = 0;
+        for ch in self.chunks.iter_mut() {
+            let kvd = ch.seq.kv_dim;
+            let n = ch.tokens.len();
+            ch.seq.k[layer].extend_from_slice(&k[r * kvd..(r + n) * kvd]);
+            ch.seq.v[layer].extend_from_slice(&v[r * kvd..(r + n) * kvd]);
+            r += n;
+        }
+    }
+    fn k(&self, layer: usize, seq: usize, pos: usize) -> &[f32] {
+        let s = &self.chunks[seq].seq;
+        &s.k[layer][pos * s.kv_dim..(pos + 1) * s.kv_dim]
+    }
+    fn v(&self, layer: usize, seq: usize, pos: usize) -> &[f32] {
+        let s = &self.chunks[seq].seq;
+        &s.v[layer][pos * s.kv_dim..(pos + 1) * s.kv_dim]
+    }
+}
+
+/// [`KvStore`] over a [`PagedKv`] through a plan's block tables.
+struct PagedStore<'a> {
+    kv: &'a mut PagedKv,
+    plan: &'a BatchPlan,
+    rows: &'a [(usize, usize)],
+}
+
+impl PagedStore<'_> {
+    fn offset(&self, layer: usize, seq: usize, pos: usize) -> usize {
+        let bs = self.kv.geometry.block_size;
+        let block = self.plan.seqs[seq].block_table[pos / bs];
+        self.kv.at(layer, block, pos % bs)
+    }
+}
+
+impl KvStore for PagedStore<'_> {
+    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let kvd = self.kv.kv_dim;
+        for (r, &(seq, pos)) in self.rows.iter().enumerate() {
+            let at = self.offset(layer, seq, pos);
+            self.kv.k[at..at + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
+            self.kv.v[at..at + kvd].copy_from_slice(&v[r * kvd..(r + 1) * kvd]);
+        }
+    }
+    fn k(&self, layer: usize, seq: usize, pos: usize) -> &[f32] {
+        let at = self.offset(layer, seq, pos);
+        &self.kv.k[at..at + self.kv.kv_dim]
+    }
+    fn v(&self, layer: usize, seq: usize, pos: usize) -> &[f32] {
+        let at = self.offset(layer, seq, pos);
+        &self.kv.v[at..at + self.kv.kv_dim]
     }
 }
 
@@ -349,39 +481,184 @@ impl Llama {
             if s.n_layers != c.n_layers || s.kv_dim != c.kv_dim() || s.max_len != c.seq_len {
                 return Err(ForwardError::ForeignSequence { chunk: i });
             }
-            if ch.tokens.is_empty() {
-                return Err(ForwardError::Empty { chunk: i });
-            }
-            if let Some(&t) = ch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(ForwardError::Token {
-                    chunk: i,
-                    token: t,
-                    vocab: c.vocab_size,
-                });
-            }
-            if s.len + ch.tokens.len() > c.seq_len {
-                return Err(ForwardError::ContextFull {
-                    chunk: i,
-                    len: s.len,
-                    adding: ch.tokens.len(),
-                    max: c.seq_len,
-                });
-            }
+            self.check_chunk(i, ch.tokens, s.len)?;
         }
-        let (d, kvd, hd) = (c.dim, c.kv_dim(), c.hidden_dim);
         // Row r: (chunk, position).
         let rows: Vec<(usize, usize)> = chunks
             .iter()
             .enumerate()
             .flat_map(|(i, ch)| (0..ch.tokens.len()).map(move |j| (i, ch.seq.len + j)))
             .collect();
+        let tokens: Vec<u32> = chunks.iter().flat_map(|ch| ch.tokens).copied().collect();
+        // Rows whose logits are wanted, in chunk order.
+        let mut want = Vec::new();
+        let mut r = 0;
+        for ch in chunks.iter() {
+            let n = ch.tokens.len();
+            match ch.logits {
+                Logits::None => {}
+                Logits::Last => want.push(r + n - 1),
+                Logits::All => want.extend(r..r + n),
+            }
+            r += n;
+        }
+        let logits = self.run_rows(&tokens, &rows, &want, &mut SeqStore { chunks })?;
+        for ch in chunks.iter_mut() {
+            ch.seq.len += ch.tokens.len();
+        }
+        let vocab = c.vocab_size;
+        let mut out = Vec::with_capacity(chunks.len());
+        let mut at = 0;
+        for ch in chunks.iter() {
+            let n = match ch.logits {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => ch.tokens.len(),
+            };
+            out.push(logits[at * vocab..(at + n) * vocab].to_vec());
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// A paged KV cache of `geometry` for this model (zeroed): the store of
+    /// [`forward_paged`](Self::forward_paged).
+    pub fn new_paged_kv(&self, geometry: KvGeometry) -> PagedKv {
+        let c = &self.config.shape;
+        let n = geometry.n_blocks * geometry.block_size * c.n_layers * c.kv_dim();
+        PagedKv {
+            n_layers: c.n_layers,
+            kv_dim: c.kv_dim(),
+            geometry,
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+        }
+    }
+
+    /// Runs one iteration's [`BatchPlan`] over a paged KV cache: each
+    /// sequence's tokens at positions `start_pos..start_pos + tokens.len()`,
+    /// their K and V written into the blocks its block table names (block
+    /// `i` holds positions `i * block_size..(i + 1) * block_size`), attention
+    /// over positions `0..=pos` read back through the same table. Returns the
+    /// logits after the last token of every sequence whose `sample` flag is
+    /// set (`[vocab]` each, plan order).
+    ///
+    /// The arithmetic is [`forward`](Self::forward)'s, row for row (the same
+    /// code, only the KV store differs): a sequence run through block tables
+    /// gets the same bits as in its own contiguous [`Sequence`], whatever the
+    /// plan packs beside it and however its prompt is chunked. Positions
+    /// before `start_pos` must have been written by earlier plans through the
+    /// same table (the serving side's ledger owns the tables; the model
+    /// cannot tell stale blocks from written ones).
+    ///
+    /// # Errors
+    /// [`ForwardError`] naming the sequence (`chunk` = its index in the plan)
+    /// for an empty sequence, a token outside the vocabulary, positions past
+    /// the context length, a block table that does not cover the positions
+    /// run or names a block outside the cache, or a cache made for another
+    /// model shape. Nothing ran and no block changed then.
+    pub fn forward_paged(
+        &self,
+        kv: &mut PagedKv,
+        plan: &BatchPlan,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let c = self.config.shape;
+        if kv.n_layers != c.n_layers || kv.kv_dim != c.kv_dim() {
+            return Err(ForwardError::ForeignCache);
+        }
+        let bs = kv.geometry.block_size;
+        for (i, s) in plan.seqs.iter().enumerate() {
+            self.check_chunk(i, &s.tokens, s.start_pos)?;
+            let end = s.start_pos + s.tokens.len();
+            let needed = end.div_ceil(bs);
+            if s.block_table.len() < needed {
+                return Err(ForwardError::BlockTable {
+                    chunk: i,
+                    positions: end,
+                    blocks: s.block_table.len(),
+                    block_size: bs,
+                });
+            }
+            if let Some(&b) = s.block_table[..needed]
+                .iter()
+                .find(|&&b| b as usize >= kv.geometry.n_blocks)
+            {
+                return Err(ForwardError::Block {
+                    chunk: i,
+                    block: b,
+                    n_blocks: kv.geometry.n_blocks,
+                });
+            }
+        }
+        let rows: Vec<(usize, usize)> = plan
+            .seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (0..s.tokens.len()).map(move |j| (i, s.start_pos + j)))
+            .collect();
+        let tokens: Vec<u32> = plan.seqs.iter().flat_map(|s| &s.tokens).copied().collect();
+        let mut want = Vec::new();
+        let mut r = 0;
+        for s in &plan.seqs {
+            r += s.tokens.len();
+            if s.sample {
+                want.push(r - 1);
+            }
+        }
+        let mut store = PagedStore {
+            kv,
+            plan,
+            rows: &rows,
+        };
+        let logits = self.run_rows(&tokens, &rows, &want, &mut store)?;
+        let vocab = c.vocab_size;
+        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The checks every chunk passes before anything runs: tokens present,
+    /// in the vocabulary, and within the context after `len` cached
+    /// positions.
+    fn check_chunk(&self, i: usize, tokens: &[u32], len: usize) -> Result<(), ForwardError> {
+        let c = &self.config.shape;
+        if tokens.is_empty() {
+            return Err(ForwardError::Empty { chunk: i });
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ForwardError::Token {
+                chunk: i,
+                token: t,
+                vocab: c.vocab_size,
+            });
+        }
+        if len.saturating_add(tokens.len()) > c.seq_len {
+            return Err(ForwardError::ContextFull {
+                chunk: i,
+                len,
+                adding: tokens.len(),
+                max: c.seq_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// The forward pass proper, shared by [`forward`](Self::forward) and
+    /// [`forward_paged`](Self::forward_paged): token row `r` is `tokens[r]`
+    /// at `rows[r] = (sequence, position)`; K and V go to `store`, attention
+    /// reads them back from it; returns the logits of the rows in `want`
+    /// (`[want.len(), vocab]`). Callers have checked the rows.
+    fn run_rows<S: KvStore>(
+        &self,
+        tokens: &[u32],
+        rows: &[(usize, usize)],
+        want: &[usize],
+        store: &mut S,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let c = self.config.shape;
+        let (d, kvd, hd) = (c.dim, c.kv_dim(), c.hidden_dim);
         let m = rows.len();
         let embd = self.q(&self.token_embd);
         let mut x = vec![0f32; m * d];
-        for (xr, &t) in x
-            .chunks_exact_mut(d)
-            .zip(chunks.iter().flat_map(|ch| ch.tokens))
-        {
+        for (xr, &t) in x.chunks_exact_mut(d).zip(tokens) {
             embd.dequantize_row(t as usize, xr);
         }
         let mut xb = vec![0f32; m * d];
@@ -397,17 +674,11 @@ impl Llama {
                 self.rope(&mut q[r * d..(r + 1) * d], pos);
                 self.rope(&mut k[r * kvd..(r + 1) * kvd], pos);
             }
-            let mut r = 0;
-            for ch in chunks.iter_mut() {
-                let n = ch.tokens.len();
-                ch.seq.k[li].extend_from_slice(&k[r * kvd..(r + n) * kvd]);
-                ch.seq.v[li].extend_from_slice(&v[r * kvd..(r + n) * kvd]);
-                r += n;
-            }
-            let seqs: Vec<&Sequence> = chunks.iter().map(|ch| &*ch.seq).collect();
+            store.store(li, &k, &v);
+            let st: &S = store;
             let attend = |(r, out): (usize, &mut [f32])| {
-                let (ci, pos) = rows[r];
-                self.attention(out, &q[r * d..(r + 1) * d], seqs[ci], li, pos);
+                let (si, pos) = rows[r];
+                self.attention(out, &q[r * d..(r + 1) * d], st, si, li, pos);
             };
             if m > 1 {
                 att.par_chunks_mut(d).enumerate().for_each(attend);
@@ -425,23 +696,8 @@ impl Llama {
             quant::matmul(&self.q(&layer.down), &g, m, &mut tmp);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
-        for ch in chunks.iter_mut() {
-            ch.seq.len += ch.tokens.len();
-        }
-        // Rows whose logits are wanted, in chunk order.
-        let mut want = Vec::new();
-        let mut r = 0;
-        for ch in chunks.iter() {
-            let n = ch.tokens.len();
-            match ch.logits {
-                Logits::None => {}
-                Logits::Last => want.push(r + n - 1),
-                Logits::All => want.extend(r..r + n),
-            }
-            r += n;
-        }
         let mut sel = vec![0f32; want.len() * d];
-        for (o, &r) in sel.chunks_exact_mut(d).zip(&want) {
+        for (o, &r) in sel.chunks_exact_mut(d).zip(want) {
             rmsnorm(
                 o,
                 &x[r * d..(r + 1) * d],
@@ -452,18 +708,7 @@ impl Llama {
         let vocab = c.vocab_size;
         let mut logits = vec![0f32; want.len() * vocab];
         quant::matmul(&self.q(&self.output), &sel, want.len(), &mut logits);
-        let mut out = Vec::with_capacity(chunks.len());
-        let mut at = 0;
-        for ch in chunks.iter() {
-            let n = match ch.logits {
-                Logits::None => 0,
-                Logits::Last => 1,
-                Logits::All => ch.tokens.len(),
-            };
-            out.push(logits[at * vocab..(at + n) * vocab].to_vec());
-            at += n;
-        }
-        Ok(out)
+        Ok(logits)
     }
 
     fn rmsnorm_rows(&self, out: &mut [f32], x: &[f32], w: &[f32]) {
@@ -487,20 +732,26 @@ impl Llama {
     }
 
     /// Causal attention of one query row at `pos` over positions `0..=pos`
-    /// of `seq`'s layer `layer`; `out` and `q` are `[dim]`.
-    fn attention(&self, out: &mut [f32], q: &[f32], seq: &Sequence, layer: usize, pos: usize) {
+    /// of sequence `seq`'s layer `layer` in `kv`; `out` and `q` are `[dim]`.
+    fn attention<S: KvStore>(
+        &self,
+        out: &mut [f32],
+        q: &[f32],
+        kv: &S,
+        seq: usize,
+        layer: usize,
+        pos: usize,
+    ) {
         let c = &self.config.shape;
         let hs = c.head_size();
         let group = c.n_heads / c.n_kv_heads;
-        let kvd = c.kv_dim();
         let scale = 1.0 / (hs as f32).sqrt();
-        let (keys, vals) = (&seq.k[layer], &seq.v[layer]);
         let mut att = vec![0f32; pos + 1];
         for h in 0..c.n_heads {
             let qh = &q[h * hs..(h + 1) * hs];
             let ko = (h / group) * hs;
             for (t, a) in att.iter_mut().enumerate() {
-                *a = dot(qh, &keys[t * kvd + ko..t * kvd + ko + hs]) * scale;
+                *a = dot(qh, &kv.k(layer, seq, t)[ko..ko + hs]) * scale;
             }
             let max = att.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let mut sum = 0f32;
@@ -513,7 +764,7 @@ impl Llama {
             oh.fill(0.0);
             for (t, a) in att.iter().enumerate() {
                 let w = a * inv;
-                for (o, vv) in oh.iter_mut().zip(&vals[t * kvd + ko..t * kvd + ko + hs]) {
+                for (o, vv) in oh.iter_mut().zip(&kv.v(layer, seq, t)[ko..ko + hs]) {
                     *o += w * vv;
                 }
             }
@@ -739,7 +990,7 @@ pub fn gguf_from_weights(w: &Weights, ty: GgmlType, rope_base: f32, tied: bool) 
 mod tests {
     use super::*;
     use crate::decode::model::reference::{self, CpuKvCache};
-    use crate::decode::model::{Config, KvGeometry};
+    use crate::decode::model::{Config, SeqWork};
 
     fn tiny(ty: GgmlType, tied: bool) -> (Weights, Llama) {
         let w = Weights::synthetic(Config::tiny(), 7);
@@ -823,6 +1074,165 @@ mod tests {
             assert_eq!(bits(a), bits(b));
         }
         assert!(seqs.iter().zip(prompts).all(|(s, p)| s.len() == p.len()));
+    }
+
+    /// The paged pass over a mixed schedule (members joining and leaving,
+    /// prompts in chunks of 3 beside decode rows, scattered block tables
+    /// interleaved in the cache) gives every sequence the bits of the
+    /// contiguous pass, and the same greedy tokens.
+    #[test]
+    fn paged_and_contiguous_passes_are_bit_identical() {
+        let (_, model) = tiny(GgmlType::Q4_1, true);
+        let geo = KvGeometry {
+            block_size: 4,
+            n_blocks: 40,
+        };
+        let mut paged = model.new_paged_kv(geo);
+        let prompts: [&[u32]; 4] = [
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+            &[9, 8],
+            &[400, 401, 402, 403, 404],
+            &[7],
+        ];
+        let join = [0, 0, 2, 3];
+        let n_gen = [6, 9, 4, 5];
+        let tables: Vec<Vec<u32>> = (0..4)
+            .map(|i| (0..10).rev().map(|j| (j * 4 + i) as u32).collect())
+            .collect();
+        let mut seqs: Vec<Sequence> = (0..4).map(|_| model.new_sequence()).collect();
+        let mut fed = [0usize; 4];
+        let mut out: Vec<Vec<u32>> = vec![vec![]; 4];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut it = 0;
+        let mut mixed = false;
+        while (0..4).any(|i| out[i].len() < n_gen[i]) {
+            let active: Vec<usize> = (0..4)
+                .filter(|&i| join[i] <= it && out[i].len() < n_gen[i])
+                .collect();
+            let work: Vec<(usize, Vec<u32>, bool)> = active
+                .iter()
+                .map(|&i| {
+                    if fed[i] < prompts[i].len() {
+                        let end = (fed[i] + 3).min(prompts[i].len());
+                        (i, prompts[i][fed[i]..end].to_vec(), end == prompts[i].len())
+                    } else {
+                        (i, vec![*out[i].last().unwrap()], true)
+                    }
+                })
+                .collect();
+            mixed |= work.iter().any(|w| w.1.len() > 1) && work.iter().any(|w| w.1.len() == 1);
+            let plan = BatchPlan {
+                seqs: work
+                    .iter()
+                    .map(|(i, t, sample)| SeqWork {
+                        tokens: t.clone(),
+                        start_pos: seqs[*i].len(),
+                        block_table: tables[*i].clone(),
+                        sample: *sample,
+                    })
+                    .collect(),
+            };
+            let got = model.forward_paged(&mut paged, &plan).unwrap();
+            let mut k = 0;
+            for (i, t, sample) in &work {
+                let want = model
+                    .forward(&mut [Chunk {
+                        seq: &mut seqs[*i],
+                        tokens: t,
+                        logits: if *sample { Logits::Last } else { Logits::None },
+                    }])
+                    .unwrap()
+                    .remove(0);
+                if *sample {
+                    assert_eq!(bits(&got[k]), bits(&want), "iteration {it}, sequence {i}");
+                    out[*i].push(crate::decode::model::sampling::argmax(&want));
+                    k += 1;
+                }
+                if fed[*i] < prompts[*i].len() {
+                    fed[*i] += t.len();
+                }
+            }
+            assert_eq!(k, got.len());
+            it += 1;
+        }
+        assert!(mixed, "the schedule mixes prefill chunks and decode rows");
+    }
+
+    #[test]
+    fn bad_plans_are_refused_by_the_paged_pass_and_change_nothing() {
+        let (_, model) = tiny(GgmlType::Q8_0, false);
+        let geo = KvGeometry {
+            block_size: 4,
+            n_blocks: 3,
+        };
+        let mut kv = model.new_paged_kv(geo);
+        let plan = |tokens: Vec<u32>, start_pos, block_table: Vec<u32>| BatchPlan {
+            seqs: vec![
+                SeqWork {
+                    tokens: vec![1],
+                    start_pos: 0,
+                    block_table: vec![0],
+                    sample: true,
+                },
+                SeqWork {
+                    tokens,
+                    start_pos,
+                    block_table,
+                    sample: true,
+                },
+            ],
+        };
+        let mut run = |p: BatchPlan| model.forward_paged(&mut kv, &p).map(|_| ());
+        assert_eq!(
+            run(plan(vec![], 0, vec![1])),
+            Err(ForwardError::Empty { chunk: 1 })
+        );
+        assert_eq!(
+            run(plan(vec![600], 0, vec![1])),
+            Err(ForwardError::Token {
+                chunk: 1,
+                token: 600,
+                vocab: 512
+            })
+        );
+        assert!(matches!(
+            run(plan(vec![1, 2], 255, vec![1; 64])),
+            Err(ForwardError::ContextFull {
+                chunk: 1,
+                len: 255,
+                adding: 2,
+                max: 256
+            })
+        ));
+        let e = run(plan(vec![1, 2, 3], 3, vec![1])).unwrap_err();
+        assert_eq!(
+            e,
+            ForwardError::BlockTable {
+                chunk: 1,
+                positions: 6,
+                blocks: 1,
+                block_size: 4
+            }
+        );
+        assert!(e.to_string().contains("need 2 blocks"), "{e}");
+        assert_eq!(
+            run(plan(vec![1], 4, vec![1, 3])),
+            Err(ForwardError::Block {
+                chunk: 1,
+                block: 3,
+                n_blocks: 3
+            })
+        );
+        assert!(
+            kv.k.iter().chain(&kv.v).all(|&x| x == 0.0),
+            "nothing written"
+        );
+        let mut foreign = model.new_paged_kv(geo);
+        foreign.kv_dim = 1;
+        assert_eq!(
+            model.forward_paged(&mut foreign, &plan(vec![1], 0, vec![1])),
+            Err(ForwardError::ForeignCache)
+        );
     }
 
     /// A quantized model against the F32 model of its own dequantized

@@ -84,6 +84,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod gpu_llama;
 pub mod llama;
+pub mod llama_backend;
 pub mod ops;
 pub mod qops;
 pub mod quant;
