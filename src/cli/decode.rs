@@ -1,9 +1,12 @@
 //! `xtc decode`: KV-cache continuous batching of a trace-replayed workload.
 //!
-//! With no arguments: the seeded synthetic model ([`Config::tiny`]), the
-//! embedded slice of the Azure LLM inference conversation trace (arrivals
-//! sped up by [`DEFAULT_TIME_SCALE`], lengths scaled down on CPU devices),
-//! on the default device; prints the report. See `xtc decode --help`.
+//! With no arguments: the GGUF model (SmolLM2-135M-Instruct, see
+//! [`super::decode_model`]) with real-text prompts, the embedded slice of the
+//! Azure LLM inference conversation trace (arrivals sped up by
+//! [`DEFAULT_TIME_SCALE`], lengths scaled down and fewer requests on CPU
+//! devices), on the default device; prints the report and three sample
+//! completions. `--synthetic` runs the seeded synthetic model
+//! ([`Config::tiny`]) instead. See `xtc decode --help`.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -11,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::decode_model::{Source, render_samples};
 use crate::decode::model::backend::{CpuModel, ToyModel, VulkanModel};
-use crate::decode::model::checkpoint;
-use crate::decode::model::tokenizer::{self, Tokenizer};
 use crate::decode::model::{Config, KvGeometry, Weights};
 use crate::decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use crate::decode::serve::kv::KvLedger;
@@ -28,7 +30,8 @@ pub const DEFAULT_TIME_SCALE: f64 = 8.0;
 /// up front (the group's and the device's per-member storage would not fit).
 pub const MAX_ACTIVE_LIMIT: usize = 1 << 20;
 
-/// Default number of requests replayed.
+/// Default number of requests replayed (a GGUF model on a CPU device:
+/// [`super::decode_model::CPU_MODEL_REQUESTS`]).
 pub const DEFAULT_REQUESTS: usize = 512;
 
 /// Length scaling on CPU devices: prompt / 32 (the trace's median prompt of
@@ -82,20 +85,30 @@ pub const MAX_REPLAY: Duration = Duration::from_secs(24 * 3600);
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = EXIT_STATUS_HELP)]
 pub struct DecodeArgs {
-    /// llama2.c checkpoint to run instead of the synthetic model.
-    #[arg(long, value_name = "PATH")]
+    /// Model file: a GGUF model (default: the SmolLM2-135M-Instruct Q4_1 that
+    /// scripts/fetch-model.sh puts in $XDG_CACHE_HOME/xtc/, ~/.cache/xtc/), or a
+    /// llama2.c checkpoint (a file without the GGUF magic; greedy decode then
+    /// stops at its EOS).
+    #[arg(long, value_name = "PATH", conflicts_with = "synthetic")]
     pub model: Option<PathBuf>,
-    /// llama2.c tokenizer.bin: print sample outputs as text (needs --model).
+    /// llama2.c tokenizer.bin: print sample outputs of a llama2.c checkpoint as
+    /// text (needs --model; a GGUF model carries its own tokenizer).
     #[arg(long, value_name = "PATH", requires = "model")]
     pub tokenizer: Option<PathBuf>,
+    /// Run the seeded synthetic model (dim 64, 4 layers, vocabulary 512) with
+    /// random prompt ids instead of the GGUF model: measures the engine without
+    /// the model file (the default of --device toy).
+    #[arg(long)]
+    pub synthetic: bool,
     /// Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) instead of the embedded Azure slice.
     /// TIMESTAMP is `YYYY-MM-DD HH:MM:SS[.f]` (optionally with a `+00:00`/`Z`
     /// suffix) or plain seconds; rows must be in time order (an earlier row is
     /// an error naming its line).
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
-    /// Requests to replay: the trace's first N rows, N >= 1 (default: 512, or
-    /// every row of a shorter trace; a warning if N is more than the trace has).
+    /// Requests to replay: the trace's first N rows, N >= 1 (default: 512, 64 for
+    /// the GGUF model on a CPU device, or every row of a shorter trace; a
+    /// warning if N is more than the trace has).
     #[arg(
         long,
         value_name = "N",
@@ -157,7 +170,8 @@ pub struct DecodeArgs {
     /// Device: `auto` (a GPU if present, else lavapipe), a Vulkan device index, name or render node, `cpu` (the CPU reference, no Vulkan) or `toy` (no model: measures the batching alone).
     #[arg(long, value_name = "DEV", default_value = "auto", value_parser = device)]
     pub device: String,
-    /// Seed of the synthetic weights, prompts and cancellations.
+    /// Seed of the synthetic weights, the prompts (their windows of the text for
+    /// the GGUF model) and the cancellations.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub seed: u64,
     /// Print the report as JSON on stdout.
@@ -315,7 +329,13 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         None => trace::embedded(),
     };
     let rows = trace.requests.len();
-    let requests = args.requests.unwrap_or(DEFAULT_REQUESTS).min(rows);
+    let trace_out = TraceOut::prepare(args)?;
+    let device = DeviceChoice::open(&args.device)?;
+    let source = Source::load(args, &device)?;
+    let requests = args
+        .requests
+        .unwrap_or_else(|| source.default_requests(device.is_cpu()))
+        .min(rows);
     let replayed = &trace.requests[..requests];
     check_replay(args, replayed)?;
     if let Some(n) = args.requests.filter(|&n| n > rows) {
@@ -323,24 +343,23 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
             "xtc decode: warning: --requests {n} but the trace has only {rows} rows: replaying {rows}"
         );
     }
-    let trace_out = TraceOut::prepare(args)?;
-    let weights = load_weights(args)?;
-    let config = weights.config;
-    let device = DeviceChoice::open(&args.device)?;
+    let config = source.config(&device);
     let scaling = scaling(args, &config, device.is_cpu());
-    let wl = job::workload(
+    let wl = source.workload(
         &trace,
         requests,
         &scaling,
-        config.vocab_size,
+        &config,
         args.seed,
         args.cancel_rate,
-    );
-    let opts = job_opts(args, &wl, &config);
-    let tokenizer = load_tokenizer(args, &config)?;
+    )?;
+    let opts = JobOpts {
+        stop_token: source.stop_token(),
+        ..job_opts(args, &wl, &config)
+    };
     check_kv_size(args, &config, &opts)?;
-    check_memory(args, &weights, &opts, &device, &wl)?;
-    let model = device.model(weights, &opts).map_err(|e| {
+    check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
+    let model = source.model(&device, &opts, &config).map_err(|e| {
         format!(
             "{e} (buffers for --token-budget {} token rows and a ready vector of \
              --max-active {}; {})",
@@ -351,19 +370,21 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     })?;
     if !args.json {
         eprintln!(
-            "{}",
-            banner(args, &trace, &wl, &opts, &model.borrow().describe())
+            "{}\n{}",
+            banner(args, &trace, &wl, &opts, &model.borrow().describe()),
+            source.banner_line(&scaling)
         );
     }
     if args.compare {
-        return compare(args, &model, &wl, &opts, trace_out, w);
+        return compare(args, &model, &wl, &opts, trace_out, &source, w);
     }
     let out = run_once(&model, &wl, &opts, !args.json)?;
     let report = Report::from_run(&out, wl.requests.len());
+    let samples = source.samples(&out);
     let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
+        with_samples(&report, &samples)? + "\n"
     } else {
-        report.render() + &tokenizer.map_or(String::new(), |t| samples(&t, &out))
+        report.render() + &render_samples(&samples, matches!(source, Source::Gguf(_)))
     };
     // The report first: a late trace-file failure must not lose it.
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
@@ -472,11 +493,20 @@ impl DeviceChoice {
     }
 }
 
-fn load_weights(args: &DecodeArgs) -> Result<Weights, String> {
-    match &args.model {
-        Some(p) => checkpoint::load(p).map_err(|e| e.to_string()),
-        None => Ok(Weights::synthetic(Config::tiny(), args.seed)),
+/// `value` as pretty JSON with a `samples` field added (the sample
+/// completions as text; an empty list when the model has no tokenizer).
+fn with_samples(
+    value: &impl serde::Serialize,
+    samples: &[super::decode_model::Sample],
+) -> Result<String, String> {
+    let mut v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "samples".into(),
+            serde_json::to_value(samples).map_err(|e| e.to_string())?,
+        );
     }
+    serde_json::to_string_pretty(&v).map_err(|e| e.to_string())
 }
 
 /// The length scaling for the device: CPU devices get [`CPU_SCALING`]'s
@@ -527,15 +557,8 @@ pub fn job_opts(args: &DecodeArgs, wl: &Workload, config: &Config) -> JobOpts {
             .unwrap_or(per_req.saturating_mul(args.max_active.max(1))),
         block_size: args.block_size,
         token_budget: args.token_budget,
-        stop_token: args.model.as_ref().map(|_| tokenizer::EOS),
+        stop_token: None,
     }
-}
-
-fn load_tokenizer(args: &DecodeArgs, config: &Config) -> Result<Option<Tokenizer>, String> {
-    args.tokenizer
-        .as_ref()
-        .map(|p| Tokenizer::load(p, config.vocab_size).map_err(|e| e.to_string()))
-        .transpose()
 }
 
 fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, device: &str) -> String {
@@ -599,6 +622,7 @@ fn compare(
     wl: &Workload,
     opts: &JobOpts,
     trace_out: Option<TraceOut>,
+    source: &Source,
     w: &mut dyn Write,
 ) -> Result<i32, String> {
     let t0 = Instant::now();
@@ -616,14 +640,16 @@ fn compare(
     let stat = reports.pop().expect("three runs");
     let cont = reports.pop().expect("three runs");
     let cmp = Comparison::new(cont, stat, one);
+    let samples = traced.as_ref().map_or(Vec::new(), |o| source.samples(o));
     let text = if args.json {
-        serde_json::to_string_pretty(&cmp).map_err(|e| e.to_string())? + "\n"
+        with_samples(&cmp, &samples)? + "\n"
     } else {
         format!(
-            "{}{}(three runs in {:.1} s)\n",
+            "{}{}(three runs in {:.1} s)\n{}",
             cmp.continuous.render(),
             cmp.render(),
-            t0.elapsed().as_secs_f64()
+            t0.elapsed().as_secs_f64(),
+            render_samples(&samples, matches!(source, Source::Gguf(_)))
         )
     };
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
@@ -799,7 +825,7 @@ impl TraceOut {
 
 /// The `--device` error as the user wrote the selector, with the Vulkan
 /// devices that exist and a pointer to `xtc probe`.
-fn device_error(sel: &str, e: &vk::VkError) -> String {
+pub(crate) fn device_error(sel: &str, e: &vk::VkError) -> String {
     let reason = match e {
         vk::VkError::NoMatch(_) => format!("no usable Vulkan device matches `{sel}`"),
         other => other.to_string(),
@@ -968,7 +994,8 @@ pub fn memory_need(
 /// model passed and the kernel killed the run (20 GiB of allocator it missed).
 fn check_memory(
     args: &DecodeArgs,
-    weights: &Weights,
+    config: &Config,
+    weight_elems: u128,
     o: &JobOpts,
     dev: &DeviceChoice,
     wl: &Workload,
@@ -979,8 +1006,7 @@ fn check_memory(
         DeviceChoice::Vulkan(_) if dev.is_cpu() => MemoryKind::VulkanHost,
         DeviceChoice::Vulkan(_) => MemoryKind::VulkanDevice,
     };
-    let elems = weights.tensors().iter().map(|(_, t)| t.len() as u128).sum();
-    let need = memory_need(&weights.config, elems, o, kind, wl, args.compare);
+    let need = memory_need(config, weight_elems, o, kind, wl, args.compare);
     let Some(limit) = host_limit() else {
         return Ok(());
     };
@@ -1081,16 +1107,6 @@ fn cgroup_left() -> Option<u128> {
     let max: u128 = read("memory.max")?.trim().parse().ok()?; // "max": no limit
     let cur: u128 = read("memory.current")?.trim().parse().ok()?;
     Some(max.saturating_sub(cur))
-}
-
-fn samples(t: &Tokenizer, out: &RunOutput) -> String {
-    let mut s = String::new();
-    for f in out.finished.iter().take(3) {
-        let prev = f.seq.prompt.last().copied().unwrap_or(tokenizer::BOS);
-        let text = t.decode(prev, &f.seq.generated);
-        s += &format!("  request {}: {text:?}\n", f.seq.id);
-    }
-    s
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! `xtc generate "prompt"`: one chat turn with the GGUF model on the CPU
-//! reference, streamed to stdout as tokens come.
+//! `xtc generate "prompt"`: one chat turn with the GGUF model on the Vulkan
+//! device (or the CPU reference), streamed to stdout as tokens come.
 //!
 //! The prompt becomes a ChatML user turn (optionally after `--system`);
 //! `--raw` sends the text as is, special tokens such as `<|im_start|>`
@@ -7,12 +7,17 @@
 //! context length. Timings (prefill and decode tokens/s) go to stderr,
 //! `--json` prints one JSON object instead of the stream.
 //!
-//! Devices: `cpu` is the CPU reference; `auto` means `cpu` for now (the
-//! Vulkan path for GGUF models comes later); any other value is refused.
+//! Devices (`--device`, as `xtc decode`'s): `auto` runs on the Vulkan device
+//! (a GPU if there is one, else lavapipe) and falls back to the CPU
+//! reference when no Vulkan device can be opened; `cpu` forces the CPU
+//! reference; an index, part of a name or a render node picks a Vulkan
+//! device. The model runs as a [`Stream`] either way
+//! (`decode::model::stream`).
 //!
-//! Exit status: 0 done; 1 the model could not be found or loaded, or the
-//! output could not be written; 2 a usage error (bad option values, a device
-//! other than `cpu`/`auto`, a prompt longer than the context).
+//! Exit status: 0 done; 1 the model could not be found or loaded, the
+//! device could not be opened, or the output could not be written; 2 a
+//! usage error (bad option values, `--device toy` or an empty one, a prompt
+//! longer than the context).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,10 +25,12 @@ use std::time::Instant;
 
 use crate::decode::model::bpe::{Bpe, TextStream};
 use crate::decode::model::chat::{self, Message};
-use crate::decode::model::generate::{GenerateStats, generate};
+use crate::decode::model::generate::{GenerateStats, PREFILL_CHUNK, generate_on};
 use crate::decode::model::llama::{ForwardError, Llama};
 use crate::decode::model::sampling::{Sampler, SamplingParams};
+use crate::decode::model::stream::{CpuStream, Stream, StreamError, VulkanStream};
 use crate::decode::model::{MODEL_FILE, find_model};
+use crate::vk;
 
 /// Arguments of `xtc generate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,8 +39,14 @@ The model is the GGUF file at $XDG_CACHE_HOME/xtc/ (default ~/.cache/xtc/) \
 named SmolLM2-135M-Instruct.Q4_1.gguf, fetched by scripts/fetch-model.sh, \
 unless --model is given.
 
-Exit status: 0 done; 1 model missing or unreadable, or output not writable; \
-2 usage error (bad option value, unsupported device, prompt too long).
+Devices: auto (the default) runs on the Vulkan device if one can be opened \
+(a GPU, else lavapipe), else on the CPU reference; cpu forces the CPU \
+reference; an index, part of a name or a render node picks a Vulkan device \
+(xtc probe lists them).
+
+Exit status: 0 done; 1 model missing or unreadable, device not usable, or \
+output not writable; 2 usage error (bad option value, --device toy or empty, \
+prompt too long).
 
 Examples:
   xtc generate \"What is the capital of France?\"
@@ -45,7 +58,8 @@ pub struct GenerateArgs {
     /// GGUF model file (default: the fetched SmolLM2-135M-Instruct in the cache directory).
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// `cpu` (the CPU reference) or `auto` (= cpu for now; the Vulkan path comes later).
+    /// `auto` (the Vulkan device if any, else the CPU reference), `cpu`, or a
+    /// Vulkan device index, name or render node.
     #[arg(long, value_name = "DEV", default_value = "auto")]
     pub device: String,
     /// Most tokens to generate (EOS included).
@@ -117,17 +131,23 @@ impl Failure {
     }
 }
 
-/// Usage checks shared by the GGUF commands: `--device` is `cpu` or `auto`
-/// (the only path that runs GGUF models so far), `--threads` is not 0.
+/// Usage checks shared by the GGUF commands: `--device` names a device
+/// (not empty, not `toy`, which runs no model), `--threads` is not 0.
 pub(crate) fn check_options(device: &str, threads: Option<usize>) -> Result<(), Failure> {
-    match device {
-        "cpu" | "auto" => {}
-        other => {
-            return Err(Failure::usage(format!(
-                "--device {other}: only the CPU reference runs GGUF models for now \
-                 (the Vulkan path comes later); use --device cpu (or auto)"
-            )));
+    match device.trim() {
+        "" => {
+            return Err(Failure::usage(
+                "--device '': must name a device: `auto`, `cpu`, an index, part of a name, \
+                 or a render node (`xtc probe` lists them)",
+            ));
         }
+        "toy" => {
+            return Err(Failure::usage(
+                "--device toy runs no model (it is xtc decode's batching-only device); \
+                 use auto, cpu or a Vulkan device",
+            ));
+        }
+        _ => {}
     }
     if threads == Some(0) {
         return Err(Failure::usage("--threads 0: at least one thread is needed"));
@@ -163,6 +183,68 @@ pub(crate) fn load(
     Ok((m, t, path, pool))
 }
 
+/// Where a GGUF command runs (`--device`).
+#[derive(Debug)]
+pub(crate) enum Runner {
+    /// The CPU reference.
+    Cpu,
+    /// A Vulkan device.
+    Vulkan(vk::Device),
+}
+
+/// Opens `--device`: `cpu`; `auto`, the Vulkan device if one opens, else
+/// the CPU reference (saying why on stderr, as `what`); any other selector
+/// must open a Vulkan device.
+pub(crate) fn open_device(sel: &str, what: &str) -> Result<Runner, Failure> {
+    match sel.trim() {
+        "cpu" => Ok(Runner::Cpu),
+        "auto" => match vk::Device::open(&vk::Selector::Auto) {
+            Ok(d) => Ok(Runner::Vulkan(d)),
+            Err(e) => {
+                eprintln!("{what}: no Vulkan device ({e}): running on the CPU reference");
+                Ok(Runner::Cpu)
+            }
+        },
+        s => {
+            let parsed: vk::Selector = s
+                .parse()
+                .map_err(|e| Failure::usage(format!("--device {s}: {e}")))?;
+            vk::Device::open(&parsed)
+                .map(Runner::Vulkan)
+                .map_err(|e| Failure::error(super::decode::device_error(s, &e)))
+        }
+    }
+}
+
+/// Positions per sequence at most on a CPU-kind Vulkan device (the
+/// CPU-device attention runs up to 1817 at head size 64).
+pub(crate) const CPU_DEVICE_CONTEXT: usize = 1536;
+
+/// A stream of `model` on `runner` for sequences of at most `context`
+/// positions (capped at the model's, and at [`CPU_DEVICE_CONTEXT`] on a CPU
+/// device), at most `max_rows` token rows and `logit_rows` logits rows per
+/// plan on a Vulkan device.
+pub(crate) fn stream<'m>(
+    runner: &Runner,
+    model: &'m Llama,
+    context: usize,
+    max_rows: usize,
+    logit_rows: usize,
+) -> Result<Box<dyn Stream + Send + 'm>, Failure> {
+    match runner {
+        Runner::Cpu => Ok(Box::new(CpuStream::new(model))),
+        Runner::Vulkan(dev) => {
+            let mut ctx = context.clamp(1, model.config().shape.seq_len);
+            if dev.info().kind == vk::DeviceKind::Cpu {
+                ctx = ctx.min(CPU_DEVICE_CONTEXT);
+            }
+            let s = VulkanStream::new(dev, model, ctx, max_rows, logit_rows)
+                .map_err(|e| Failure::error(format!("cannot load the model on the device: {e}")))?;
+            Ok(Box::new(s))
+        }
+    }
+}
+
 /// Runs `xtc generate`, streaming the answer to `out` (timings to stderr);
 /// returns the exit status.
 pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> i32 {
@@ -187,7 +269,7 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         .map_err(|e| Failure::usage(format!("--{}", e.to_string().replace('_', "-"))))?;
     let t_load = Instant::now();
     let (model, tok, path, pool) = load(args.model.as_deref(), &args.device, args.threads)?;
-    let load_s = t_load.elapsed().as_secs_f64();
+    let runner = open_device(&args.device, "xtc generate")?;
     let prompt = if args.raw {
         tok.encode_with_specials(&args.prompt)
     } else {
@@ -215,9 +297,15 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let name = path
         .file_name()
         .map_or_else(|| MODEL_FILE.into(), |n| n.to_string_lossy());
+    let context = prompt.len().saturating_add(args.max_tokens);
+    let mut dev_stream = stream(&runner, &model, context, PREFILL_CHUNK, 1)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let device = match runner {
+        Runner::Cpu => format!("the CPU reference ({} threads)", pool.current_num_threads()),
+        Runner::Vulkan(_) => dev_stream.device(),
+    };
     eprintln!(
-        "xtc generate: {name} on the CPU reference ({} threads), loaded in {load_s:.2} s; {} prompt tokens",
-        pool.current_num_threads(),
+        "xtc generate: {name} on {device}, loaded in {load_s:.2} s; {} prompt tokens",
         prompt.len()
     );
     let mut ids = Vec::new();
@@ -230,12 +318,17 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     // drops the receiver, which stops the generation at its next token.
     let result = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel();
-        let (model, prompt, sampler, pool) = (&model, &prompt, &mut sampler, &pool);
+        let (dev, prompt, sampler, pool) = (&mut dev_stream, &prompt, &mut sampler, &pool);
         let worker = s.spawn(move || {
             pool.install(|| {
-                generate(model, prompt, args.max_tokens, &[eos], sampler, |id| {
-                    tx.send(id).is_ok()
-                })
+                generate_on(
+                    dev.as_mut(),
+                    prompt,
+                    args.max_tokens,
+                    &[eos],
+                    sampler,
+                    |id| tx.send(id).is_ok(),
+                )
             })
         });
         for id in rx {
@@ -257,8 +350,10 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if let Some(e) = write_err {
         return Err(Failure::error(format!("cannot write the output: {e}")));
     }
-    let (_, stats) = result.map_err(|e| match e {
-        ForwardError::ContextFull { .. } => Failure::usage(format!("the prompt does not fit: {e}")),
+    let stats = result.map_err(|e| match e {
+        StreamError::Forward(ForwardError::ContextFull { .. }) => {
+            Failure::usage(format!("the prompt does not fit: {e}"))
+        }
         e => Failure::error(e),
     })?;
     let tail = stream.finish();
@@ -266,7 +361,10 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if args.json {
         let v = serde_json::json!({
             "model": path.display().to_string(),
-            "device": "cpu",
+            "device": match runner {
+                Runner::Cpu => "cpu".to_string(),
+                Runner::Vulkan(_) => dev_stream.device(),
+            },
             "threads": pool.current_num_threads(),
             "prompt_ids": prompt,
             "ids": ids,

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 pub mod ci;
 pub mod decode;
+pub mod decode_model;
 pub mod generate;
 pub mod perplexity;
 pub mod probe;

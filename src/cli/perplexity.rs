@@ -1,5 +1,7 @@
 //! `xtc perplexity FILE`: the GGUF model's mean negative log-likelihood
-//! (nats per token) and perplexity over a text file, on the CPU reference.
+//! (nats per token) and perplexity over a text file, on the Vulkan device
+//! or the CPU reference (`--device`, as `xtc generate`'s: `auto` is the
+//! Vulkan device if one opens, else the CPU reference).
 //!
 //! The file (UTF-8) is encoded as plain text (no chat template, no BOS:
 //! SmolLM2 adds none) and scored in windows of `--ctx` tokens, each from a
@@ -16,7 +18,8 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::generate::{Failure, check_options, load};
+use super::generate::{Failure, Runner, check_options, load, open_device, stream};
+use crate::decode::model::stream::{SCORE_STEP, nll};
 
 /// Default window length in tokens.
 pub const DEFAULT_CTX: usize = 512;
@@ -34,7 +37,8 @@ pub struct PerplexityArgs {
     /// GGUF model file (default: the fetched SmolLM2-135M-Instruct in the cache directory).
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// `cpu` (the CPU reference) or `auto` (= cpu for now; the Vulkan path comes later).
+    /// `auto` (the Vulkan device if any, else the CPU reference), `cpu`, or a
+    /// Vulkan device index, name or render node.
     #[arg(long, value_name = "DEV", default_value = "auto")]
     pub device: String,
     /// Tokens per window (at least 2, at most the model's context length).
@@ -85,6 +89,20 @@ fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> 
             args.ctx
         )));
     }
+    let runner = open_device(&args.device, "xtc perplexity")?;
+    if let Runner::Vulkan(d) = &runner
+        && d.info().kind == crate::vk::DeviceKind::Cpu
+        && args.ctx > super::generate::CPU_DEVICE_CONTEXT
+    {
+        return Err(Failure::usage(format!(
+            "--ctx {}: above the {} positions a sequence may hold on the CPU device {} \
+             (use --device cpu, or a smaller --ctx)",
+            args.ctx,
+            super::generate::CPU_DEVICE_CONTEXT,
+            d.info().name
+        )));
+    }
+    let mut dev_stream = stream(&runner, &model, args.ctx, SCORE_STEP, SCORE_STEP)?;
     let ids = tok.encode(&text);
     let dropped = tok.uncovered_in(&text).len();
     if dropped > 0 {
@@ -111,7 +129,7 @@ fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> 
     let t0 = Instant::now();
     let nll = pool
         .install(|| {
-            model.nll(&ids, args.ctx, |done, total| {
+            nll(dev_stream.as_mut(), &ids, args.ctx, |done, total| {
                 bar.set_length(total as u64);
                 bar.set_position(done as u64);
             })
@@ -129,6 +147,7 @@ fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> 
         let v = serde_json::json!({
             "file": args.file.display().to_string(),
             "model": path.display().to_string(),
+            "device": dev_stream.device(),
             "tokens": ids.len(),
             "scored": nll.tokens,
             "windows": windows,

@@ -1,4 +1,5 @@
-//! One stream's generation loop on the CPU reference: prefill the prompt,
+//! One stream's generation loop on a device ([`Stream`]: the CPU reference
+//! or a Vulkan device): prefill the prompt,
 //! then decode token by token until EOS, the token limit or the context
 //! length, handing each token to the caller as it comes; with timings.
 //!
@@ -10,8 +11,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::llama::{Chunk, ForwardError, Llama, Logits, Sequence};
+use super::llama::{ForwardError, Llama, Logits, Sequence};
 use super::sampling::Sampler;
+use super::stream::{CpuStream, Stream, StreamError};
 
 /// Prompt tokens run per prefill pass.
 pub const PREFILL_CHUNK: usize = 256;
@@ -64,9 +66,8 @@ impl GenerateStats {
     }
 }
 
-/// Generates after `prompt` on a fresh sequence: at most `max_tokens`,
-/// stopping at any id in `stop_ids`. `on_token(id)` sees each generated id as
-/// it comes and returns whether to go on.
+/// Generates after `prompt` on a fresh sequence of the CPU reference (as
+/// [`generate_on`] over a [`CpuStream`]); returns the sequence's KV cache too.
 ///
 /// # Errors
 /// [`ForwardError`] for an empty prompt, a token outside the vocabulary or a
@@ -77,12 +78,37 @@ pub fn generate(
     max_tokens: usize,
     stop_ids: &[u32],
     sampler: &mut Sampler,
-    mut on_token: impl FnMut(u32) -> bool,
+    on_token: impl FnMut(u32) -> bool,
 ) -> Result<(Sequence, GenerateStats), ForwardError> {
-    let mut seq = model.new_sequence();
+    let mut stream = CpuStream::new(model);
+    match generate_on(&mut stream, prompt, max_tokens, stop_ids, sampler, on_token) {
+        Ok(stats) => Ok((stream.into_sequence(), stats)),
+        Err(StreamError::Forward(e)) => Err(e),
+        // The CPU stream fails only before running.
+        Err(StreamError::Device(m)) => unreachable!("CPU stream: {m}"),
+    }
+}
+
+/// Generates after `prompt` on `stream` (reset first): at most
+/// `max_tokens`, stopping at any id in `stop_ids`. `on_token(id)` sees each
+/// generated id as it comes and returns whether to go on.
+///
+/// # Errors
+/// [`StreamError::Forward`] for an empty prompt, a token outside the
+/// vocabulary or a prompt longer than the context;
+/// [`StreamError::Device`] for a device failure.
+pub fn generate_on(
+    stream: &mut dyn Stream,
+    prompt: &[u32],
+    max_tokens: usize,
+    stop_ids: &[u32],
+    sampler: &mut Sampler,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<GenerateStats, StreamError> {
+    stream.reset();
     let t0 = Instant::now();
     if prompt.is_empty() {
-        return Err(ForwardError::Empty { chunk: 0 });
+        return Err(ForwardError::Empty { chunk: 0 }.into());
     }
     let mut logits = Vec::new();
     let n_chunks = prompt.len().div_ceil(PREFILL_CHUNK);
@@ -92,13 +118,7 @@ pub fn generate(
         } else {
             Logits::None
         };
-        logits = model
-            .forward(&mut [Chunk {
-                seq: &mut seq,
-                tokens: part,
-                logits: want,
-            }])?
-            .remove(0);
+        logits = stream.forward(part, want)?;
     }
     let mut stats = GenerateStats {
         prompt_tokens: prompt.len(),
@@ -108,7 +128,7 @@ pub fn generate(
         decode: Duration::ZERO,
         stop: StopReason::MaxTokens,
     };
-    let ctx = model.config().shape.seq_len;
+    let ctx = stream.context();
     let mut t_decode = None;
     loop {
         if stats.generated_tokens >= max_tokens {
@@ -134,22 +154,16 @@ pub fn generate(
             stats.stop = StopReason::MaxTokens;
             break;
         }
-        if seq.len() >= ctx {
+        if stream.len() >= ctx {
             stats.stop = StopReason::ContextFull;
             break;
         }
-        logits = model
-            .forward(&mut [Chunk {
-                seq: &mut seq,
-                tokens: &[id],
-                logits: Logits::Last,
-            }])?
-            .remove(0);
+        logits = stream.forward(&[id], Logits::Last)?;
         stats.decode_steps += 1;
     }
     match t_decode {
         Some(t) => stats.decode = t.elapsed(),
         None => stats.prefill = t0.elapsed(),
     }
-    Ok((seq, stats))
+    Ok(stats)
 }

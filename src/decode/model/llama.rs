@@ -783,37 +783,14 @@ impl Llama {
         &self,
         tokens: &[u32],
         ctx: usize,
-        mut progress: impl FnMut(usize, usize),
+        progress: impl FnMut(usize, usize),
     ) -> Result<Nll, ForwardError> {
-        let ctx = ctx.max(2);
-        let total = tokens.chunks(ctx).map(|w| w.len().saturating_sub(1)).sum();
-        let mut nll = Nll {
-            tokens: 0,
-            sum: 0.0,
-        };
-        const STEP: usize = 64;
-        for window in tokens.chunks(ctx) {
-            let mut seq = self.new_sequence();
-            for (si, part) in window.chunks(STEP).enumerate() {
-                let rows = self
-                    .forward(&mut [Chunk {
-                        seq: &mut seq,
-                        tokens: part,
-                        logits: Logits::All,
-                    }])?
-                    .remove(0);
-                let vocab = self.config.shape.vocab_size;
-                for (j, row) in rows.chunks_exact(vocab).enumerate() {
-                    let next = si * STEP + j + 1;
-                    if next < window.len() {
-                        nll.sum += neg_log_softmax(row, window[next] as usize);
-                        nll.tokens += 1;
-                    }
-                }
-                progress(nll.tokens, total);
-            }
-        }
-        Ok(nll)
+        let mut stream = super::stream::CpuStream::new(self);
+        super::stream::nll(&mut stream, tokens, ctx, progress).map_err(|e| match e {
+            super::stream::StreamError::Forward(e) => e,
+            // The CPU stream fails only before running.
+            super::stream::StreamError::Device(m) => unreachable!("CPU stream: {m}"),
+        })
     }
 }
 

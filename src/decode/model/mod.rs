@@ -92,6 +92,7 @@ pub mod qweights;
 mod record;
 pub mod reference;
 pub mod sampling;
+pub mod stream;
 pub mod tokenizer;
 
 use std::path::{Path, PathBuf};

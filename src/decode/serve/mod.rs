@@ -22,6 +22,7 @@
 //!   engine's [`Exec`](crate::batch::Exec).
 //! - [`local`]: the same rules without the batch engine, in a plain loop (the
 //!   second driver the tests cross-check the group against).
+//! - [`prompts`]: real-text prompts (windows of a tokenized text) for a workload.
 //! - [`report`]: the figures of a run (text, JSON, `--compare`, Chrome trace).
 //!
 //! # Import rule
@@ -50,6 +51,7 @@ pub mod grouped;
 pub mod job;
 pub mod kv;
 pub mod local;
+pub mod prompts;
 pub mod report;
 pub mod seq;
 pub mod trace;
