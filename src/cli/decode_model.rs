@@ -124,7 +124,10 @@ impl Source {
                 args.seed,
             )));
         }
+        // A missing file goes to the GGUF lookup, whose error names the
+        // fetch script.
         if let Some(p) = &args.model
+            && p.exists()
             && !is_gguf(p)?
         {
             let w = checkpoint::load(p).map_err(|e| e.to_string())?;
