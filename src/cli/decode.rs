@@ -106,7 +106,7 @@ pub struct DecodeArgs {
     /// an error naming its line).
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
-    /// Requests to replay: the trace's first N rows, N >= 1 (default: 512, 64 for
+    /// Requests to replay: the trace's first N rows, N >= 1 (default: 512, 128 for
     /// the GGUF model on a CPU device, or every row of a shorter trace; a
     /// warning if N is more than the trace has).
     #[arg(

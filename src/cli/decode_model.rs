@@ -43,7 +43,7 @@ pub const PROMPT_TEXT_NAME: &str = "Pride and Prejudice ch. 1-12 (public domain)
 /// Requests replayed by default with a GGUF model on a CPU device (lavapipe
 /// or the CPU reference): about two minutes on a 2-core machine. GPUs, and
 /// the synthetic model, replay [`super::decode::DEFAULT_REQUESTS`].
-pub const CPU_MODEL_REQUESTS: usize = 64;
+pub const CPU_MODEL_REQUESTS: usize = 128;
 
 /// Positions per sequence of a GGUF model on a CPU-kind Vulkan device
 /// (within what the CPU-device attention runs: 1817 at head size 64).

@@ -1,6 +1,7 @@
 //! `xtc.decode.*`: whole-model greedy decode on the device, for each model
-//! of [`MODELS`] (today the seeded synthetic model; the real GGUF model is
-//! one more entry):
+//! of [`MODELS`] (the seeded synthetic model) and for the real GGUF model
+//! (SmolLM2-135M-Instruct Q4_1 on `GpuLlama`: `super::smollm`, the same
+//! three kinds of cases):
 //!
 //! - `<model>.golden.p<i>`: the greedy tokens of prompt `i` (prefill, then
 //!   one token per iteration) on this device; the runner compares them with
@@ -80,6 +81,8 @@ pub fn cases(v: &mut Vec<Case>) {
             move |ctx| batched(ctx, &MODELS[mi]),
         ));
     }
+    // The real model (SmolLM2 on GpuLlama): its own module.
+    super::smollm::decode_cases(v);
 }
 
 const BLOCK: usize = 16;

@@ -55,7 +55,7 @@ pub struct Spec {
     body: Arc<dyn Fn(&mut Ctx) -> CaseResult + Send + Sync>,
 }
 
-fn spec(
+pub(super) fn spec(
     name: String,
     entries: &[&'static str],
     body: impl Fn(&mut Ctx) -> CaseResult + Send + Sync + 'static,
@@ -85,6 +85,7 @@ pub fn specs() -> Vec<Spec> {
     attention_cases(&mut v);
     swiglu_cases(&mut v);
     argmax_cases(&mut v);
+    super::qkernels::cases(&mut v);
     v
 }
 

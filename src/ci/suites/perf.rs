@@ -11,6 +11,8 @@
 //!   per command buffer, as llama.cpp's test-backend-ops repeats an op).
 //! - `decode_iter.b<N>`: one decode iteration of the synthetic model with N
 //!   members (one token each, after a 16-token prefill), ms.
+//! - `decode_iter_smollm2.b<N>`: the same for the real model
+//!   (SmolLM2-135M-Instruct Q4_1 on `GpuLlama`; `super::smollm`), ms.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +42,8 @@ pub fn cases(v: &mut Vec<Case>) {
             move |ctx| decode_iter(ctx, b),
         ));
     }
+    // The real model's decode iteration (GpuLlama), 1/8/32 members.
+    super::smollm::perf_cases(v);
 }
 
 /// Median of `runs` timings of `f` after `warm` untimed calls.
