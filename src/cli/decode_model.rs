@@ -262,6 +262,33 @@ impl Source {
         }
     }
 
+    /// The default KV cache, fitted to a GPU: a GGUF model's KV cache is one
+    /// storage buffer there (`[2 * n_layers][n_blocks][block_size][kv_dim]`
+    /// f32), so without `--kv-blocks` the derived block count is capped at
+    /// what `maxStorageBufferRange` holds (the full trace's longest requests
+    /// times `--max-active` would not fit); admission then charges each
+    /// request its own blocks. Unchanged otherwise.
+    pub fn fit_kv(
+        &self,
+        device: &DeviceChoice,
+        config: &Config,
+        opts: JobOpts,
+        explicit: bool,
+    ) -> JobOpts {
+        let (Source::Gguf(_), DeviceChoice::Vulkan(dev)) = (self, device) else {
+            return opts;
+        };
+        if explicit || device.is_cpu() {
+            return opts;
+        }
+        let per_block = 2 * config.n_layers * opts.block_size.max(1) * config.kv_dim() * 4;
+        let fit = (dev.max_storage_buffer_range() / per_block.max(1) as u64) as usize;
+        JobOpts {
+            kv_blocks: opts.kv_blocks.min(fit.max(1)),
+            ..opts
+        }
+    }
+
     /// Loads the model on `device` with a KV cache and buffers for `opts`;
     /// `config` is [`Source::config`] for the device.
     ///

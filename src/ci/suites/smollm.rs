@@ -271,10 +271,9 @@ fn decode_iter(ctx: &mut Ctx, members: usize) -> Result<Outcome, CaseError> {
             .collect(),
     };
     let mut toks = g.step(&prefill)?;
-    let mut pos = PROMPT;
     let runs = if members >= 32 { 5 } else { 9 };
     let mut times = Vec::with_capacity(runs);
-    for r in 0..runs + 2 {
+    for (r, pos) in (0..runs + 2).zip(PROMPT..) {
         let plan = BatchPlan {
             seqs: (0..members)
                 .map(|i| SeqWork {
@@ -290,7 +289,6 @@ fn decode_iter(ctx: &mut Ctx, members: usize) -> Result<Outcome, CaseError> {
         if r >= 2 {
             times.push(t0.elapsed());
         }
-        pos += 1;
     }
     times.sort_unstable();
     let ms = times[times.len() / 2].as_secs_f64() * 1e3;
