@@ -39,9 +39,10 @@
 //!   [`check`]: the comparisons of the kernels suite (NMSE, exact, NaN/Inf,
 //!   guard regions).
 //! - [`suites`]: the cases. `kernels` (every entry point of `kernels/*.wgsl`
-//!   through `decode::model::ops`, against `decode::model::reference`; a unit test fails
-//!   when a kernel has no case), `fence`, `batch`, `dispatch`, `decode`,
-//!   `perf`, and the hidden `selftest` (a crash, a hang, a flake, a failure,
+//!   through `decode::model::ops` / `qops`, against `decode::model::reference`
+//!   / the `qops` references; a unit test fails when a kernel has no case),
+//!   `fence`, `batch`, `dispatch`, `decode` (the synthetic model and
+//!   SmolLM2), `perf`, and the hidden `selftest` (a crash, a hang, a flake, a failure,
 //!   a pass listed as failing, a child that stops early) that the runner's
 //!   own tests (`tests/ci_runner.rs`) run.
 //!
@@ -49,24 +50,22 @@
 //! Each suite module has a `cases(&mut Vec<Case>)` function; a case is one
 //! [`Case::new`] call there. The tables are built so the coming work is a
 //! few lines each:
-//! - **A quantized kernel** (`q4_1` / `q8_0` matmul, embedding lookup): the
-//!   unit test `every_kernel_entry_point_has_a_case` fails as soon as its
-//!   entry point is in `kernels/` without a case. Add an `MmForm` const
-//!   (`name: "q4_1"`, variant, the entry point) and one line per shape to
-//!   the table of `suites::kernels::matmul_cases` (or a `(vocab, dim, rows)`
-//!   line to `embed_cases`), with the weights written in the GGUF block
-//!   layout and the reference fed the dequantized values
-//!   (`decode::model::reference::matmul`); `check::close` / `check::exact`, NaN/Inf
-//!   and the guard regions come with the harness (`suites::kernels::Bench`).
-//!   Names follow `xtc.kernels.<op>.<dtype/form>.<shape>`, e.g.
-//!   `xtc.kernels.matmul.q4_1.m32_n576_k576`, `xtc.kernels.embed.q4_1.v49152_d576_r9`.
-//! - **The real model's golden tokens** (SmolLM2-135M Q4_1): one entry in
-//!   `suites::decode::MODELS` with a loader `fn() -> Result<Weights, CaseError>`
-//!   that opens the GGUF file (returning `CaseError::Skip` when it is
-//!   absent outside CI) and its prompts; the golden and Vulkan-vs-reference
-//!   cases are generated for it (`xtc.decode.smollm2_135m_q4_1.golden.p0`,
-//!   ...), and `xtc ci run --write-baseline --golden F` records its tokens
-//!   for the device.
+//! - **A quantized kernel** (`qmm_*`, `qembed_*`, `argmax_part`, `rope_*`):
+//!   `suites::qkernels` (registered from `suites::kernels::specs`) holds
+//!   their table: one line per shape and form, each naming the entry point
+//!   it must dispatch, against `decode::model::qops`' references with the
+//!   activation and KV buffers guarded; the unit test
+//!   `every_kernel_entry_point_has_a_case` fails as soon as an entry point is
+//!   in `kernels/` without a case. Names follow
+//!   `xtc.kernels.<op>.<type>_<form>.<shape>`, e.g.
+//!   `xtc.kernels.qmm.q4_1_r4.m9_n576_k1536`, `xtc.kernels.qembed.q8_0_img.v49152_d576_r9`.
+//! - **The real model's golden tokens** (SmolLM2-135M Q4_1): `suites::smollm`
+//!   (registered from `suites::decode::cases`): the golden, Vulkan-vs-reference
+//!   and batched cases of three ChatML prompts
+//!   (`xtc.decode.smollm2_135m_q4_1.golden.p0`, ...; the model file absent
+//!   is `Skip` outside CI, `Fail` in CI); `xtc ci run --write-baseline
+//!   --golden F` records its tokens for the device. More f32 models are one
+//!   entry in `suites::decode::MODELS`.
 //! - **A perf figure**: a case in `suites::perf` returning
 //!   `Outcome::record(Record::Perf(Measure { .. }), note)`; the runner
 //!   compares it with `--perf-baseline` (keyed by device and driver) and

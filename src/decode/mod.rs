@@ -5,9 +5,10 @@
 //!
 //! - [`model`]: what computes the tokens. The formats (llama2.c checkpoints
 //!   and `tokenizer.bin`, GGUF), the weights and configs, the CPU references,
-//!   the tokenizers and sampling, the model on a Vulkan device (kernel push
+//!   the tokenizers and sampling, the models on a Vulkan device (kernel push
 //!   constants, buffer layout, ONE command buffer per iteration), and the
-//!   models that implement [`Model`] (Vulkan, CPU reference, toy). It runs
+//!   models that implement [`Model`] (the GGUF model on Vulkan or the CPU
+//!   reference, the synthetic model on Vulkan or the CPU reference, toy). It runs
 //!   whatever [`BatchPlan`] it is handed and knows nothing of batching.
 //! - [`serve`]: what decides which tokens are computed. Trace replay
 //!   (arrivals), each member's sequence state and the packing of one

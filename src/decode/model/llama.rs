@@ -32,10 +32,14 @@
 //! sequences, a prefill split into chunks, any number of threads give the
 //! same bits as running each token alone (tests `batched_chunked_and_alone_are_bit_identical`).
 //!
-//! # Sequences
+//! # Sequences and the paged cache
 //! A [`Sequence`] is one stream's KV cache: per layer, K and V of every
 //! position so far (`[len, kv_dim]` f32 each), grown as tokens are run, at
-//! most the context length.
+//! most the context length. A [`PagedKv`] is the serving side's cache:
+//! blocks of positions that a [`BatchPlan`]'s block tables assign to
+//! sequences ([`Llama::forward_paged`]). Both are stores of one forward pass
+//! (`run_rows`): only where K and V go differs, so a sequence gets the same
+//! bits from either (test `paged_and_contiguous_passes_are_bit_identical`).
 
 use rayon::prelude::*;
 

@@ -58,7 +58,15 @@
 //!     RMSNorm epsilon, tied output), refusing what the kernels cannot run.
 //!   - [`llama`]: [`llama::Llama`], the quantized weights checked against the
 //!     config, and the CPU reference forward pass over per-sequence KV
-//!     caches: the oracle of the Vulkan kernels and `--device cpu`.
+//!     caches ([`llama::Llama::forward`]) or a paged KV cache through a
+//!     plan's block tables ([`llama::Llama::forward_paged`], the same pass):
+//!     the oracle of the Vulkan kernels and `--device cpu`.
+//!   - [`gpu_llama`]: [`gpu_llama::GpuLlama`], the model on a Vulkan device
+//!     (quantized weights in device memory, ONE command buffer per plan).
+//!   - [`llama_backend`]: the GGUF model as a [`crate::decode::Model`] both
+//!     ways ([`llama_backend::LlamaVulkanModel`],
+//!     [`llama_backend::LlamaCpuModel`]); [`stream`]: one sequence of it on
+//!     either device (`xtc generate`, `xtc perplexity`).
 //!   - [`bpe`]: the GPT-2 byte-level BPE tokenizer from the metadata;
 //!     [`chat`]: the ChatML template; [`sampling`]: greedy, temperature,
 //!     top-k, top-p, min-p with a seed; [`generate`]: the prefill/decode loop
