@@ -25,7 +25,9 @@ fn prints_the_report() {
         "requests        20 (20 done",
         "throughput",
         "iterations",
-        "queue time",
+        "queue",
+        "TPOT",
+        "end-to-end",
         "TTFT",
         "inter-token",
         "KV cache peak",
@@ -39,12 +41,14 @@ fn json_report_has_the_figures() {
     let (code, out) = xtc(&[&FAST[..], &["--requests", "12", "--json"]].concat());
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["requests"], 12);
-    assert_eq!(v["completed"], 12);
-    assert!(v["generated_tokens"].as_u64().unwrap() > 0);
-    assert!(v["ttft"]["p99_ms"].is_number() && v["itl"]["p50_ms"].is_number());
-    assert!(v["kv_peak_blocks"].as_u64().unwrap() <= v["kv_blocks"].as_u64().unwrap());
-    assert_eq!(v["kv_leaked_blocks"], 0);
+    assert_eq!(v["requests"]["total"], 12);
+    assert_eq!(v["requests"]["completed"], 12);
+    assert!(v["tokens"]["generated"].as_u64().unwrap() > 0);
+    let lat = &v["latency"];
+    assert!(lat["ttft"]["p99_ms"].is_number() && lat["itl"]["p50_ms"].is_number());
+    let kv = &v["kv_cache"];
+    assert!(kv["peak_blocks"].as_u64().unwrap() <= kv["blocks"].as_u64().unwrap());
+    assert_eq!(kv["leaked_blocks"], 0);
 }
 
 #[test]
@@ -75,9 +79,9 @@ fn compare_runs_three_policies_and_prints_ratios() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     for k in ["continuous", "static", "one_at_a_time"] {
-        assert_eq!(v[k]["completed"], 10, "{k}");
+        assert_eq!(v[k]["requests"]["completed"], 10, "{k}");
     }
-    assert_eq!(v["one_at_a_time"]["mean_ready"], 1.0);
+    assert_eq!(v["one_at_a_time"]["iterations"]["mean_ready_members"], 1.0);
     assert!(v["speedup_vs_one"].as_f64().unwrap() > 0.0);
     let (code, out) = xtc(&[&FAST[..], &["--requests", "4", "--compare"]].concat());
     assert_eq!(code, 0);
@@ -99,10 +103,10 @@ fn cancel_rate_cancels_and_leaks_no_blocks() {
     ]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let cancelled = v["cancelled"].as_u64().unwrap();
+    let cancelled = v["requests"]["cancelled"].as_u64().unwrap();
     assert!(cancelled > 0);
-    assert_eq!(v["completed"].as_u64().unwrap() + cancelled, 30);
-    assert_eq!(v["kv_leaked_blocks"], 0);
+    assert_eq!(v["requests"]["completed"].as_u64().unwrap() + cancelled, 30);
+    assert_eq!(v["kv_cache"]["leaked_blocks"], 0);
 }
 
 #[test]
@@ -136,7 +140,7 @@ fn runs_a_checkpoint_on_the_cpu_reference() {
     assert_eq!(code, 0, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
-        v["completed"].as_u64().unwrap() + v["rejected"].as_u64().unwrap(),
+        v["requests"]["completed"].as_u64().unwrap() + v["requests"]["rejected"].as_u64().unwrap(),
         3
     );
     assert!(v["device"].as_str().unwrap().contains("CPU"));
@@ -666,6 +670,11 @@ fn rejections_are_counted_per_reason_and_exit_3() {
     assert_eq!(r[0]["count"], 40);
     assert_eq!(r[0]["limit"], 2);
     assert_eq!(r[0]["ids"].as_array().unwrap().len(), 40);
+    let by = &v["requests"]["rejected_by_reason"];
+    assert_eq!(
+        (&by["kv-blocks"], &by["seq-len"], &by["submit"]),
+        (&40.into(), &0.into(), &0.into())
+    );
     // --compare: the worst of the three runs.
     let (code, _, _) = xtc_bin(&[&args[..], &["--compare"]].concat());
     assert_eq!(code, 3);

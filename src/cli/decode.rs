@@ -17,9 +17,13 @@ use crate::decode::model::tokenizer::{self, Tokenizer};
 use crate::decode::model::{Config, KvGeometry, Weights};
 use crate::decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use crate::decode::serve::kv::KvLedger;
-use crate::decode::serve::report::{Comparison, Report, chrome_trace};
+use crate::decode::serve::report::{Comparison, Report, chrome_trace, request_records};
+use crate::decode::serve::run_config::RunConfig;
 use crate::decode::serve::trace::{self, Scaling, Trace};
 use crate::vk;
+
+use super::decode_config::{self, ModelFacts};
+use super::out_file::OutFile;
 
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
@@ -199,6 +203,23 @@ pub struct DecodeArgs {
         value_parser = count(1, usize::MAX),
     )]
     pub output_div: Option<usize>,
+    /// SLO on the time to first token, in ms (> 0): the report adds SLO
+    /// attainment (the share of requests that completed within every SLO
+    /// given) and goodput (such requests per second), as vLLM's benchmark and
+    /// DistServe define them.
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = positive_ms)]
+    pub slo_ttft: Option<f64>,
+    /// SLO on the time per output token, in ms (> 0): (end-to-end - TTFT) /
+    /// (output tokens - 1) of each request (0 for a one-token output).
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = positive_ms)]
+    pub slo_tpot: Option<f64>,
+    /// Write one JSON object per request, one per line: id, outcome (done,
+    /// cancelled, failed, rejected) and reason, arrival, admission, first and
+    /// last token and finish times (s since the run started), prompt and
+    /// output tokens, queue / TTFT / TPOT / end-to-end latencies (ms), SLO
+    /// met (with --compare: the continuous run). Written like --trace-out.
+    #[arg(long, value_name = "FILE")]
+    pub requests_out: Option<PathBuf>,
 }
 
 /// A clap value parser of a whole number in `lo..=hi`; its messages read
@@ -229,6 +250,15 @@ fn time_scale(s: &str) -> Result<f64, String> {
                 .into(),
         ),
         _ => Err("must be a finite number greater than 0".into()),
+    }
+}
+
+/// The clap value parser of `--slo-ttft` / `--slo-tpot`: a finite number of
+/// milliseconds > 0.
+fn positive_ms(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err("must be a finite number of milliseconds greater than 0".into()),
     }
 }
 
@@ -270,24 +300,25 @@ pub fn run(args: &DecodeArgs, out: &mut dyn Write) -> i32 {
 /// [`EXIT_REJECTED`], [`EXIT_FAILED`], [`EXIT_LEAK`]: the largest that
 /// applies), with the line that explains it on stderr.
 pub fn exit_status(r: &Report) -> (i32, Option<String>) {
-    if r.kv_leaked_blocks > 0 {
+    let n = &r.requests;
+    if r.kv_cache.leaked_blocks > 0 {
         let m = format!(
             "{} KV-cache blocks still allocated after the {} run: a leak (a bug in xtc)",
-            r.kv_leaked_blocks, r.mode
+            r.kv_cache.leaked_blocks, r.mode
         );
         return (EXIT_LEAK, Some(m));
     }
-    if r.failed > 0 {
+    if n.failed > 0 {
         let m = format!(
             "{} of {} requests failed ({} run)",
-            r.failed, r.requests, r.mode
+            n.failed, n.total, r.mode
         );
         return (EXIT_FAILED, Some(m));
     }
-    if r.rejected > 0 {
+    if n.rejected > 0 {
         let m = format!(
             "{} of {} requests rejected in the {} run",
-            r.rejected, r.requests, r.mode
+            n.rejected, n.total, r.mode
         );
         return (EXIT_REJECTED, Some(m));
     }
@@ -323,9 +354,10 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
             "xtc decode: warning: --requests {n} but the trace has only {rows} rows: replaying {rows}"
         );
     }
-    let trace_out = TraceOut::prepare(args)?;
+    let outs = Outputs::prepare(args)?;
     let weights = load_weights(args)?;
     let config = weights.config;
+    let parameters = decode_config::parameters(&weights);
     let device = DeviceChoice::open(&args.device)?;
     let scaling = scaling(args, &config, device.is_cpu());
     let wl = job::workload(
@@ -349,28 +381,71 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
             kv_origin(args, &opts)
         )
     })?;
+    let facts = ModelFacts {
+        description: model.borrow().describe(),
+        shape: model.borrow().config(),
+        parameters,
+    };
+    let run_config = decode_config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
     if !args.json {
-        eprintln!(
-            "{}",
-            banner(args, &trace, &wl, &opts, &model.borrow().describe())
-        );
+        eprintln!("{}", banner(args, &trace, &wl, &opts, &run_config));
     }
     if args.compare {
-        return compare(args, &model, &wl, &opts, trace_out, w);
+        return compare(args, &model, &wl, &opts, &run_config, outs, w);
     }
     let out = run_once(&model, &wl, &opts, !args.json)?;
-    let report = Report::from_run(&out, wl.requests.len());
+    let report = Report::new(&out, run_config.clone());
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
     } else {
         report.render() + &tokenizer.map_or(String::new(), |t| samples(&t, &out))
     };
-    // The report first: a late trace-file failure must not lose it.
+    // The report first: a late output-file failure must not lose it.
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    if let Some(t) = trace_out {
-        t.write(&out)?;
-    }
+    outs.write(&out, &wl, &run_config)?;
     Ok(finish_status([&report]))
+}
+
+/// The output files of a run (`--trace-out`, `--requests-out`), checked
+/// before the run and written after it.
+struct Outputs {
+    trace: Option<OutFile>,
+    requests: Option<OutFile>,
+}
+
+impl Outputs {
+    fn prepare(args: &DecodeArgs) -> Result<Self, String> {
+        let inputs = [
+            ("--model", args.model.as_deref()),
+            ("--trace", args.trace.as_deref()),
+            ("--tokenizer", args.tokenizer.as_deref()),
+        ];
+        Ok(Outputs {
+            trace: OutFile::prepare_opt("--trace-out", args.trace_out.as_deref(), &inputs)?,
+            requests: OutFile::prepare_opt(
+                "--requests-out",
+                args.requests_out.as_deref(),
+                &inputs,
+            )?,
+        })
+    }
+
+    /// Writes each output of `out` (after the report was printed).
+    fn write(self, out: &RunOutput, wl: &Workload, config: &RunConfig) -> Result<(), String> {
+        if let Some(t) = self.trace {
+            let text = serde_json::to_vec(&chrome_trace(out)).map_err(|e| e.to_string())?;
+            t.write(&text)?;
+        }
+        if let Some(r) = self.requests {
+            let mut text = Vec::new();
+            for rec in request_records(out, wl, &config.slo) {
+                serde_json::to_writer(&mut text, &rec).map_err(|e| e.to_string())?;
+                text.push(b'\n');
+            }
+            r.write(&text)?;
+        }
+        Ok(())
+    }
 }
 
 /// Refuses a replay the clock cannot hold, or one longer than
@@ -538,21 +613,28 @@ fn load_tokenizer(args: &DecodeArgs, config: &Config) -> Result<Option<Tokenizer
         .transpose()
 }
 
-fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, device: &str) -> String {
-    let name = args
-        .trace
-        .as_ref()
-        .map_or(trace::EMBEDDED_NAME.to_string(), |p| {
-            p.display().to_string()
-        });
+fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, c: &RunConfig) -> String {
     let span = wl.requests.last().map_or(Duration::ZERO, |r| r.arrival);
+    let slo = if c.slo.is_set() {
+        format!(
+            ", SLO {}",
+            crate::decode::serve::report::slo_bounds(c.slo.ttft_ms, c.slo.tpot_ms)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "xtc decode: {} of {} requests from {name} (arrivals over {:.2} s at {}x), {device}\n\
-         max-active {}, KV cache {} blocks x {} positions, token budget {}",
+        "xtc decode: {} of {} requests from {} (arrivals over {:.2} s at {}x), {}\n\
+         model: {}; lengths: {}\n\
+         max-active {}, KV cache {} blocks x {} positions, token budget {}{slo}",
         wl.requests.len(),
         trace.requests.len(),
+        c.trace.source,
         span.as_secs_f64(),
         args.time_scale,
+        c.model.description,
+        decode_config::model_size(&c.model),
+        decode_config::scaling_text(&c.length_scaling),
         o.max_active,
         o.kv_blocks,
         o.block_size,
@@ -598,7 +680,8 @@ fn compare(
     model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
-    trace_out: Option<TraceOut>,
+    config: &RunConfig,
+    outs: Outputs,
     w: &mut dyn Write,
 ) -> Result<i32, String> {
     let t0 = Instant::now();
@@ -607,7 +690,7 @@ fn compare(
     for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
         let o = JobOpts { mode, ..*opts };
         let out = run_once(model, wl, &o, !args.json)?;
-        reports.push(Report::from_run(&out, wl.requests.len()));
+        reports.push(Report::new(&out, config.clone()));
         if mode == Mode::Continuous {
             traced = Some(out);
         }
@@ -627,174 +710,14 @@ fn compare(
         )
     };
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    if let (Some(t), Some(out)) = (trace_out, traced) {
-        t.write(&out)?;
+    if let Some(out) = traced {
+        outs.write(&out, wl, config)?;
     }
     Ok(finish_status([
         &cmp.continuous,
         &cmp.static_,
         &cmp.one_at_a_time,
     ]))
-}
-
-/// Where `--trace-out` is written, checked before the run.
-///
-/// A regular file (or a path that does not exist yet) is written atomically:
-/// the trace goes to a temporary file in the same directory, which is renamed
-/// over the target only after the run succeeded, so a failed or interrupted
-/// run leaves no file, or the previous one as it was. The directory is
-/// probed up front (a temporary file created and removed at once), so a bad
-/// path fails before minutes of work and an interrupted run leaves nothing
-/// behind. Anything else that exists (`/dev/stdout`, a FIFO) is opened up
-/// front and written in place after the run.
-#[derive(Debug)]
-enum TraceOut {
-    /// Temporary file in `dir`, renamed to `target` (symlinks resolved),
-    /// with permission bits `mode` (the old file's, else `0o666` less umask).
-    Atomic {
-        path: PathBuf,
-        target: PathBuf,
-        dir: PathBuf,
-        mode: Option<u32>,
-    },
-    /// Written in place: not a regular file.
-    InPlace { path: PathBuf, file: std::fs::File },
-}
-
-impl TraceOut {
-    /// Checks `--trace-out` before the run: refuses a directory, one of the
-    /// input files, or a place no file can be created.
-    fn prepare(args: &DecodeArgs) -> Result<Option<TraceOut>, String> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let Some(path) = &args.trace_out else {
-            return Ok(None);
-        };
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            format!("--trace-out {}: {what}: {e}", path.display())
-        };
-        let existing = match std::fs::metadata(path) {
-            Ok(m) => Some(m),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(fail("cannot use the path", &e)),
-        };
-        if let Some(m) = &existing {
-            if m.is_dir() {
-                return Err(format!(
-                    "--trace-out {} is a directory: name a file",
-                    path.display()
-                ));
-            }
-            let inputs = [
-                ("--model", &args.model),
-                ("--trace", &args.trace),
-                ("--tokenizer", &args.tokenizer),
-            ];
-            for (opt, input) in inputs {
-                let Some(input) = input else { continue };
-                let same = std::fs::metadata(input)
-                    .is_ok_and(|i| (i.dev(), i.ino()) == (m.dev(), m.ino()));
-                if same {
-                    return Err(format!(
-                        "--trace-out {} is the {opt} file: it would be overwritten; \
-                         write the trace elsewhere",
-                        path.display()
-                    ));
-                }
-            }
-            if !m.is_file() {
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(|e| fail("cannot open it for writing", &e))?;
-                return Ok(Some(TraceOut::InPlace {
-                    path: path.clone(),
-                    file,
-                }));
-            }
-        }
-        if existing.is_some() {
-            // A rename would replace a read-only file: refuse it, as writing would.
-            rustix::fs::access(path, rustix::fs::Access::WRITE_OK)
-                .map_err(|e| fail("cannot write it", &std::io::Error::from(e)))?;
-        }
-        // Rename over the file a symlink points to, not over the link.
-        let target = match &existing {
-            Some(_) => std::fs::canonicalize(path).map_err(|e| fail("cannot resolve it", &e))?,
-            None => path.clone(),
-        };
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let t = TraceOut::Atomic {
-            path: path.clone(),
-            target,
-            dir,
-            mode: existing.map(|m| m.permissions().mode() & 0o7777),
-        };
-        // The probe: removed again when it drops, here.
-        t.temp_file()?;
-        Ok(Some(t))
-    }
-
-    /// A new temporary file beside the target.
-    fn temp_file(&self) -> Result<tempfile::NamedTempFile, String> {
-        use std::os::unix::fs::PermissionsExt;
-        let TraceOut::Atomic {
-            path, dir, mode, ..
-        } = self
-        else {
-            unreachable!("only atomic trace files use a temporary file");
-        };
-        let mut b = tempfile::Builder::new();
-        b.prefix(".xtc-trace-").suffix(".tmp");
-        // The file's permissions: as the file it replaces, else as a file
-        // created by open(2) (0o666 less the umask).
-        b.permissions(std::fs::Permissions::from_mode(mode.unwrap_or(0o666)));
-        let f = b.tempfile_in(dir).map_err(|e| {
-            format!(
-                "--trace-out {}: cannot create a file in {}: {e}",
-                path.display(),
-                dir.display()
-            )
-        })?;
-        if let Some(m) = mode {
-            // The umask applied at creation: restore the old file's bits.
-            f.as_file()
-                .set_permissions(std::fs::Permissions::from_mode(*m))
-                .map_err(|e| format!("--trace-out {}: {e}", path.display()))?;
-        }
-        Ok(f)
-    }
-
-    /// Writes the run's Chrome trace (after the report was printed).
-    fn write(self, out: &RunOutput) -> Result<(), String> {
-        let text = serde_json::to_vec(&chrome_trace(out)).map_err(|e| e.to_string())?;
-        let late = |p: &Path, e: &dyn std::fmt::Display| {
-            format!(
-                "--trace-out {}: cannot write the trace (the report above is complete): {e}",
-                p.display()
-            )
-        };
-        match self {
-            TraceOut::InPlace { path, mut file } => {
-                file.write_all(&text).map_err(|e| late(&path, &e))
-            }
-            TraceOut::Atomic {
-                ref path,
-                ref target,
-                ..
-            } => {
-                let mut f = self.temp_file()?;
-                f.write_all(&text)
-                    .and_then(|()| f.as_file().sync_all())
-                    .map_err(|e| late(path, &e))?;
-                // On failure the temporary file is removed when it drops.
-                f.persist(target).map_err(|e| late(path, &e.error))?;
-                Ok(())
-            }
-        }
-    }
 }
 
 /// The `--device` error as the user wrote the selector, with the Vulkan
@@ -1120,13 +1043,13 @@ mod tests {
     fn exit_status_follows_rejections_failures_and_leaks() {
         let mut r = report();
         assert_eq!(exit_status(&r), (EXIT_OK, None));
-        r.rejected = 2;
+        r.requests.rejected = 2;
         assert_eq!(exit_status(&r).0, EXIT_REJECTED);
-        r.failed = 1;
+        r.requests.failed = 1;
         let (code, why) = exit_status(&r);
         assert_eq!(code, EXIT_FAILED);
         assert!(why.unwrap().contains("1 of 10 requests failed"));
-        r.kv_leaked_blocks = 3;
+        r.kv_cache.leaked_blocks = 3;
         let (code, why) = exit_status(&r);
         assert_eq!(code, EXIT_LEAK);
         assert!(why.unwrap().contains("3 KV-cache blocks still allocated"));

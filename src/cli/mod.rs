@@ -10,7 +10,9 @@ use std::io::Write;
 use clap::{Parser, Subcommand};
 
 pub mod decode;
+pub mod decode_config;
 pub mod generate;
+pub mod out_file;
 pub mod perplexity;
 pub mod probe;
 

@@ -84,6 +84,15 @@ pub struct PhysicalDeviceInfo {
     pub device_id: u32,
     /// Vulkan version the driver supports, (major, minor, patch).
     pub api_version: (u32, u32, u32),
+    /// `driverVersion`, raw (its encoding is the vendor's: see
+    /// [`PhysicalDeviceInfo::driver_version_string`]).
+    pub driver_version: u32,
+    /// `VkPhysicalDeviceDriverProperties::driverName` (e.g. `llvmpipe`);
+    /// empty where the device is older than Vulkan 1.2.
+    pub driver_name: String,
+    /// `VkPhysicalDeviceDriverProperties::driverInfo` (e.g.
+    /// `Mesa 24.2.8 (LLVM 19.1.7)`); empty where unknown.
+    pub driver_info: String,
     /// Render node, where the driver has `VK_EXT_physical_device_drm`.
     pub render_node: Option<RenderNode>,
     /// Whether fences can be exported as `SYNC_FD` (`VK_KHR_external_fence_fd`).
@@ -97,6 +106,54 @@ pub struct PhysicalDeviceInfo {
 impl PhysicalDeviceInfo {
     fn usable(&self) -> bool {
         self.timeline_semaphore && self.compute_family.is_some()
+    }
+
+    /// The vendor's name for [`vendor_id`](Self::vendor_id): a PCI vendor
+    /// (NVIDIA, AMD, Intel, ARM, Qualcomm, Imagination, Apple, Microsoft) or
+    /// a Khronos vendor id (Mesa, ...); `None` when unknown.
+    pub fn vendor_name(&self) -> Option<&'static str> {
+        Some(match self.vendor_id {
+            0x10de => "NVIDIA",
+            0x1002 | 0x1022 => "AMD",
+            0x8086 => "Intel",
+            0x13b5 => "ARM",
+            0x5143 => "Qualcomm",
+            0x1010 => "Imagination Technologies",
+            0x106b => "Apple",
+            0x1414 => "Microsoft",
+            0x10005 => "Mesa",
+            0x10001 => "Vivante",
+            0x10002 => "VeriSilicon",
+            0x10003 => "Kazan",
+            0x10004 => "Codeplay",
+            0x10006 => "PoCL",
+            0x10007 => "MoltenVK",
+            _ => return None,
+        })
+    }
+
+    /// [`driver_version`](Self::driver_version) decoded by the vendor's
+    /// convention: NVIDIA `10.8.8.6` bits, Intel on Windows is not a case
+    /// here (Linux drivers use Vulkan's `major.minor.patch` packing, as Mesa
+    /// does).
+    pub fn driver_version_string(&self) -> String {
+        let v = self.driver_version;
+        if self.vendor_id == 0x10de {
+            format!(
+                "{}.{}.{}.{}",
+                v >> 22,
+                (v >> 14) & 0xff,
+                (v >> 6) & 0xff,
+                v & 0x3f
+            )
+        } else {
+            format!(
+                "{}.{}.{}",
+                vk::api_version_major(v),
+                vk::api_version_minor(v),
+                vk::api_version_patch(v)
+            )
+        }
     }
 }
 
@@ -300,6 +357,11 @@ impl Instance {
             .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
             .map(|i| i as u32);
         let v = props.api_version;
+        let (driver_name, driver_info) = if v >= vk::API_VERSION_1_2 {
+            self.driver_properties(pd)
+        } else {
+            (String::new(), String::new())
+        };
         PhysicalDeviceInfo {
             index,
             name: props
@@ -314,6 +376,9 @@ impl Instance {
                 vk::api_version_minor(v),
                 vk::api_version_patch(v),
             ),
+            driver_version: props.driver_version,
+            driver_name,
+            driver_info,
             render_node,
             sync_fd_export: has(khr::external_fence_fd::NAME) && self.fence_exports_sync_fd(pd),
             timeline_semaphore: self.has_timeline(pd),
@@ -345,6 +410,23 @@ impl Instance {
         props
             .external_fence_features
             .contains(vk::ExternalFenceFeatureFlags::EXPORTABLE)
+    }
+
+    /// `driverName` and `driverInfo` (core in Vulkan 1.2).
+    fn driver_properties(&self, pd: vk::PhysicalDevice) -> (String, String) {
+        let mut drv = vk::PhysicalDeviceDriverProperties::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut drv);
+        // SAFETY: core 1.2 query on a device that reports 1.2; the chain
+        // lives here.
+        unsafe { self.instance.get_physical_device_properties2(pd, &mut p2) };
+        let text = |c: Result<&CStr, _>| {
+            c.map(|c: &CStr| c.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        (
+            text(drv.driver_name_as_c_str()),
+            text(drv.driver_info_as_c_str()),
+        )
     }
 
     fn has_timeline(&self, pd: vk::PhysicalDevice) -> bool {
@@ -624,6 +706,9 @@ mod tests {
             vendor_id: 0,
             device_id: 0,
             api_version: (1, 3, 0),
+            driver_version: 0,
+            driver_name: String::new(),
+            driver_info: String::new(),
             render_node: minor.map(|m| RenderNode {
                 major: 226,
                 minor: m,

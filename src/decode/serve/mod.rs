@@ -22,7 +22,13 @@
 //!   engine's [`Exec`](crate::batch::Exec).
 //! - [`local`]: the same rules without the batch engine, in a plain loop (the
 //!   second driver the tests cross-check the group against).
-//! - [`report`]: the figures of a run (text, JSON, `--compare`, Chrome trace).
+//! - [`latency`]: per-request latencies (queue, TTFT, TPOT, inter-token,
+//!   end-to-end), their distributions ([`latency::LatencyStats`], from an
+//!   HdrHistogram) and the SLO a request meets or misses.
+//! - [`run_config`]: what produced a report ([`run_config::RunConfig`]:
+//!   trace, scaling, seed, model, KV cache, limits, device, SLO).
+//! - [`report`]: the figures of a run (text, JSON with a schema version,
+//!   per-request records, `--compare`, Chrome trace).
 //!
 //! # Import rule
 //! `crate::batch`, `crate::rt`, `crate::Error` and the join items of
@@ -49,8 +55,10 @@
 pub mod grouped;
 pub mod job;
 pub mod kv;
+pub mod latency;
 pub mod local;
 pub mod report;
+pub mod run_config;
 pub mod seq;
 pub mod trace;
 
