@@ -15,6 +15,8 @@
 //! - [`dispatch`]: batched doorbell publication on an emulated NPU.
 //! - [`decode`]: the KV-cache continuous-batching decode workload.
 //! - [`cli`]: the `xtc` command.
+//! - [`trace_event`]: the one Chrome trace / Perfetto JSON writer (decode and
+//!   dispatch exports).
 //!
 //! Ownership rule: a group owns each submitted request `R` from submit until it
 //! hands it back by value to `complete`; a failed submit hands it back in the
@@ -29,6 +31,7 @@ pub mod decode;
 pub mod dispatch;
 pub mod error;
 pub mod rt;
+pub mod trace_event;
 pub mod vk;
 
 pub use error::{Error, Result};

@@ -64,13 +64,122 @@ fn trace_out_writes_chrome_trace_json() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     let ev = v["traceEvents"].as_array().unwrap();
     let iters = ev.iter().filter(|e| e["cat"] == "iteration").count();
-    let running = ev.iter().filter(|e| e["name"] == "running").count();
+    let running = ev
+        .iter()
+        .filter(|e| e["name"] == "running" && e["ph"] == "b")
+        .count();
     assert!(iters > 0);
     assert_eq!(running, 6);
     assert!(
         ev.iter()
-            .all(|e| e["ph"] == "M" || e["dur"].as_f64().unwrap() >= 0.0)
+            .all(|e| e["ph"] != "X" || e["dur"].as_f64().unwrap() >= 0.0)
     );
+}
+
+/// Issue 16: the trace names its process and threads, has counter tracks
+/// (KV blocks used, ready vector, waiting requests), iteration slices of one
+/// name with the index in args, each request as async slices rooted at one
+/// name (one track group in Perfetto, not a track per request) with a
+/// first-token instant, and an instant per rejected request.
+#[test]
+fn trace_out_has_metadata_counters_async_requests_and_rejections() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("run.json");
+    let (code, out) = xtc(&[
+        &FAST[..],
+        &[
+            "--requests",
+            "40",
+            "--kv-blocks",
+            "30",
+            "--block-size",
+            "1",
+            "--json",
+            "--trace-out",
+            p.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert_eq!(code, 3);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let ev = v["traceEvents"].as_array().unwrap();
+    let of = |ph: &str, name: &str| -> Vec<&serde_json::Value> {
+        ev.iter()
+            .filter(|e| e["ph"] == ph && e["name"] == name)
+            .collect()
+    };
+    // Metadata: the process and its two threads.
+    let proc_names = of("M", "process_name");
+    assert_eq!(proc_names.len(), 1);
+    assert_eq!(proc_names[0]["args"]["name"], "xtc decode (continuous)");
+    let threads: Vec<&str> = of("M", "thread_name")
+        .iter()
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(threads, ["iterations", "rejections"]);
+    // Iterations: one name, their index in args, as many as the report's.
+    let its = of("X", "iteration");
+    assert_eq!(
+        its.len() as u64,
+        report["iterations"]["count"].as_u64().unwrap()
+    );
+    assert!(its.iter().enumerate().all(|(i, e)| e["args"]["index"] == i));
+    assert!(
+        ev.iter()
+            .filter(|e| e["ph"] == "X")
+            .all(|e| e["name"] == "iteration")
+    );
+    // Counters: KV blocks never above the cache or below 0, peak as reported;
+    // the ready vector as the iterations; waiting requests back to 0.
+    let kv: Vec<f64> = of("C", "KV blocks used")
+        .iter()
+        .map(|e| e["args"]["blocks"].as_f64().unwrap())
+        .collect();
+    assert_eq!(kv.len(), its.len());
+    let peak = kv.iter().copied().fold(0.0, f64::max);
+    assert!(peak <= 30.0 && peak > 0.0, "{peak}");
+    let ready = of("C", "ready vector");
+    assert_eq!(ready.len(), its.len());
+    let waiting: Vec<f64> = of("C", "waiting requests")
+        .iter()
+        .map(|e| e["args"]["requests"].as_f64().unwrap())
+        .collect();
+    assert!(waiting.iter().all(|&n| n >= 0.0), "{waiting:?}");
+    assert_eq!(waiting.last(), Some(&0.0));
+    let completed = report["requests"]["completed"].as_u64().unwrap() as usize;
+    assert_eq!(waiting.len(), 2 * completed);
+    // Requests: async slices rooted at `request`, ids = request ids.
+    let roots = of("b", "request");
+    assert_eq!(roots.len(), completed);
+    assert!(
+        roots
+            .iter()
+            .all(|e| e["cat"] == "request" && e["id"].is_u64())
+    );
+    assert_eq!(of("e", "request").len(), completed);
+    assert_eq!(of("n", "first token").len(), completed);
+    for ph in ["b", "e", "n"] {
+        assert!(
+            ev.iter()
+                .filter(|e| e["ph"] == ph)
+                .all(|e| e["cat"] == "request")
+        );
+    }
+    // No track per request: only the two named threads hold events.
+    let tids: std::collections::BTreeSet<u64> = ev
+        .iter()
+        .filter(|e| e["ph"] == "X" || e["ph"] == "i")
+        .map(|e| e["tid"].as_u64().unwrap())
+        .collect();
+    assert!(tids.len() <= 2, "{tids:?}");
+    // Rejections: one instant each, with the reason.
+    let rej = of("i", "rejected");
+    assert_eq!(
+        rej.len() as u64,
+        report["requests"]["rejected"].as_u64().unwrap()
+    );
+    assert!(rej.iter().all(|e| e["args"]["reason"] == "kv-blocks"));
 }
 
 #[test]

@@ -433,7 +433,7 @@ impl Outputs {
     /// Writes each output of `out` (after the report was printed).
     fn write(self, out: &RunOutput, wl: &Workload, config: &RunConfig) -> Result<(), String> {
         if let Some(t) = self.trace {
-            let text = serde_json::to_vec(&chrome_trace(out)).map_err(|e| e.to_string())?;
+            let text = serde_json::to_vec(&chrome_trace(out, wl)).map_err(|e| e.to_string())?;
             t.write(&text)?;
         }
         if let Some(r) = self.requests {

@@ -602,44 +602,132 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// The run as Chrome trace JSON (`chrome://tracing`, <https://ui.perfetto.dev>):
-/// thread 0 holds one complete event per iteration (args: ready vector,
-/// prefill and decode rows, KV use); thread `1 + id` holds each request's
-/// `queued` and `running` spans.
-pub fn chrome_trace(out: &RunOutput) -> Value {
-    let mut ev = vec![json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 0,
-        "args": {"name": "iterations"}})];
+/// The decode process's tracks in a [`chrome_trace`].
+pub mod tracks {
+    /// The process of a decode run.
+    pub const PID: u32 = 1;
+    /// The thread holding one `iteration` slice per iteration.
+    pub const ITERATIONS: u32 = 1;
+    /// The thread holding one `rejected` instant per rejected request.
+    pub const REJECTIONS: u32 = 2;
+    /// Counter track: KV blocks allocated (series `blocks`).
+    pub const KV_BLOCKS: &str = "KV blocks used";
+    /// Counter track: members of the ready vector (series `members`).
+    pub const READY: &str = "ready vector";
+    /// Counter track: requests arrived but not yet admitted (series `requests`).
+    pub const WAITING: &str = "waiting requests";
+    /// Category and root slice name of every request's async slices.
+    pub const REQUEST: &str = "request";
+}
+
+/// The run as Chrome trace / Perfetto JSON (`chrome://tracing`,
+/// <https://ui.perfetto.dev>), written with the crate's one
+/// [`TraceWriter`](crate::trace_event::TraceWriter):
+/// - process `xtc decode (MODE)` ([`tracks::PID`]) with `process_name` and
+///   `thread_name` metadata;
+/// - thread `iterations`: one slice per iteration, all named `iteration`
+///   (so Perfetto groups them), its index, ready vector, scheduled members,
+///   prefill and decode rows and KV use in `args`;
+/// - counter tracks `KV blocks used`, `ready vector` and `waiting requests`
+///   (arrived, not yet admitted), sampled at every change;
+/// - every request as nestable async slices of id = request id, all rooted
+///   at a slice named `request` (arrival to finish; args: prompt and
+///   generated tokens, status), so Perfetto shows them in ONE track group
+///   (a row per concurrent request) instead of a track each: `queued`
+///   (arrival to admission) and `running` (admission to finish) nested in it,
+///   and a `first token` instant;
+/// - thread `rejections`: a `rejected` instant per rejected request at its
+///   arrival (args: id, reason kind, message).
+///
+/// Times are µs since the run started; `wl` gives rejected requests' arrivals.
+pub fn chrome_trace(out: &RunOutput, wl: &Workload) -> Value {
+    use crate::trace_event::{Scope, TraceWriter};
+    use tracks::*;
+    let mut w = TraceWriter::new();
+    w.process_name(PID, &format!("xtc decode ({})", out.mode.name()));
+    w.thread_name(PID, ITERATIONS, "iterations");
+    w.thread_sort_index(PID, ITERATIONS, 0);
+    w.thread_name(PID, REJECTIONS, "rejections");
+    w.thread_sort_index(PID, REJECTIONS, 1);
+    let rel = |x: Instant| us(x.saturating_duration_since(out.started));
     for (i, it) in out.iterations.iter().enumerate() {
-        ev.push(
-            json!({"name": format!("iteration {i}"), "cat": "iteration", "ph": "X",
-            "pid": 1, "tid": 0, "ts": us(it.start), "dur": us(it.dur),
-            "args": {"ready": it.ready, "scheduled": it.scheduled,
-                     "prefill_tokens": it.prefill_tokens, "decode_tokens": it.decode_tokens,
-                     "kv_used": it.kv_used}}),
+        let t0 = us(it.start);
+        w.complete(
+            PID,
+            ITERATIONS,
+            "iteration",
+            "iteration",
+            t0,
+            us(it.dur),
+            json!({"index": i, "ready": it.ready, "scheduled": it.scheduled,
+                   "prefill_tokens": it.prefill_tokens, "decode_tokens": it.decode_tokens,
+                   "kv_used": it.kv_used}),
         );
+        w.counter(PID, READY, t0, &[("members", it.ready as f64)]);
+        w.counter(
+            PID,
+            KV_BLOCKS,
+            us(it.start + it.dur),
+            &[("blocks", it.kv_used as f64)],
+        );
+    }
+    // Waiting requests: +1 at arrival, -1 at admission (or at finish for a
+    // request never admitted), sampled at every change.
+    let mut waiting: Vec<(f64, i64)> = Vec::new();
+    for f in &out.finished {
+        let t = &f.seq.timing;
+        let left = t.admitted.or(t.finished).unwrap_or(t.arrived);
+        waiting.push((rel(t.arrived), 1));
+        waiting.push((rel(left), -1));
+    }
+    waiting.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut n = 0i64;
+    for (ts, d) in waiting {
+        n += d;
+        w.counter(PID, WAITING, ts, &[("requests", n as f64)]);
     }
     for f in &out.finished {
         let t = &f.seq.timing;
-        let tid = 1 + f.seq.id;
-        let rel = |x: std::time::Instant| us(x.saturating_duration_since(out.started));
-        let end = t.finished.or(t.last_token).unwrap_or(t.arrived);
-        let admitted = t.admitted.unwrap_or(end);
-        ev.push(
-            json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid,
-            "args": {"name": format!("request {}", f.seq.id)}}),
+        let id = f.seq.id as u64;
+        let end = rel(t.finished.or(t.last_token).unwrap_or(t.arrived));
+        let arrived = rel(t.arrived);
+        let admitted = t.admitted.map(rel);
+        w.async_begin(
+            PID,
+            REQUEST,
+            REQUEST,
+            id,
+            arrived,
+            json!({"id": id, "prompt_tokens": f.seq.prompt.len(),
+                   "generated_tokens": f.seq.generated.len(), "status": f.status}),
         );
-        ev.push(
-            json!({"name": "queued", "cat": "request", "ph": "X", "pid": 1, "tid": tid,
-            "ts": rel(t.arrived), "dur": rel(admitted) - rel(t.arrived)}),
-        );
-        ev.push(
-            json!({"name": "running", "cat": "request", "ph": "X", "pid": 1, "tid": tid,
-            "ts": rel(admitted), "dur": rel(end) - rel(admitted),
-            "args": {"prompt": f.seq.prompt.len(), "generated": f.seq.generated.len(),
-                     "status": f.status}}),
+        let queued_end = admitted.unwrap_or(end);
+        w.async_begin(PID, REQUEST, "queued", id, arrived, Value::Null);
+        w.async_end(PID, REQUEST, "queued", id, queued_end, Value::Null);
+        if let Some(a) = admitted {
+            w.async_begin(PID, REQUEST, "running", id, a, Value::Null);
+            if let Some(ft) = t.first_token {
+                w.async_instant(PID, REQUEST, "first token", id, rel(ft), Value::Null);
+            }
+            w.async_end(PID, REQUEST, "running", id, end, Value::Null);
+        }
+        w.async_end(PID, REQUEST, REQUEST, id, end, Value::Null);
+    }
+    let arrivals: BTreeMap<usize, Duration> =
+        wl.requests.iter().map(|r| (r.id, r.arrival)).collect();
+    for r in &out.rejected {
+        let at = arrivals.get(&r.id).copied().unwrap_or_default();
+        w.instant(
+            PID,
+            REJECTIONS,
+            "rejected",
+            REQUEST,
+            us(at),
+            Scope::Thread,
+            json!({"id": r.id, "reason": r.kind, "message": r.reason}),
         );
     }
-    json!({"traceEvents": ev, "displayTimeUnit": "ms"})
+    w.finish()
 }
 
 #[cfg(test)]
