@@ -7,6 +7,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -23,7 +24,9 @@ use crate::decode::serve::trace::{self, Scaling, Trace};
 use crate::vk;
 
 use super::decode_config::{self, ModelFacts};
+use super::metrics_server::MetricsServer;
 use super::out_file::OutFile;
+use crate::decode::serve::metrics::{self, DecodeMetrics};
 
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
@@ -220,6 +223,17 @@ pub struct DecodeArgs {
     /// met (with --compare: the continuous run). Written like --trace-out.
     #[arg(long, value_name = "FILE")]
     pub requests_out: Option<PathBuf>,
+    /// Write the run's Prometheus metrics at its end (OpenMetrics text: vLLM's
+    /// names with the `xtc:` prefix, e.g. xtc:time_to_first_token_seconds,
+    /// and the batch group's statistics; with --compare: the continuous run).
+    /// Written like --trace-out.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_out: Option<PathBuf>,
+    /// Serve the metrics at http://ADDR/metrics while the run lasts (e.g.
+    /// 127.0.0.1:9100; port 0 picks a free port; the address is printed on
+    /// stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// A clap value parser of a whole number in `lo..=hi`; its messages read
@@ -390,10 +404,18 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     if !args.json {
         eprintln!("{}", banner(args, &trace, &wl, &opts, &run_config));
     }
+    let mut obs = Observe::start(args, config.seq_len)?;
     if args.compare {
-        return compare(args, &model, &wl, &opts, &run_config, outs, w);
+        let run = CompareRun {
+            model: &model,
+            wl: &wl,
+            opts: &opts,
+            config: &run_config,
+        };
+        return compare(args, run, outs, &mut obs, w);
     }
-    let out = run_once(&model, &wl, &opts, !args.json)?;
+    let out = run_once(&model, &wl, &opts, !args.json, obs.next_run())?;
+    obs.finish();
     let report = Report::new(&out, run_config.clone());
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
@@ -402,15 +424,70 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     };
     // The report first: a late output-file failure must not lose it.
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    outs.write(&out, &wl, &run_config)?;
+    outs.write(&out, &wl, &run_config, obs.runs.first().map(|m| &**m))?;
     Ok(finish_status([&report]))
 }
 
-/// The output files of a run (`--trace-out`, `--requests-out`), checked
-/// before the run and written after it.
+/// What watches the runs: the metrics of the run in progress (kept when
+/// `--metrics-out` or `--metrics-addr` asks for them) and the `/metrics`
+/// server.
+pub struct Observe {
+    keep: bool,
+    max_len: usize,
+    server: Option<MetricsServer>,
+    /// The metrics of each run so far, in order.
+    pub runs: Vec<Rc<DecodeMetrics>>,
+}
+
+impl Observe {
+    /// Starts the `/metrics` server of `--metrics-addr` (its address on
+    /// stderr); `max_len` bounds the token-count histograms.
+    ///
+    /// # Errors
+    /// The address cannot be bound.
+    pub fn start(args: &DecodeArgs, max_len: usize) -> Result<Self, String> {
+        let server = args.metrics_addr.map(MetricsServer::start).transpose()?;
+        if let Some(s) = &server {
+            eprintln!(
+                "xtc decode: serving metrics on http://{}/metrics while the run lasts",
+                s.addr()
+            );
+        }
+        Ok(Observe {
+            keep: args.metrics_out.is_some() || server.is_some(),
+            max_len,
+            server,
+            runs: Vec::new(),
+        })
+    }
+
+    /// Fresh metrics for the next run (served from now on), if kept.
+    pub fn next_run(&mut self) -> Option<Rc<DecodeMetrics>> {
+        if !self.keep {
+            return None;
+        }
+        let m = Rc::new(DecodeMetrics::new(self.max_len));
+        if let Some(s) = &self.server {
+            s.show(m.registry());
+        }
+        self.runs.push(m.clone());
+        Some(m)
+    }
+
+    /// Stops the server: the runs are over.
+    pub fn finish(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+}
+
+/// The output files of a run (`--trace-out`, `--requests-out`,
+/// `--metrics-out`), checked before the run and written after it.
 struct Outputs {
     trace: Option<OutFile>,
     requests: Option<OutFile>,
+    metrics: Option<OutFile>,
 }
 
 impl Outputs {
@@ -427,11 +504,22 @@ impl Outputs {
                 args.requests_out.as_deref(),
                 &inputs,
             )?,
+            metrics: OutFile::prepare_opt("--metrics-out", args.metrics_out.as_deref(), &inputs)?,
         })
     }
 
-    /// Writes each output of `out` (after the report was printed).
-    fn write(self, out: &RunOutput, wl: &Workload, config: &RunConfig) -> Result<(), String> {
+    /// Writes each output of `out`, whose metrics are `m` (after the report
+    /// was printed).
+    fn write(
+        self,
+        out: &RunOutput,
+        wl: &Workload,
+        config: &RunConfig,
+        m: Option<&DecodeMetrics>,
+    ) -> Result<(), String> {
+        if let (Some(f), Some(m)) = (self.metrics, m) {
+            f.write(metrics::encode(&m.registry()).as_bytes())?;
+        }
         if let Some(t) = self.trace {
             let text = serde_json::to_vec(&chrome_trace(out, wl)).map_err(|e| e.to_string())?;
             t.write(&text)?;
@@ -647,6 +735,7 @@ fn run_once(
     wl: &Workload,
     opts: &JobOpts,
     show: bool,
+    metrics: Option<Rc<DecodeMetrics>>,
 ) -> Result<RunOutput, String> {
     let bar = progress_bar(wl.requests.len() as u64, opts.mode, show);
     let b = bar.clone();
@@ -655,8 +744,8 @@ fn run_once(
         b.set_position(p.done as u64);
         b.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
     };
-    let out =
-        crate::decode::serve::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
+    let out = crate::decode::serve::run_with_metrics(model, wl, opts, Box::new(update), metrics)
+        .map_err(|e| e.to_string());
     bar.finish_and_clear();
     out
 }
@@ -675,21 +764,34 @@ fn progress_bar(total: u64, mode: Mode, show: bool) -> ProgressBar {
     bar
 }
 
+/// What `--compare` runs: the same model, workload, options and
+/// configuration under each policy.
+struct CompareRun<'a> {
+    model: &'a SharedModel,
+    wl: &'a Workload,
+    opts: &'a JobOpts,
+    config: &'a RunConfig,
+}
+
 fn compare(
     args: &DecodeArgs,
-    model: &SharedModel,
-    wl: &Workload,
-    opts: &JobOpts,
-    config: &RunConfig,
+    run: CompareRun<'_>,
     outs: Outputs,
+    obs: &mut Observe,
     w: &mut dyn Write,
 ) -> Result<i32, String> {
+    let CompareRun {
+        model,
+        wl,
+        opts,
+        config,
+    } = run;
     let t0 = Instant::now();
     let mut reports = Vec::new();
     let mut traced = None;
     for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
         let o = JobOpts { mode, ..*opts };
-        let out = run_once(model, wl, &o, !args.json)?;
+        let out = run_once(model, wl, &o, !args.json, obs.next_run())?;
         reports.push(Report::new(&out, config.clone()));
         if mode == Mode::Continuous {
             traced = Some(out);
@@ -709,9 +811,10 @@ fn compare(
             t0.elapsed().as_secs_f64()
         )
     };
+    obs.finish();
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
     if let Some(out) = traced {
-        outs.write(&out, wl, config)?;
+        outs.write(&out, wl, config, obs.runs.first().map(|m| &**m))?;
     }
     Ok(finish_status([
         &cmp.continuous,

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 pub mod decode;
 pub mod decode_config;
 pub mod generate;
+pub mod metrics_server;
 pub mod out_file;
 pub mod perplexity;
 pub mod probe;

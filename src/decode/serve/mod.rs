@@ -25,6 +25,10 @@
 //! - [`latency`]: per-request latencies (queue, TTFT, TPOT, inter-token,
 //!   end-to-end), their distributions ([`latency::LatencyStats`], from an
 //!   HdrHistogram) and the SLO a request meets or misses.
+//! - [`metrics`]: Prometheus metrics of a run with vLLM's names and buckets
+//!   (`xtc:time_to_first_token_seconds`, ...) and the batch group's
+//!   statistics ([`metrics::DecodeMetrics`], updated by
+//!   [`grouped::run_with_metrics`]).
 //! - [`run_config`]: what produced a report ([`run_config::RunConfig`]:
 //!   trace, scaling, seed, model, KV cache, limits, device, SLO).
 //! - [`report`]: the figures of a run (text, JSON with a schema version,
@@ -57,9 +61,10 @@ pub mod job;
 pub mod kv;
 pub mod latency;
 pub mod local;
+pub mod metrics;
 pub mod report;
 pub mod run_config;
 pub mod seq;
 pub mod trace;
 
-pub use grouped::run;
+pub use grouped::{run, run_with_metrics};
