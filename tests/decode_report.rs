@@ -281,3 +281,25 @@ fn the_banner_states_the_scaling_and_the_model_size() {
         "{err}"
     );
 }
+
+#[test]
+fn every_sweep_field_is_documented_and_every_documented_field_is_reported() {
+    let (code, out) = xtc(&[
+        "--device",
+        "toy",
+        "--toy-cost",
+        "0,0",
+        "--requests",
+        "4",
+        "--sweep",
+        "8000",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let mut real = BTreeSet::new();
+    paths(&v, "", &mut real);
+    // The configuration is the report's (checked there).
+    real.retain(|p| !p.starts_with("config."));
+    assert_same(&documented("Sweep"), &real, "sweep");
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::decode::model::backend::{CpuModel, ToyModel, VulkanModel};
+use crate::decode::model::backend::{CpuModel, IterationCost, ToyModel, VulkanModel};
 use crate::decode::model::checkpoint;
 use crate::decode::model::tokenizer::{self, Tokenizer};
 use crate::decode::model::{Config, KvGeometry, Weights};
@@ -234,6 +234,83 @@ pub struct DecodeArgs {
     /// stderr).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Sweep the request rate: run continuous, static and one-at-a-time
+    /// batching at each of these --time-scale values (comma-separated; alone:
+    /// 1,2,4,8,16,32,64) in one process, and report per rate the throughput,
+    /// normalized latency (mean end-to-end / output tokens), TTFT and TPOT
+    /// p99 and SLO attainment, then each policy's capacity (the highest rate
+    /// up to which at least 90% of requests meet the SLO) and the capacity
+    /// ratios. The SLO defaults to --slo-ttft 1000 --slo-tpot 100; --requests
+    /// to 128. A table, or JSON with --json; see --csv-out and --plot-out.
+    #[arg(
+        long,
+        value_name = "RATES",
+        num_args = 0..=1,
+        default_missing_value = DEFAULT_SWEEP_RATES,
+        value_parser = rates,
+        conflicts_with_all = ["compare", "time_scale", "trace_out", "requests_out", "metrics_out"],
+    )]
+    pub sweep: Option<Rates>,
+    /// With --sweep: write the per-rate figures as CSV (one row per policy
+    /// and rate).
+    #[arg(long, value_name = "FILE", requires = "sweep")]
+    pub csv_out: Option<PathBuf>,
+    /// With --sweep: draw normalized latency and SLO attainment against the
+    /// request rate, one line per policy, as an SVG file.
+    #[arg(long, value_name = "FILE", requires = "sweep")]
+    pub plot_out: Option<PathBuf>,
+    /// With --device toy: make each iteration take FIXED + PER_ROW x token
+    /// rows microseconds (the toy model sleeps on the blocking pool, like a
+    /// device, without using the CPU), e.g. 1800,90 (lavapipe's cost for the
+    /// synthetic model). Default: 0,0, or 1800,90 with --sweep.
+    #[arg(long, value_name = "FIXED_US,PER_ROW_US", value_parser = toy_cost)]
+    pub toy_cost: Option<IterationCost>,
+}
+
+/// `--sweep` without a value.
+pub const DEFAULT_SWEEP_RATES: &str = "1,2,4,8,16,32,64";
+
+/// Requests replayed by `--sweep` unless `--requests` says otherwise.
+pub const DEFAULT_SWEEP_REQUESTS: usize = 128;
+
+/// The SLO `--sweep` measures attainment against unless `--slo-ttft` /
+/// `--slo-tpot` say otherwise, ms: (TTFT, TPOT).
+pub const DEFAULT_SWEEP_SLO_MS: (f64, f64) = (1000.0, 100.0);
+
+/// The rates of `--sweep`: time scales, ascending, without repeats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rates(pub Vec<f64>);
+
+/// The clap value parser of `--sweep`: positive finite numbers, comma
+/// separated, sorted and without repeats.
+fn rates(s: &str) -> Result<Rates, String> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        match time_scale(part) {
+            Ok(x) => v.push(x),
+            Err(e) => return Err(format!("{:?} {e}", part.trim())),
+        }
+    }
+    v.sort_by(f64::total_cmp);
+    v.dedup();
+    Ok(Rates(v))
+}
+
+/// The clap value parser of `--toy-cost`: `FIXED_US,PER_ROW_US`, whole
+/// microseconds up to an hour.
+fn toy_cost(s: &str) -> Result<IterationCost, String> {
+    let bad = || {
+        "must be FIXED_US,PER_ROW_US: two whole numbers of microseconds (e.g. 1800,90)".to_string()
+    };
+    let (a, b) = s.split_once(',').ok_or_else(bad)?;
+    let us = |x: &str| match x.trim().parse::<u64>() {
+        Ok(n) if n <= 3_600_000_000 => Ok(Duration::from_micros(n)),
+        _ => Err(bad()),
+    };
+    Ok(IterationCost {
+        fixed: us(a)?,
+        per_row: us(b)?,
+    })
 }
 
 /// A clap value parser of a whole number in `lo..=hi`; its messages read
@@ -360,9 +437,20 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         None => trace::embedded(),
     };
     let rows = trace.requests.len();
-    let requests = args.requests.unwrap_or(DEFAULT_REQUESTS).min(rows);
+    let default_requests = if args.sweep.is_some() {
+        DEFAULT_SWEEP_REQUESTS
+    } else {
+        DEFAULT_REQUESTS
+    };
+    let requests = args.requests.unwrap_or(default_requests).min(rows);
     let replayed = &trace.requests[..requests];
-    check_replay(args, replayed)?;
+    match &args.sweep {
+        Some(rates) => rates
+            .0
+            .iter()
+            .try_for_each(|&r| check_replay_at(args, replayed, r))?,
+        None => check_replay(args, replayed)?,
+    }
     if let Some(n) = args.requests.filter(|&n| n > rows) {
         eprintln!(
             "xtc decode: warning: --requests {n} but the trace has only {rows} rows: replaying {rows}"
@@ -386,7 +474,12 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let tokenizer = load_tokenizer(args, &config)?;
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &weights, &opts, &device, &wl)?;
-    let model = device.model(weights, &opts).map_err(|e| {
+    let toy_cost = args.toy_cost.unwrap_or(if args.sweep.is_some() {
+        IterationCost::LAVAPIPE_TINY
+    } else {
+        IterationCost::NONE
+    });
+    let model = device.model_costed(weights, &opts, toy_cost).map_err(|e| {
         format!(
             "{e} (buffers for --token-budget {} token rows and a ready vector of \
              --max-active {}; {})",
@@ -400,11 +493,27 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         shape: model.borrow().config(),
         parameters,
     };
-    let run_config = decode_config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
+    let mut run_config =
+        decode_config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
+    if args.sweep.is_some() {
+        run_config.slo = super::decode_sweep::sweep_slo(args);
+    }
     if !args.json {
         eprintln!("{}", banner(args, &trace, &wl, &opts, &run_config));
     }
     let mut obs = Observe::start(args, config.seq_len)?;
+    if args.sweep.is_some() {
+        let run = super::decode_sweep::SweepRun {
+            model: &model,
+            trace: &trace,
+            requests,
+            scaling: &scaling,
+            vocab_size: config.vocab_size,
+            opts: &opts,
+            config: &run_config,
+        };
+        return super::decode_sweep::run(args, run, &mut obs, w);
+    }
     if args.compare {
         let run = CompareRun {
             model: &model,
@@ -539,15 +648,24 @@ impl Outputs {
 /// Refuses a replay the clock cannot hold, or one longer than
 /// [`MAX_REPLAY`] without `--allow-long-replay`, naming `--time-scale`.
 fn check_replay(args: &DecodeArgs, replayed: &[trace::TraceRequest]) -> Result<(), String> {
+    check_replay_at(args, replayed, args.time_scale)
+}
+
+/// [`check_replay`] at `time_scale` (each rate of `--sweep`).
+fn check_replay_at(
+    args: &DecodeArgs,
+    replayed: &[trace::TraceRequest],
+    time_scale: f64,
+) -> Result<(), String> {
     let scaling = Scaling {
-        time_scale: args.time_scale,
+        time_scale,
         ..Scaling::IDENTITY
     };
     scaling.check_arrivals(replayed)?;
     let Some(last) = replayed.iter().map(|r| r.arrival).max() else {
         return Ok(());
     };
-    let span = last.as_secs_f64() / args.time_scale;
+    let span = last.as_secs_f64() / time_scale;
     if span > MAX_REPLAY.as_secs_f64() && !args.allow_long_replay {
         let least = last.as_secs_f64() / MAX_REPLAY.as_secs_f64();
         return Err(format!(
@@ -555,7 +673,7 @@ fn check_replay(args: &DecodeArgs, replayed: &[trace::TraceRequest]) -> Result<(
              ({}; {:.1} s in the trace), longer than a day: use a larger --time-scale \
              (at least {least:.3e} for a day), fewer --requests, or --allow-long-replay \
              to run it anyway",
-            args.time_scale,
+            time_scale,
             replayed.len(),
             long_span(span),
             last.as_secs_f64()
@@ -616,16 +734,29 @@ impl DeviceChoice {
     /// # Errors
     /// The backend's message.
     pub fn model(&self, weights: Weights, opts: &JobOpts) -> Result<SharedModel, String> {
+        self.model_costed(weights, opts, IterationCost::NONE)
+    }
+
+    /// [`DeviceChoice::model`], the toy model taking `toy_cost` per
+    /// iteration (ignored on other devices).
+    ///
+    /// # Errors
+    /// The backend's message.
+    pub fn model_costed(
+        &self,
+        weights: Weights,
+        opts: &JobOpts,
+        toy_cost: IterationCost,
+    ) -> Result<SharedModel, String> {
         let kv = KvGeometry {
             block_size: opts.block_size,
             n_blocks: opts.kv_blocks,
         };
         Ok(match self {
-            DeviceChoice::Toy => job::shared(ToyModel::new(
-                weights.config.vocab_size,
-                kv.n_blocks,
-                kv.block_size,
-            )),
+            DeviceChoice::Toy => job::shared(
+                ToyModel::new(weights.config.vocab_size, kv.n_blocks, kv.block_size)
+                    .with_cost(toy_cost),
+            ),
             DeviceChoice::Cpu => job::shared(CpuModel::new(weights, kv)),
             DeviceChoice::Vulkan(dev) => job::shared(
                 VulkanModel::new(dev, &weights, kv, opts.token_budget, opts.max_active.max(1))
@@ -703,6 +834,21 @@ fn load_tokenizer(args: &DecodeArgs, config: &Config) -> Result<Option<Tokenizer
 
 fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, c: &RunConfig) -> String {
     let span = wl.requests.last().map_or(Duration::ZERO, |r| r.arrival);
+    let arrivals = match &args.sweep {
+        Some(r) => {
+            let rates: Vec<String> = r.0.iter().map(|x| format!("{x}x")).collect();
+            format!(
+                "arrivals over {:.2} s at 1x, swept at {}",
+                span.as_secs_f64() * args.time_scale,
+                rates.join(", ")
+            )
+        }
+        None => format!(
+            "arrivals over {:.2} s at {}x",
+            span.as_secs_f64(),
+            args.time_scale
+        ),
+    };
     let slo = if c.slo.is_set() {
         format!(
             ", SLO {}",
@@ -712,14 +858,12 @@ fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, c: &RunC
         String::new()
     };
     format!(
-        "xtc decode: {} of {} requests from {} (arrivals over {:.2} s at {}x), {}\n\
+        "xtc decode: {} of {} requests from {} ({arrivals}), {}\n\
          model: {}; lengths: {}\n\
          max-active {}, KV cache {} blocks x {} positions, token budget {}{slo}",
         wl.requests.len(),
         trace.requests.len(),
         c.trace.source,
-        span.as_secs_f64(),
-        args.time_scale,
         c.model.description,
         decode_config::model_size(&c.model),
         decode_config::scaling_text(&c.length_scaling),
@@ -730,7 +874,9 @@ fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, c: &RunC
     )
 }
 
-fn run_once(
+/// One run of `wl` under `opts` with a progress bar (when `show` and
+/// stderr is a terminal), updating `metrics` if given.
+pub(crate) fn run_once(
     model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,

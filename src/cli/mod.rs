@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 pub mod decode;
 pub mod decode_config;
+pub mod decode_sweep;
 pub mod generate;
 pub mod metrics_server;
 pub mod out_file;

@@ -31,6 +31,8 @@
 //!   [`grouped::run_with_metrics`]).
 //! - [`run_config`]: what produced a report ([`run_config::RunConfig`]:
 //!   trace, scaling, seed, model, KV cache, limits, device, SLO).
+//! - [`sweep`]: capacity under an SLO (`--sweep`): per-rate points, each
+//!   policy's capacity and the capacity ratios; table, CSV, SVG plot.
 //! - [`report`]: the figures of a run (text, JSON with a schema version,
 //!   per-request records, `--compare`, Chrome trace).
 //!
@@ -65,6 +67,7 @@ pub mod metrics;
 pub mod report;
 pub mod run_config;
 pub mod seq;
+pub mod sweep;
 pub mod trace;
 
 pub use grouped::{run, run_with_metrics};
