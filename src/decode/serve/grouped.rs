@@ -368,6 +368,50 @@ fn record_completion(m: &DecodeMetrics, s: &Sequence, status: &Status) {
 /// loop (the `xtc decode` driver, also `serve::run`), calling `progress`
 /// after every iteration, and returns what the run observed.
 ///
+/// # Example: the decode job on the toy model
+///
+/// Twelve requests of the embedded Azure trace, lengths scaled down, all
+/// arriving at once, continuously batched under a KV cache of 64 blocks;
+/// every request generates what it asked for, as decoding it alone would,
+/// and the report gives the figures:
+///
+/// ```
+/// use xtc::decode::model::backend::{ToyModel, toy_reference};
+/// use xtc::decode::serve::job::{self, JobOpts, Mode, Status};
+/// use xtc::decode::serve::report::Report;
+/// use xtc::decode::serve::trace::{self, Scaling};
+///
+/// let scaling = Scaling {
+///     time_scale: 1e9, // every arrival at once
+///     prompt_div: 32,
+///     output_div: 8,
+///     max_prompt: 32,
+///     max_output: 32,
+/// };
+/// let wl = job::workload(&trace::embedded(), 12, &scaling, 100, 1, 0.0);
+/// let opts = JobOpts {
+///     mode: Mode::Continuous,
+///     max_active: 8,
+///     kv_blocks: 64,
+///     block_size: 4,
+///     token_budget: 16,
+///     stop_token: None,
+/// };
+/// let model = job::shared(ToyModel::new(100, opts.kv_blocks, opts.block_size));
+/// let out = xtc::decode::serve::run(&model, &wl, &opts, Box::new(|_| {})).unwrap();
+/// assert_eq!(out.finished.len(), 12);
+/// for f in &out.finished {
+///     assert_eq!(f.status, Status::Done);
+///     let spec = wl.requests.iter().find(|r| r.id == f.seq.id).unwrap();
+///     assert_eq!(f.seq.generated, toy_reference(&spec.prompt, spec.output_tokens, 100));
+/// }
+/// assert_eq!(out.kv_leaked, 0, "every block came back");
+/// let report = Report::from_run(&out, wl.requests.len());
+/// assert_eq!(report.requests.completed, 12);
+/// assert!(report.iterations.max_ready_members <= 8);
+/// assert!(report.latency.ttft.p50_ms <= report.latency.ttft.p99_ms);
+/// ```
+///
 /// # Errors
 /// [`JobError`]: bad options, the loop or group refusing, a model failure,
 /// a KV ledger refusal (a bug).
