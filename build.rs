@@ -50,9 +50,12 @@ fn compile(file: &Path, out_dir: &Path) -> Vec<(String, PathBuf)> {
             e.emit_to_string_with_path(&src, &file.display().to_string())
         )
     });
-    let info = Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES)
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{}: {}", file.display(), e.emit_to_string(&src)));
+    let info = Validator::new(
+        ValidationFlags::all(),
+        Capabilities::IMMEDIATES | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{}: {}", file.display(), e.emit_to_string(&src)));
     let options = spv::Options {
         lang_version: (1, 5),
         flags: spv::WriterFlags::empty(),

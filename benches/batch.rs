@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 use std::hint::black_box;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -240,10 +240,9 @@ struct Fence {
 impl AsyncStep<u64> for Fence {
     async fn submit(&mut self, _: &mut [Item<'_, u64>]) -> xtc::Result<Exec> {
         let fd = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap());
-        let raw = fd.as_raw_fd();
         self.to_thread.send(fd.clone()).unwrap();
-        self.current = Some(fd);
-        Ok(Exec::Fence(raw))
+        self.current = Some(fd.clone());
+        Ok(Exec::Fence(Rc::new(fd))) // `Arc<OwnedFd>` is `AsFd`
     }
 
     async fn collect(

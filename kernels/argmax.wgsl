@@ -7,7 +7,7 @@
 // Bindings (group 0): 1 act f32 (read_write), 4 out u32 (read_write).
 // Workgroup: 64; grid (n_rows, 1, 1).
 
-struct Params { n_rows: u32, vocab: u32, logits_off: u32, out_off: u32 }
+struct Params { n_rows: u32, vocab: u32, logits_off: u32, out_off: u32, groups: u32 }
 var<immediate> p: Params;
 
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
@@ -47,4 +47,28 @@ fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     if (li == 0u) {
         out[p.out_off + r] = best_i[0];
     }
+}
+
+// `argmax_part`: finishes an argmax from per-group partials (written by the LM head's
+// `qmm_*` in mode 3): row r's `groups` pairs (largest value, f32; its index, u32 bits)
+// at act[logits_off + (r * groups + g) * 2]; the largest value wins, the earliest
+// group among equal values (groups hold increasing index ranges, so that is the
+// lowest index, as `argmax`). One invocation per row; grid (ceil(n_rows / 64)).
+@compute @workgroup_size(64)
+fn argmax_part(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    if (r >= p.n_rows) {
+        return;
+    }
+    let base = p.logits_off + r * p.groups * 2u;
+    var bv = act[base];
+    var bi = bitcast<u32>(act[base + 1u]);
+    for (var g = 1u; g < p.groups; g++) {
+        let v = act[base + 2u * g];
+        if (v > bv) {
+            bv = v;
+            bi = bitcast<u32>(act[base + 2u * g + 1u]);
+        }
+    }
+    out[p.out_off + r] = bi;
 }

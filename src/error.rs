@@ -1,7 +1,8 @@
 //! The crate's error type: the manual page's `XTC_E_*` codes.
 //!
 //! `xtc_batch(3)` (B-180..B-185) gives each code its meaning; [`Error::code`]
-//! returns the negative C value so logs and a later C ABI agree. Backend errors
+//! returns the negative C value so logs and the C ABI agree (`xtc_error` in
+//! `include/xtc_batch.h`, `docs/man/xtc_batch.3`). Backend errors
 //! (`vk`, `accel`, `decode`) have their own types that convert into this one.
 
 /// `XTC_E_*` error codes of `xtc_batch(3)`.

@@ -17,6 +17,12 @@
 //! - [`cli`]: the `xtc` command.
 //! - [`trace_event`]: the one Chrome trace / Perfetto JSON writer (decode and
 //!   dispatch exports).
+//! - [`ci`]: the device-in-the-loop CI runner (`xtc ci run`).
+//!
+//! Clause ids (B-xxx) in these docs are sentences of the contract
+//! `xtc_batch(3)`; its C ABI as built (the `xtc-capi` workspace crate,
+//! `include/xtc_batch.h`) is the manual page `docs/man/xtc_batch.3`, and
+//! `tests/CLAUSES.md` maps each id to the tests (Rust and C) that check it.
 //!
 //! Ownership rule: a group owns each submitted request `R` from submit until it
 //! hands it back by value to `complete`; a failed submit hands it back in the
@@ -84,6 +90,7 @@
 
 pub mod accel;
 pub mod batch;
+pub mod ci;
 pub mod cli;
 pub mod decode;
 pub mod dispatch;

@@ -284,6 +284,53 @@ fn b048_cancel_of_waiting_member_excluded_before_next_vector() {
     g.destroy().unwrap();
 }
 
+/// Issue 12 item 3: the fit test near `u64::MAX`. A member holding every
+/// unit of a `u64::MAX` capacity keeps a charge-1 request waiting; the
+/// unchecked `reserved + charge` panicked in the driver (debug) or admitted
+/// both (release, `reserved_units` wrapped to 0).
+#[test]
+fn b022_admission_near_u64_max_units_keeps_the_resource_bound() {
+    let sim = Sim::new(1222);
+    let lp = sim.new_loop();
+    let (g, c) = sync_group(&lp, sync_opts(4, 4, u64::MAX));
+    let big = g.submit(rq(1, 1), u64::MAX).unwrap();
+    c.script(big, &[StepResult::Blocked, StepResult::Done]);
+    let small = g.submit(rq(2, 1), 1).unwrap();
+    settle_sim(&sim);
+    let s = g.stats();
+    assert_eq!(
+        (s.blocked, s.queued, s.reserved_units),
+        (1, 1, u64::MAX),
+        "the charge-1 request waits: {s:?}"
+    );
+    assert_eq!(
+        c.in_vectors(small),
+        0,
+        "never admitted beside the full charge"
+    );
+    let g2 = g.clone();
+    lp.spawn(async move {
+        g2.resume(big).unwrap();
+        g2.close(CloseMode::Drain).unwrap();
+    })
+    .unwrap();
+    run(&sim);
+    assert_eq!(c.outcome(big), vec![Ok(())]);
+    assert_eq!(c.outcome(small), vec![Ok(())]);
+    assert_eq!(g.stats().reserved_units, 0);
+    g.destroy().unwrap();
+}
+
+/// Steps `sim` until nothing is runnable (parked processes may remain).
+fn settle_sim(sim: &Sim) {
+    for _ in 0..1_000_000 {
+        if !sim.step() {
+            return;
+        }
+    }
+    panic!("simulator never quiesced");
+}
+
 #[test]
 fn b022_cancel_of_blocked_member_releases_charge_once() {
     let sim = Sim::new(108);

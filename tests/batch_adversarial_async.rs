@@ -14,7 +14,7 @@ use std::time::Duration;
 use batch_adversarial_support::*;
 use xtc::Error;
 use xtc::batch::{AsyncOpts, CloseMode, ExecStatus, Group, StepResult};
-use xtc::rt::{self, Sim};
+use xtc::rt::{self, Loop, Sim};
 
 #[test]
 fn b015_create_async_after_first_step_is_again() {
@@ -202,10 +202,16 @@ fn b089_timeout_honours_done_and_error_and_ends_the_rest_again() {
 
 #[test]
 fn b086_negative_statuses_fail_every_member_and_count_offload_errors() {
-    // A promise resolved with an error, a dropped promise, a bad fence fd.
+    // A promise resolved with an error, a dropped promise (under Sim), a
+    // fence the readiness path refuses (a real loop: no fd readiness under
+    // Sim, B-070).
     for (seed, how) in [(123, 0), (124, 1), (125, 2)] {
         let sim = Sim::new(seed);
-        let lp = sim.new_loop();
+        let lp = if how == 2 {
+            Loop::new().unwrap()
+        } else {
+            sim.new_loop()
+        };
         let kind = if how == 2 {
             Kind::BadFence
         } else {
@@ -227,7 +233,11 @@ fn b086_negative_statuses_fail_every_member_and_count_offload_errors() {
         })
         .unwrap();
         g.close(CloseMode::Drain).unwrap();
-        run(&sim);
+        if how == 2 {
+            lp.run().unwrap();
+        } else {
+            run(&sim);
+        }
         let cs = c.collects.borrow();
         assert_eq!(cs.len(), 1, "case {how}");
         let ExecStatus::Failed(e) = cs[0].1 else {

@@ -607,3 +607,127 @@ fn b109_a_ring_the_budget_cannot_hold_fails_create_with_nothing_published() {
     g.destroy().unwrap();
     assert_eq!(lp.budget().used(), 0);
 }
+
+/// Runs `a` (an owner submit with three iterations left) to its third
+/// operation wait: two FUTURE operations resolved, the third outstanding.
+fn to_third_wait(sim: &Sim, c: &Ctl) {
+    for _ in 0..2 {
+        settle(sim);
+        c.promises.borrow_mut().remove(0).set(Ok(()));
+    }
+    settle(sim);
+    assert_eq!(c.vectors.borrow().len(), 3, "third operation outstanding");
+    assert_eq!(c.promises.borrow().len(), 1);
+}
+
+/// Issue 12 item 1 (B-093, B-094, B-121, B-122): a cancel_mt accepted while
+/// the operation is outstanding, with the operation completing before the
+/// driver runs again, is consumed at the completion boundary: the hint
+/// fires and the member ends `Aborted`, though collect says DONE. It used to
+/// complete `Ok` with no hint, the cancel drained at the next boundary and
+/// dropped as "already completed".
+#[test]
+fn b122_cancel_mt_accepted_during_the_wait_is_consumed_at_its_completion() {
+    for seed in 0..16 {
+        let sim = Sim::new(12_200 + seed);
+        let lp = sim.new_loop();
+        let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Future);
+        let a = g.submit(rq(1, 3), 1).unwrap(); // DONE in its 3rd iteration
+        to_third_wait(&sim, &c);
+        r.cancel(a).unwrap(); // accepted while the operation is outstanding
+        c.promises.borrow_mut().remove(0).set(Ok(())); // before the driver runs
+        settle(&sim);
+        assert_eq!(c.outcome(a), vec![Err(Error::Aborted)], "seed {seed}");
+        assert_eq!(c.hints.borrow().as_slice(), &[a], "seed {seed}: one hint");
+        let last = c.collects.borrow().last().cloned();
+        assert_eq!(last, Some((vec![a], ExecStatus::Ok)), "collect still ran");
+        let g2 = g.clone();
+        on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+        run(&sim);
+        assert_eq!(c.invocations(a), 1, "exactly once");
+        assert_eq!(g.stats().cancelled, 1);
+        g.destroy().unwrap();
+    }
+}
+
+/// Issue 12 item 1, the owner path in the same interleaving: an owner cancel
+/// and the promise set in one turn of a peer, before the driver runs again.
+#[test]
+fn b094_owner_cancel_racing_the_completion_fires_the_hint_and_aborts() {
+    let sim = Sim::new(1294);
+    let lp = sim.new_loop();
+    let (g, c, _r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Future);
+    let a = g.submit(rq(1, 3), 1).unwrap();
+    to_third_wait(&sim, &c);
+    let p = c.promises.borrow_mut().remove(0);
+    let g2 = g.clone();
+    on_owner(&sim, &lp, move || {
+        g2.cancel(a).unwrap();
+        p.set(Ok(()));
+    });
+    assert_eq!(c.outcome(a), vec![Err(Error::Aborted)]);
+    assert_eq!(c.hints.borrow().as_slice(), &[a]);
+    let g2 = g.clone();
+    on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+    run(&sim);
+    g.destroy().unwrap();
+}
+
+/// Issue 12 item 2 (B-050, B-123): an owner cancel of a completed handle on
+/// an mt-enabled group whose driver is parked is `Inval`, and later
+/// hand-ins still reach the driver with no owner action. The cancel used to
+/// drain the ring from the peer process, disarming the doorbell without a
+/// wake, so every later submit_mt was accepted and never drained.
+#[test]
+fn b123_a_stale_owner_cancel_never_wedges_cross_loop_admission() {
+    for seed in 0..16 {
+        let sim = Sim::new(12_300 + seed);
+        let lp = sim.new_loop();
+        let (g, c, r) = mt_group(&lp, mt_opts(2, 2, 2), Kind::Inline);
+        let a = g.submit(rq(1, 1), 1).unwrap();
+        settle(&sim);
+        assert_eq!(c.outcome(a), vec![Ok(())]);
+        let g2 = g.clone();
+        let stale = on_owner(&sim, &lp, move || g2.cancel(a));
+        assert_eq!(stale, Err(Error::Inval), "completed: stale");
+        // No owner action from here on: the hand-ins must run by themselves.
+        let hs: Vec<Handle> = (0..6)
+            .map(|i| {
+                let h = submit_mt(&r, 10 + i, 1).unwrap();
+                settle(&sim);
+                h
+            })
+            .collect();
+        for h in &hs {
+            assert_eq!(c.outcome(*h), vec![Ok(())], "seed {seed}: {h} ran");
+        }
+        let g2 = g.clone();
+        on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+        run(&sim);
+        g.destroy().unwrap();
+    }
+}
+
+/// Issue 12 item 4 (B-052, B-117): an owner cancel of a hand-in still on
+/// the ring cancels it without draining the ring: no waiting slot is made
+/// outside a driver boundary, so an owner submit right after is accepted
+/// exactly as without the cancel. It used to drain the hand-in into the only
+/// slot (`queued` 1) and refuse the owner submit with `Again`.
+#[test]
+fn b117_owner_cancel_of_a_ring_hand_in_takes_no_slot_before_the_boundary() {
+    let sim = Sim::new(1217);
+    let lp = sim.new_loop();
+    let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
+    let x = submit_mt(&r, 1, 1).unwrap();
+    g.cancel(x).unwrap(); // setup, before the owner's first run
+    assert_eq!(g.stats().queued, 0, "still on the ring: not queued");
+    let y = g.submit(rq(2, 1), 1).map_err(|e| e.error);
+    let y = y.expect("the slot is free as without the cancel");
+    g.close(CloseMode::Drain).unwrap();
+    run(&sim);
+    assert_eq!(c.outcome(x), vec![Err(Error::Aborted)]);
+    assert_eq!(c.in_vectors(x), 0, "never ran");
+    assert_eq!(c.outcome(y), vec![Ok(())]);
+    assert_eq!(g.stats().queued, 0);
+    g.destroy().unwrap();
+}

@@ -57,7 +57,14 @@ impl AsyncStep<Req> for App {
                 Ok(Exec::Future(f))
             }
             Kind::Blocking => Ok(Exec::Blocking(Box::new(|| Ok(())))),
-            Kind::Fence => Ok(Exec::Fence(0)),
+            // A real, pollable eventfd: the simulator still cannot wait on
+            // it (B-070).
+            Kind::Fence => {
+                let flags = rustix::event::EventfdFlags::CLOEXEC;
+                Ok(Exec::Fence(Rc::new(
+                    rustix::event::eventfd(0, flags).unwrap(),
+                )))
+            }
             Kind::SubmitFails => Err(Error::Nomem),
         }
     }

@@ -1,9 +1,11 @@
 //! No fd leak: 100,000 FENCE iterations, each on a fresh eventfd that the
-//! application signals in submit and closes in collect, leave the process's
-//! open-fd count where it was (the engine keeps no fd). Alone in its binary
-//! so no other test opens fds meanwhile.
+//! application signals in submit and lets go of in collect (the engine's
+//! `Rc` clone, dropped after collect returns, is the last), leave the
+//! process's open-fd count where it was (the engine keeps no fd). Alone in
+//! its binary so no other test opens fds meanwhile.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
 
 use rustix::event::{EventfdFlags, eventfd};
 use xtc::batch::{
@@ -14,7 +16,7 @@ use xtc::rt::Loop;
 const ITERATIONS: u32 = 100_000;
 
 struct Eventfds {
-    current: Option<OwnedFd>,
+    current: Option<Rc<OwnedFd>>,
     ok: u32,
     /// Open fds seen in collect halfway through (the current fence included).
     midway: std::rc::Rc<std::cell::Cell<usize>>,
@@ -24,9 +26,9 @@ impl AsyncStep<u32> for Eventfds {
     async fn submit(&mut self, _: &mut [Item<'_, u32>]) -> xtc::Result<Exec> {
         let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap();
         rustix::io::write(&fd, &1u64.to_ne_bytes()).unwrap(); // already signalled
-        let raw = fd.as_raw_fd();
-        self.current = Some(fd);
-        Ok(Exec::Fence(raw))
+        let fd = Rc::new(fd);
+        self.current = Some(fd.clone());
+        Ok(Exec::Fence(fd))
     }
 
     async fn collect(
@@ -40,7 +42,9 @@ impl AsyncStep<u32> for Eventfds {
         if self.ok == ITERATIONS / 2 {
             self.midway.set(open_fds());
         }
-        self.current = None; // the application closes its fence
+        // The application drops its clone; the engine drops its own once
+        // this collect returned, which closes the fd.
+        self.current = None;
         for (it, r) in items.iter_mut().zip(res.iter_mut()) {
             *it.request -= 1;
             *r = if *it.request == 0 {

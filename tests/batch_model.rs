@@ -11,18 +11,37 @@
 //! collect exactly once per operation with the same vector; every FUTURE
 //! consumed; mutators `Deadlk` exactly while a callback is in flight.
 //!
-//! `XTC_MODEL_SEEDS=n` runs n seeds per flavour (default 2,000 sync and
-//! 2,000 async); every violation names its seed.
+//! The cross-loop flavour (`model_mt_groups`) runs async groups with an
+//! admission ring: owner-loop submits, cancels (of live, stale and unknown
+//! handles) and resumes interleave with `Remote` submits, cancels and
+//! resumes, called from the test thread between simulator steps (as a plain
+//! OS thread would) and from a process of a second loop; FUTURE operations
+//! complete at random virtual times (a timer process each), and the test
+//! thread sometimes completes one early, right after a cancel_mt of its
+//! member. Besides the checks above (FCFS among owner submits only: a
+//! hand-in waits on the ring until a boundary), it checks that a cancel
+//! accepted (owner, cross-loop or close) while the member's operation was
+//! outstanding ends it `Aborted` with one hint, and liveness: after the
+//! owner's last action (often a stale or unknown-handle cancel), every
+//! accepted request reaches its one completion with no further owner action
+//! (the test thread only hands in more work and `Remote::resume`s blocked
+//! members).
+//!
+//! `XTC_MODEL_SEEDS=n` runs n seeds per flavour (default 2,000 sync, 2,000
+//! async and 1,000 cross-loop); `XTC_MODEL_SEED=s` replays the one seed `s`
+//! (as printed by a failure, flavour offset included) in every flavour.
+//! Every violation names its seed.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Duration;
 
 use fastrand::Rng;
 use xtc::Error;
 use xtc::batch::{
-    AsyncOpts, AsyncStep, CloseMode, Complete, Exec, ExecStatus, Group, Handle, Item, Step,
+    AsyncOpts, AsyncStep, CloseMode, Complete, Exec, ExecStatus, Group, Handle, Item, Remote, Step,
     StepResult, SyncOpts,
 };
 use xtc::rt::{self, Loop, Promise, Sim};
@@ -56,6 +75,27 @@ struct Model {
     errors: u64,
     /// The vector of the outstanding operation (async).
     inflight: Option<Vec<Handle>>,
+    /// Cross-loop flavour: handles issued by `Remote::submit`.
+    via_ring: HashSet<Handle>,
+    /// Cancels accepted by `Remote::cancel` (recorded when drained, so not
+    /// in `cancelled`: a vector may still hold the member).
+    cancelled_mt: HashSet<Handle>,
+    /// Members whose cancel (owner, cross-loop or close) was accepted while
+    /// their operation was outstanding: each must end `Aborted`, hinted.
+    cancel_outstanding: HashSet<Handle>,
+    /// The outstanding FUTURE operation's promise (cross-loop flavour): its
+    /// timer process, or the test thread, takes and resolves it.
+    op_promise: Option<Rc<RefCell<Option<Promise<()>>>>>,
+    /// Cross-loop flavour: the client's random phase is over.
+    client_done: bool,
+    /// Cross-loop flavour: the owner's last action was a stale cancel.
+    stale_last: bool,
+    /// Cross-loop flavour: `Remote` calls made.
+    remote_calls: u64,
+    /// Refused `Remote` calls (`Again`, or `Range` for a submit).
+    mt_refused: u64,
+    /// Operations the test thread resolved early (right after a cancel_mt).
+    early: u64,
     hinted: HashSet<Handle>,
     promises: Vec<Promise<()>>,
     consumed_check: Vec<Promise<()>>,
@@ -90,7 +130,7 @@ impl Model {
         }
         let this: HashSet<Handle> = hs.iter().copied().collect();
         for h in hs {
-            if self.appeared.contains(h) {
+            if self.appeared.contains(h) || self.via_ring.contains(h) {
                 continue;
             }
             // FCFS: every older live request that was not cancelled has been
@@ -100,6 +140,7 @@ impl Model {
                 .iter()
                 .map(|a| a.0)
                 .take_while(|o| o < h)
+                .filter(|o| !self.via_ring.contains(o))
                 .collect();
             for o in older {
                 let passed = !self.appeared.contains(&o) && !this.contains(&o);
@@ -164,9 +205,41 @@ struct App {
     group: Rc<RefCell<Option<Group<Req>>>>,
     blocking: bool,
     timeout: bool,
+    /// Cross-loop flavour: FUTURE operations resolved by timer processes.
+    mt: bool,
+    /// A real eventfd handed as the FENCE (the simulator cannot wait on it).
+    fence: Rc<dyn AsFd>,
 }
 
 impl App {
+    /// A FUTURE operation resolved at a random virtual time by a timer
+    /// process (cross-loop flavour): Ok, failed, dropped, or (with an exec
+    /// timeout) never.
+    fn timed_future(&mut self) -> Exec {
+        let (f, p) = rt::future_pair();
+        let slot = Rc::new(RefCell::new(Some(p)));
+        self.m.borrow_mut().op_promise = Some(slot.clone());
+        let delay = Duration::from_micros(self.rng.u64(0..30));
+        let fate = self.rng.u32(0..100);
+        let (m, timeout) = (self.m.clone(), self.timeout);
+        let lp = Loop::current().expect("submit runs on the owner loop");
+        lp.spawn(async move {
+            rt::sleep(delay).await;
+            let Some(p) = slot.borrow_mut().take() else {
+                return; // the test thread resolved it early
+            };
+            match fate {
+                0..80 => p.set(Ok(())),
+                80..88 => p.set(Err(Error::Nomem)),
+                88..94 => drop(p),
+                _ if timeout => m.borrow_mut().consumed_check.push(p), // never
+                _ => p.set(Ok(())),
+            }
+        })
+        .expect("timer process");
+        Exec::Future(f)
+    }
+
     /// Yields 0..=2 times and probes a mutator, which must be `Deadlk`.
     async fn dawdle(&mut self) {
         if let Some(g) = self.group.borrow().clone()
@@ -183,6 +256,12 @@ impl App {
             rt::yield_now().await;
         }
     }
+}
+
+/// An eventfd for FENCE operations (B-070: `Nosys` under Sim).
+fn fence() -> Rc<dyn AsFd> {
+    let flags = rustix::event::EventfdFlags::CLOEXEC;
+    Rc::new(rustix::event::eventfd(0, flags).expect("eventfd"))
 }
 
 fn handles(items: &[Item<'_, Req>]) -> Vec<Handle> {
@@ -227,13 +306,14 @@ impl AsyncStep<Req> for App {
         self.m.borrow_mut().inflight = Some(hs);
         Ok(match pick {
             4..30 => Exec::Inline,
-            30..34 => Exec::Fence(0),
+            30..34 => Exec::Fence(self.fence.clone()), // Nosys under Sim (B-070)
             34..45 if self.blocking => {
                 let fail = self.rng.u32(0..5) == 0;
                 Exec::Blocking(Box::new(
                     move || if fail { Err(Error::Range) } else { Ok(()) },
                 ))
             }
+            _ if self.mt => self.timed_future(),
             _ => {
                 let (f, p) = rt::future_pair();
                 self.m.borrow_mut().promises.push(p);
@@ -256,6 +336,7 @@ impl AsyncStep<Req> for App {
                 Some(v) if v == hs => {}
                 other => m.fail(format!("collect of {hs:?} but outstanding {other:?}")),
             }
+            m.op_promise = None;
             match status {
                 ExecStatus::Timeout => m.timeouts += 1,
                 ExecStatus::Failed(_) => m.errors += 1,
@@ -313,8 +394,11 @@ impl Complete<Req> for Sink {
     }
 }
 
-/// The client: random mutator calls, then drain or cancel.
-async fn client(seed: u64, lp: Loop, g: Group<Req>, m: M, units: u64) {
+/// The client: random mutator calls, then drain or cancel. In the
+/// cross-loop flavour it stops after the random calls (the test thread then
+/// checks liveness and closes), often with a stale or unknown-handle cancel
+/// as the owner's last action (issue 12: that must not wedge admission).
+async fn client(seed: u64, lp: Loop, g: Group<Req>, m: M, units: u64, mt: bool) {
     let mut rng = Rng::with_seed(seed ^ 0x5eed);
     let mut last: Option<Handle> = None;
     let mut next_req = 0u64;
@@ -323,6 +407,17 @@ async fn client(seed: u64, lp: Loop, g: Group<Req>, m: M, units: u64) {
         if rng.u32(0..10) < 7 {
             rt::yield_now().await;
         }
+    }
+    if mt {
+        if rng.bool() {
+            while m.borrow().in_cb > 0 {
+                rt::yield_now().await; // a callback is suspended: Deadlk
+            }
+            stale_cancel(&mut rng, &g, &m).await;
+            m.borrow_mut().stale_last = true;
+        }
+        m.borrow_mut().client_done = true;
+        return;
     }
     // Drain (resuming every live member) or cancel; escalate in the end.
     if rng.bool() {
@@ -380,7 +475,11 @@ async fn op(
                 1 => units + 1,
                 _ => rng.u64(1..=units),
             };
-            let guess = last.map_or(0, |h| h.get() + 1);
+            // Consecutive unless cross-loop hand-ins took numbers between.
+            let guess = match m.borrow().via_ring.is_empty() {
+                true => last.map_or(0, |h| h.get() + 1),
+                false => 0,
+            };
             *next_req += 1;
             let r = g.submit(*next_req, charge);
             let mut mm = m.borrow_mut();
@@ -423,10 +522,16 @@ async fn op(
                 Ok(()) if delivered => mm.fail(format!("cancel of notified {h} accepted")),
                 Ok(()) => {
                     mm.cancelled.insert(h);
+                    if mm.inflight.as_ref().is_some_and(|v| v.contains(&h)) {
+                        mm.cancel_outstanding.insert(h);
+                    }
                 }
                 Err(Error::Inval) if !delivered => mm.fail(format!("cancel of live {h} refused")),
                 _ => {}
             }
+        }
+        60..63 if !m.borrow().via_ring.is_empty() || rng.bool() => {
+            stale_cancel(rng, g, m).await;
         }
         60..80 => {
             let Some(h) = pick(rng, m) else { return };
@@ -446,7 +551,10 @@ async fn op(
             let r = g.close(mode);
             check_deadlk(m, in_cb, r);
             if r.is_ok() && mode == CloseMode::Cancel {
-                m.borrow_mut().close_cancel = true;
+                let mut mm = m.borrow_mut();
+                mm.close_cancel = true;
+                let outstanding = mm.inflight.clone().unwrap_or_default();
+                mm.cancel_outstanding.extend(outstanding);
             }
         }
         82..83 if rng.bool() => {
@@ -456,6 +564,26 @@ async fn op(
         }
         86..93 => rt::sleep(Duration::from_micros(rng.u64(1..30))).await,
         _ => rt::yield_now().await,
+    }
+}
+
+/// An owner cancel of a handle with no live request: one already notified
+/// (stale) or one never issued (unknown); both are `Inval` (B-050).
+async fn stale_cancel(rng: &mut Rng, g: &Group<Req>, m: &M) {
+    let notified: Vec<Handle> = m.borrow().outcomes.keys().copied().collect();
+    let h = match (notified.is_empty(), rng.bool()) {
+        (false, true) => notified[rng.usize(0..notified.len())],
+        _ => {
+            let top = m.borrow().accepted.iter().map(|a| a.0.get()).max();
+            Handle::new(top.unwrap_or(1) + 1_000_000).expect("nonzero")
+        }
+    };
+    let in_cb = m.borrow().in_cb > 0;
+    let r = g.cancel(h);
+    check_deadlk(m, in_cb, r);
+    if !in_cb && r != Err(Error::Inval) {
+        m.borrow_mut()
+            .fail(format!("cancel of stale or unknown {h} gave {r:?}"));
     }
 }
 
@@ -520,6 +648,8 @@ fn run_seed(seed: u64, is_async: bool, cover: &mut Cover) {
         group: slot.clone(),
         blocking,
         timeout,
+        mt: false,
+        fence: fence(),
     };
     let sink = Sink {
         m: m.clone(),
@@ -546,7 +676,7 @@ fn run_seed(seed: u64, is_async: bool, cover: &mut Cover) {
         Group::create(&lp, o, app, sink).unwrap()
     };
     *slot.borrow_mut() = Some(g.clone());
-    lp.spawn(client(seed, lp.clone(), g.clone(), m.clone(), units))
+    lp.spawn(client(seed, lp.clone(), g.clone(), m.clone(), units, false))
         .unwrap();
     if is_async {
         lp.spawn(device(seed, lp.clone(), g.clone(), m.clone(), timeout))
@@ -592,7 +722,7 @@ fn run_seed(seed: u64, is_async: bool, cover: &mut Cover) {
     let v = &m.borrow().violations;
     assert!(
         v.is_empty(),
-        "seed {seed} ({}): {v:#?}",
+        "seed {seed} ({}; replay with XTC_MODEL_SEED={seed}): {v:#?}",
         if is_async { "async" } else { "sync" }
     );
 }
@@ -612,6 +742,7 @@ fn final_checks(g: &Group<Req>, m: &M) {
             Err(Error::Aborted) => {
                 ab += 1;
                 let why = mm.cancelled.contains(h)
+                    || mm.cancelled_mt.contains(h)
                     || mm.close_cancel
                     || mm.killed
                     || mm.aborted_op.contains(h);
@@ -670,31 +801,417 @@ fn final_checks(g: &Group<Req>, m: &M) {
     if kept.iter().any(|p| !p.is_abandoned()) {
         mm.fail("a FUTURE was not consumed (still held by the engine)".into());
     }
+    // A cancel accepted while the operation was outstanding is consumed at
+    // its completion boundary, whichever path carried it (B-093, B-094).
+    let mut outstanding: Vec<Handle> = mm.cancel_outstanding.iter().copied().collect();
+    outstanding.sort_unstable();
+    for h in outstanding {
+        let os = mm.outcomes.get(&h).cloned().unwrap_or_default();
+        if os != [Err(Error::Aborted)] {
+            mm.fail(format!("{h}: cancelled while outstanding, ended {os:?}"));
+        }
+        if !mm.hinted.contains(&h) {
+            mm.fail(format!("{h}: cancelled while outstanding, never hinted"));
+        }
+    }
+    let ring = mm.via_ring.len() as u64;
+    if ring > 0 && (a.mt_queued, a.mt_rejections) != (ring, mm.mt_refused) {
+        let msg = format!(
+            "mt stats ({}, {}) vs model ({ring}, {})",
+            a.mt_queued, a.mt_rejections, mm.mt_refused
+        );
+        mm.fail(msg);
+    }
 }
 
-fn seeds() -> u64 {
-    std::env::var("XTC_MODEL_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The seeds of a flavour: `base..base + n` (`XTC_MODEL_SEEDS=n`, default
+/// `default`), or only `XTC_MODEL_SEED` when set (a replay; the coverage
+/// assertions are skipped then).
+fn seeds(base: u64, default: u64) -> (Vec<u64>, bool) {
+    match env_u64("XTC_MODEL_SEED") {
+        Some(one) => (vec![one], true),
+        None => {
+            let n = env_u64("XTC_MODEL_SEEDS").unwrap_or(default);
+            ((base..base + n).collect(), false)
+        }
+    }
 }
 
 #[test]
 fn model_sync_groups() {
     let mut cover = Cover::default();
-    for seed in 0..seeds() {
+    let (seeds, replay) = seeds(0, 2000);
+    for seed in seeds {
         run_seed(seed, false, &mut cover);
     }
     eprintln!("sync model coverage: {cover:?}");
-    assert!(cover.ok > 0 && cover.cancelled > 0 && cover.failed > 0 && cover.kills > 0);
+    assert!(replay || cover.ok > 0 && cover.cancelled > 0 && cover.failed > 0 && cover.kills > 0);
 }
 
 #[test]
 fn model_async_groups() {
     let mut cover = Cover::default();
-    for seed in 0..seeds() {
-        run_seed(1_000_000 + seed, true, &mut cover);
+    let (seeds, replay) = seeds(1_000_000, 2000);
+    for seed in seeds {
+        run_seed(seed, true, &mut cover);
     }
     eprintln!("async model coverage: {cover:?}");
-    assert!(cover.timeouts > 0 && cover.errors > 0 && cover.hints > 0 && cover.kills > 0);
+    assert!(replay || cover.timeouts > 0 && cover.errors > 0 && cover.hints > 0 && cover.kills > 0);
+}
+
+/// Cross-loop admission mixed with owner calls and racing completions
+/// (issue 12): exactly once, cancels accepted while outstanding end
+/// `Aborted`, and liveness with no owner action. 1,000 seeds by default.
+#[test]
+fn model_mt_groups() {
+    let mut cover = MtCover::default();
+    let (seeds, replay) = seeds(2_000_000, 1000);
+    for seed in seeds {
+        run_mt_seed(seed, &mut cover);
+    }
+    eprintln!("cross-loop model coverage: {cover:?}");
+    assert!(
+        replay
+            || cover.hand_ins > 0
+                && cover.cancel_outstanding > 0
+                && cover.early_resolves > 0
+                && cover.kills > 0
+                && cover.aborted > 0
+    );
+}
+
+/// Which `Remote` call [`remote_op`] makes.
+#[derive(Clone, Copy, PartialEq)]
+enum RemoteOp {
+    Submit,
+    Cancel,
+    Resume,
+    /// Resolve the outstanding FUTURE operation now (a device finishing).
+    Resolve,
+}
+
+impl RemoteOp {
+    fn random(rng: &mut Rng) -> RemoteOp {
+        match rng.u32(0..100) {
+            0..45 => RemoteOp::Submit,
+            45..75 => RemoteOp::Cancel,
+            75..93 => RemoteOp::Resume,
+            _ => RemoteOp::Resolve,
+        }
+    }
+}
+
+/// Whether the group's driver and finalizer are in the process table.
+#[derive(Clone, Copy)]
+struct Alive {
+    driver: bool,
+    finalizer: bool,
+}
+
+impl Alive {
+    fn of(g: &Group<Req>) -> Alive {
+        let lp = g.owner_loop();
+        Alive {
+            driver: lp.is_alive(g.driver_pid()),
+            finalizer: lp.is_alive(g.finalizer_pid()),
+        }
+    }
+}
+
+/// The calls a plain thread or another loop can make, checked against the
+/// model. Controls are accepted while the driver runs, and after a kill
+/// until the finalizer finished; `Inval` once the driver is gone (B-143).
+fn remote_op(rng: &mut Rng, op: RemoteOp, r: &Remote<Req>, m: &M, units: u64, alive: Alive) {
+    m.borrow_mut().remote_calls += 1;
+    match op {
+        RemoteOp::Submit => {
+            let charge = match rng.u32(0..20) {
+                0 => 0,
+                1 => units + 1,
+                _ => rng.u64(1..=units),
+            };
+            let req = (1 << 40) + m.borrow().remote_calls;
+            let res = r.submit(req, charge);
+            let mut mm = m.borrow_mut();
+            match res {
+                Ok(h) => {
+                    if mm.accepted.iter().any(|a| a.0 >= h) {
+                        mm.fail(format!("hand-in {h} not above every issued handle"));
+                    }
+                    if charge == 0 || charge > units {
+                        mm.fail(format!("hand-in with charge {charge} accepted"));
+                    }
+                    mm.accepted.push((h, charge));
+                    mm.charge.insert(h, charge);
+                    mm.req_of.insert(h, req);
+                    mm.via_ring.insert(h);
+                }
+                Err(e) => {
+                    let bad = charge == 0 || charge > units;
+                    match e.error {
+                        Error::Range if bad => {}
+                        Error::Again if !bad => {}
+                        other => mm.fail(format!("submit_mt (charge {charge}) gave {other:?}")),
+                    }
+                    if e.into_inner() != req {
+                        mm.fail("a refused hand-in's request came back changed".into());
+                    }
+                    mm.mt_refused += 1;
+                }
+            }
+        }
+        RemoteOp::Cancel | RemoteOp::Resume => {
+            let target = {
+                let mm = m.borrow();
+                let inflight = mm.inflight.clone().unwrap_or_default();
+                if op == RemoteOp::Cancel && !inflight.is_empty() && rng.bool() {
+                    Some(inflight[rng.usize(0..inflight.len())])
+                } else if rng.u32(0..8) == 0 {
+                    None // a handle never issued
+                } else {
+                    drop(mm);
+                    pick(rng, m)
+                }
+            };
+            let h = target.unwrap_or_else(|| Handle::new(u64::MAX - 7).expect("nonzero"));
+            let res = match op {
+                RemoteOp::Cancel => r.cancel(h),
+                _ => r.resume(h),
+            };
+            let mut mm = m.borrow_mut();
+            match res {
+                Ok(()) if target.is_none() => mm.fail(format!("control of unknown {h} accepted")),
+                Ok(()) if !alive.driver && !alive.finalizer => {
+                    mm.fail(format!("control of {h} after the driver"))
+                }
+                Ok(()) if op == RemoteOp::Cancel => {
+                    mm.cancelled_mt.insert(h);
+                    let outstanding = mm.inflight.as_ref().is_some_and(|v| v.contains(&h));
+                    if outstanding {
+                        mm.cancel_outstanding.insert(h);
+                        if rng.bool() {
+                            // The operation finishes before the driver runs
+                            // again (issue 12 item 1).
+                            drop(mm);
+                            resolve_now(m);
+                        }
+                    }
+                }
+                Ok(()) => {}
+                Err(Error::Again) => mm.mt_refused += 1,
+                Err(Error::Inval) if target.is_none() || !alive.driver => {}
+                Err(e) => mm.fail(format!(
+                    "control of {h} (driver alive {}) gave {e:?}",
+                    alive.driver
+                )),
+            }
+        }
+        RemoteOp::Resolve => resolve_now(m),
+    }
+}
+
+/// Resolves the outstanding FUTURE operation at once (if its timer has not).
+fn resolve_now(m: &M) {
+    let slot = m.borrow().op_promise.clone();
+    let p = slot.and_then(|s| s.borrow_mut().take());
+    if let Some(p) = p {
+        m.borrow_mut().early += 1;
+        p.set(Ok(()));
+    }
+}
+
+/// A process of another loop making `Remote` calls (a cross-loop fiber).
+async fn peer(seed: u64, r: Remote<Req>, m: M, units: u64, g: Group<Req>) {
+    let mut rng = Rng::with_seed(seed ^ 0x9ee7);
+    for _ in 0..rng.usize(0..40) {
+        let op = RemoteOp::random(&mut rng);
+        remote_op(&mut rng, op, &r, &m, units, Alive::of(&g));
+        if rng.bool() {
+            rt::yield_now().await;
+        } else {
+            rt::sleep(Duration::from_micros(rng.u64(1..20))).await;
+        }
+    }
+}
+
+/// Coverage totals of the cross-loop flavour.
+#[derive(Default, Debug)]
+struct MtCover {
+    seeds: usize,
+    hand_ins: usize,
+    remote_calls: u64,
+    cancel_outstanding: usize,
+    early_resolves: u64,
+    stale_last: usize,
+    liveness_rounds: usize,
+    aborted: u64,
+    hints: usize,
+    kills: usize,
+}
+
+/// Steps `sim` until nothing can progress, checking the resource bound.
+fn quiesce(sim: &Sim, g: &Group<Req>, m: &M, units: u64) {
+    for _ in 0..5_000_000 {
+        if !sim.step() {
+            return;
+        }
+        if g.stats().reserved_units > units {
+            m.borrow_mut()
+                .fail("reserved_units above resource_capacity".into());
+        }
+    }
+    m.borrow_mut().fail("the simulation never quiesced".into());
+}
+
+fn run_mt_seed(seed: u64, cover: &mut MtCover) {
+    let mut rng = Rng::with_seed(seed);
+    let sim = Sim::new(seed);
+    let lp = sim.new_loop();
+    let other = sim.new_loop();
+    let capacity = rng.usize(1..8);
+    let max_active = rng.usize(1..=capacity);
+    let units = rng.u64(1..10);
+    let mt_queue_cap = rng.usize(1..6);
+    let timeout = rng.u32(0..3) == 0;
+    let m: M = Rc::new(RefCell::new(Model {
+        units,
+        max_active,
+        ..Model::default()
+    }));
+    let slot = Rc::new(RefCell::new(None));
+    let app = App {
+        m: m.clone(),
+        rng: Rng::with_seed(seed ^ 1),
+        group: slot.clone(),
+        blocking: false,
+        timeout,
+        mt: true,
+        fence: fence(),
+    };
+    let sink = Sink {
+        m: m.clone(),
+        rng: Rng::with_seed(seed ^ 2),
+    };
+    let o = AsyncOpts {
+        capacity,
+        max_active,
+        resource_capacity: units,
+        exec_timeout: timeout.then(|| Duration::from_micros(rng.u64(1..40))),
+        sched_class: None,
+        mt_queue_cap,
+    };
+    let g = Group::create_async(&lp, o, app, sink).unwrap();
+    *slot.borrow_mut() = Some(g.clone());
+    let r = g.remote().unwrap();
+    let driver = g.driver_pid();
+    lp.spawn(client(seed, lp.clone(), g.clone(), m.clone(), units, true))
+        .unwrap();
+    let peer_r = r.clone();
+    other
+        .spawn(peer(seed, peer_r, m.clone(), units, g.clone()))
+        .unwrap();
+    // Random phase: the test thread calls the remote between steps.
+    let mut trng = Rng::with_seed(seed ^ 0x7e57);
+    for _ in 0..5_000_000 {
+        if m.borrow().client_done {
+            break;
+        }
+        if !sim.step() {
+            m.borrow_mut().fail("the client stalled".into());
+            break;
+        }
+        if g.stats().reserved_units > units {
+            m.borrow_mut()
+                .fail("reserved_units above resource_capacity".into());
+        }
+        if trng.u32(0..5) == 0 {
+            let op = RemoteOp::random(&mut trng);
+            remote_op(&mut trng, op, &r, &m, units, Alive::of(&g));
+        }
+    }
+    // Liveness: no owner action from here on. More hand-ins, then every
+    // accepted request must complete; the test thread only resumes members
+    // (a blocked one needs it) through the remote.
+    for _ in 0..trng.usize(0..6) {
+        remote_op(&mut trng, RemoteOp::Submit, &r, &m, units, Alive::of(&g));
+    }
+    let mut live = Vec::new();
+    let mut rounds = 0;
+    for _ in 0..200 {
+        quiesce(&sim, &g, &m, units);
+        rounds += 1;
+        live = {
+            let mm = m.borrow();
+            mm.accepted
+                .iter()
+                .map(|a| a.0)
+                .filter(|h| !mm.outcomes.contains_key(h))
+                .collect()
+        };
+        if live.is_empty() || !lp.is_alive(driver) {
+            break;
+        }
+        for h in &live {
+            // Every control record may be in use: let the driver drain them.
+            for _ in 0..100 {
+                if m.borrow().outcomes.contains_key(h) {
+                    break; // completed meanwhile
+                }
+                match r.resume(*h) {
+                    Ok(()) => break,
+                    Err(Error::Again) => m.borrow_mut().mt_refused += 1,
+                    Err(Error::Inval) if !lp.is_alive(driver) => break,
+                    Err(e) => m.borrow_mut().fail(format!("resume_mt of live {h}: {e:?}")),
+                }
+                quiesce(&sim, &g, &m, units);
+            }
+        }
+    }
+    if !live.is_empty() {
+        m.borrow_mut().fail(format!(
+            "liveness: {live:?} accepted but never completed with the driver able to run"
+        ));
+    }
+    // Close through the owner, finish, check.
+    let (g2, m2) = (g.clone(), m.clone());
+    let mode = if trng.bool() {
+        CloseMode::Drain
+    } else {
+        CloseMode::Cancel
+    };
+    lp.spawn(async move { retry(&g2, &m2, mode).await })
+        .unwrap();
+    quiesce(&sim, &g, &m, units);
+    if lp.n_procs() + other.n_procs() != 0 {
+        m.borrow_mut().fail(format!(
+            "{} processes left after close",
+            lp.n_procs() + other.n_procs()
+        ));
+    }
+    *slot.borrow_mut() = None;
+    final_checks(&g, &m);
+    if m.borrow().violations.is_empty() {
+        g.destroy()
+            .unwrap_or_else(|e| panic!("seed {seed}: destroy {e:?}"));
+    }
+    let mm = m.borrow();
+    cover.seeds += 1;
+    cover.hand_ins += mm.via_ring.len();
+    cover.remote_calls += mm.remote_calls;
+    cover.cancel_outstanding += mm.cancel_outstanding.len();
+    cover.early_resolves += mm.early;
+    cover.stale_last += usize::from(mm.stale_last);
+    cover.liveness_rounds += rounds;
+    cover.aborted += g.stats().cancelled;
+    cover.hints += mm.hinted.len();
+    cover.kills += usize::from(mm.killed);
+    let v = &mm.violations;
+    assert!(
+        v.is_empty(),
+        "seed {seed} (cross-loop; replay with XTC_MODEL_SEED={seed}): {v:#?}"
+    );
 }

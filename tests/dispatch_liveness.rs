@@ -1,5 +1,6 @@
 //! Deterministic liveness proofs of the drain protocol (D-06, D-07): the
-//! completed-latch escapes, and generation tags against the retry ABA.
+//! completed-latch escapes, generation tags against the retry ABA, and the
+//! drain watchdog against a stuck peer (issue 12; also on real threads).
 //! Each schedule is forced by a policy over the seeded stepper; a hang is
 //! detected by the step bound, never by a real hang. The policies live in
 //! `dispatch_support` and are re-run under `rt::Sim` in `dispatch_sim.rs`.
@@ -7,8 +8,9 @@
 mod dispatch_support;
 
 use dispatch_support::{
-    Driver, THREADS, assert_split_barrier, exit_while_peer_in_barrier as exit_while,
-    exit_while_peer_in_barrier_with, fault_during_drain, retry_aba_schedule as retry_aba_with,
+    Driver, THREADS, assert_split_barrier, assert_stalled_on,
+    exit_while_peer_in_barrier as exit_while, exit_while_peer_in_barrier_with, fault_during_drain,
+    retry_aba_schedule as retry_aba_with, stuck_peer_in_drain, whole_device_cohort,
 };
 use xtc::Error;
 use xtc::dispatch::scenarios::sync_start_stress;
@@ -153,17 +155,68 @@ fn watchdog_latches_a_stalled_dispatch_loop() {
 }
 
 #[test]
-fn the_watchdog_cannot_see_drain_spins() {
-    // Why the escapes are needed (D-13): with a watchdog far shorter than the
-    // step bound, the escape-less barrier still hangs: the watchdog lives in
-    // the dispatch loop's idle branch, not inside the drain.
+fn the_watchdog_sees_drain_spins() {
+    // D-13 went further (issue 12): the escape-less barrier of the upstream
+    // hang, which the design note's loop watchdog cannot see, now ends with
+    // a drain stall once a spin has waited past the budget: the peers in
+    // the barrier name the thread that left.
     let opts = RunOpts {
         escapes: Escapes::NONE,
         watchdog_ns: 200_000,
         ..RunOpts::default()
     };
-    match exit_while_peer_in_barrier_with(opts, Driver::Stepped, 4) {
-        Err(RunError::Hang(h)) => assert!(h.now_ns > 100 * 200_000, "{h:?}"),
-        other => panic!("expected a detected hang, got {other:?}"),
+    let r = exit_while_peer_in_barrier_with(opts, Driver::Stepped, 4).expect("no hang");
+    assert_eq!(r.fault, Some(Error::Internal));
+    let stall = r.drain_stall.expect("a drain stall");
+    assert_eq!(stall.point, Point::AckBarrier, "{stall}");
+    assert_eq!(stall.waiting_for.len(), 1, "{stall}");
+    assert!(stall.waiting_for[0] < THREADS && stall.waiting_for[0] != stall.thread);
+}
+
+/// Issue 12: a peer that never reaches the ack barrier, neither completed
+/// nor gone (held at its loop yield by the policy), used to hang the run
+/// forever. The barrier's spin now gives up after the watchdog budget: the
+/// run ends `Internal` with a stall naming the barrier and that peer. With
+/// the default (2 s) budget the same schedule runs into the step bound, so
+/// it is the drain watchdog that ends it.
+#[test]
+fn a_stuck_peer_ends_the_run_with_a_drain_stall() {
+    let opts = RunOpts {
+        watchdog_ns: 200_000,
+        ..RunOpts::default()
+    };
+    for seed in 0..12 {
+        let stuck = (seed as usize) % THREADS;
+        let r = stuck_peer_in_drain(opts.clone(), Driver::Stepped, seed, stuck)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+        assert_stalled_on(&r, stuck, &format!("seed {seed}"));
     }
+    match stuck_peer_in_drain(RunOpts::default(), Driver::Stepped, 1, 1) {
+        Err(RunError::Hang(h)) => assert!(
+            h.stuck
+                .iter()
+                .any(|&(pid, pt)| pid != 1 && pt == Point::AckBarrier),
+            "{h:?}"
+        ),
+        other => panic!("expected the step bound, got {other:?}"),
+    }
+}
+
+/// The same on real OS threads: scheduler thread 1 gets stuck (the
+/// `RunOpts::stuck_peer` test hook) once the whole-device cohort's drain is
+/// pending; the run returns with the stall instead of hanging.
+#[test]
+fn a_stuck_peer_on_real_threads_ends_the_run_with_a_drain_stall() {
+    let s = Scheduler::new(DeviceProfile::small()).unwrap();
+    let g = whole_device_cohort(s.profile().clusters as u32);
+    let opts = RunOpts {
+        watchdog_ns: 500_000_000,
+        stuck_peer: Some(1),
+        ..RunOpts::default()
+    };
+    let r = s.run_threads(&g, opts).unwrap();
+    assert_stalled_on(&r, 1, "real threads");
+    // The device and the scheduler are fine for the next run.
+    let r = s.run_threads(&g, RunOpts::default()).unwrap();
+    assert!(r.fault.is_none() && r.outputs_exact() && r.drain_stall.is_none());
 }

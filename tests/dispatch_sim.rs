@@ -9,8 +9,9 @@
 mod dispatch_support;
 
 use dispatch_support::{
-    Driver, MS, THREADS, WINDOW, assert_split_barrier, exit_while_peer_in_barrier,
-    exit_while_peer_in_barrier_with, fault_during_drain, open_scope_graph, retry_aba_schedule,
+    Driver, MS, THREADS, WINDOW, assert_split_barrier, assert_stalled_on,
+    exit_while_peer_in_barrier, exit_while_peer_in_barrier_with, fault_during_drain,
+    open_scope_graph, retry_aba_schedule, stuck_peer_in_drain,
 };
 use xtc::Error;
 use xtc::dispatch::scenarios::{decode_waves, sync_start_stress};
@@ -255,18 +256,39 @@ fn injected_delays_alone_find_the_escape_less_hang() {
 }
 
 #[test]
-fn the_watchdog_cannot_see_drain_spins_under_sim() {
-    // D-13: a watchdog far shorter than the virtual time the hang lasts
-    // still does not end the escape-less barrier.
+fn the_watchdog_sees_drain_spins_under_sim() {
+    // D-13 and beyond (issue 12): a watchdog far shorter than the virtual
+    // time the escape-less hang lasted ends it with a drain stall at the
+    // ack barrier, naming the one thread that left.
     let opts = RunOpts {
         escapes: Escapes::NONE,
         watchdog_ns: 200_000,
         ..RunOpts::default()
     };
     let seed = 4;
-    match exit_while_peer_in_barrier_with(opts, Driver::Sim, seed) {
-        Err(RunError::Hang(h)) => assert!(h.now_ns > 50 * 200_000, "seed {seed}: {h:?}"),
-        other => panic!("seed {seed}: expected a detected hang, got {other:?}"),
+    let r = exit_while_peer_in_barrier_with(opts, Driver::Sim, seed)
+        .unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+    assert_eq!(r.fault, Some(Error::Internal), "seed {seed}");
+    let stall = r.drain_stall.expect("a drain stall");
+    assert_eq!(stall.point, Point::AckBarrier, "seed {seed}: {stall}");
+    assert_eq!(stall.waiting_for.len(), 1, "seed {seed}: {stall}");
+    assert_ne!(stall.waiting_for[0], stall.thread, "seed {seed}: {stall}");
+}
+
+/// Issue 12 under `rt::Sim` with injected delays: a peer held outside the
+/// drain (never acks, never leaves) ends the run with a drain stall at the
+/// ack barrier naming it, on every seed.
+#[test]
+fn a_stuck_peer_ends_the_run_with_a_drain_stall_under_sim() {
+    let opts = RunOpts {
+        watchdog_ns: 200_000,
+        ..RunOpts::default()
+    };
+    for seed in 0..12 {
+        let stuck = (seed as usize + 1) % THREADS;
+        let r = stuck_peer_in_drain(opts.clone(), Driver::Sim, seed, stuck)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+        assert_stalled_on(&r, stuck, &format!("seed {seed}"));
     }
 }
 

@@ -14,14 +14,8 @@ fn small() -> Scheduler {
 /// D-02/D-04: cross-task pops without sync_start have exactly one fence;
 /// pops carrying a sync_start task have one fence per dispatched task.
 fn assert_fence_counts(r: &RunReport) {
-    for p in &r.pops {
-        if p.drain {
-            assert_eq!(p.fences, 1, "{p:?}");
-        } else if p.sync {
-            assert_eq!(p.fences, p.tasks, "{p:?}");
-        } else {
-            assert_eq!(p.fences, 1, "{p:?}");
-        }
+    if let Err(e) = r.check_fence_counts() {
+        panic!("{e}");
     }
 }
 

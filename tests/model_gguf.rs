@@ -53,6 +53,64 @@ fn the_tiny_model_loads() {
 }
 
 #[test]
+fn every_value_type_reads_back() {
+    let values = vec![
+        ("t.u8", Value::U8(200)),
+        ("t.i8", Value::I8(-100)),
+        ("t.u16", Value::U16(60000)),
+        ("t.i16", Value::I16(-30000)),
+        ("t.u32", Value::U32(4_000_000_000)),
+        ("t.i32", Value::I32(-2_000_000_000)),
+        ("t.f32", Value::F32(1.5e-5)),
+        ("t.bool", Value::Bool(true)),
+        ("t.string", string("héllo, wörld")),
+        ("t.u64", Value::U64(u64::MAX)),
+        ("t.i64", Value::I64(i64::MIN)),
+        ("t.f64", Value::F64(-2.25e300)),
+        ("t.empty", Value::Array(ValueType::F32, vec![])),
+        ("t.strings", string_array(&["a", "", "ç"])),
+        (
+            "t.nested",
+            Value::Array(
+                ValueType::Array,
+                vec![
+                    Value::Array(ValueType::U16, vec![Value::U16(1), Value::U16(2)]),
+                    Value::Array(ValueType::Bool, vec![Value::Bool(false)]),
+                ],
+            ),
+        ),
+    ];
+    let mut w = GgufWriter::new();
+    for (k, v) in &values {
+        w.kv(k, v.clone());
+    }
+    let g = parse(w.to_bytes()).unwrap();
+    assert_eq!(g.metadata().len(), values.len());
+    for ((k, v), (rk, rv)) in values.iter().zip(g.metadata()) {
+        assert_eq!((*k, v), (rk.as_str(), rv));
+    }
+    assert_eq!(g.f32("t.f32").unwrap(), 1.5e-5);
+    assert_eq!(
+        g.f32("t.f64").unwrap(),
+        f32::NEG_INFINITY,
+        "an f64 beyond f32 rounds to infinity"
+    );
+    assert_eq!(g.u32("t.u16").unwrap(), 60000);
+    assert!(g.bool("t.bool").unwrap());
+    assert_eq!(g.str_array("t.strings").unwrap(), ["a", "", "ç"]);
+    assert!(matches!(g.u32("t.i64"), Err(GgufError::KeyType { .. })));
+    assert!(matches!(
+        g.str("t.u8"),
+        Err(GgufError::KeyType {
+            expected: "string",
+            found: "u8",
+            ..
+        })
+    ));
+    assert_eq!(g.tensors().len(), 0);
+}
+
+#[test]
 fn bad_magic_is_refused() {
     let mut b = tiny().to_bytes();
     b[..4].copy_from_slice(b"GGML");

@@ -4,6 +4,7 @@
 
 mod vk_support;
 
+use xtc::ci::support::empty_round_trip;
 use xtc::vk::CommandPool;
 
 /// 100,000 record + submit + fence-fd wake iterations leave the process's fd
@@ -14,13 +15,8 @@ fn hundred_thousand_fence_iterations_keep_fd_count_flat() {
         return;
     };
     let mut pool = CommandPool::new(&dev).unwrap();
-    let run = |pool: &mut CommandPool| {
-        pool.reset().unwrap();
-        let cmd = pool.record_plain().unwrap().finish().unwrap();
-        let sub = pool.submit(vec![cmd]).unwrap();
-        vk_support::wait_readable(sub.fence_fd());
-        sub.value()
-    };
+    // The same round trip as `xtc ci`'s xtc.fence.no_fd_leak_10k.
+    let run = |pool: &mut CommandPool| empty_round_trip(pool).unwrap();
     for _ in 0..100 {
         run(&mut pool);
     }

@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
@@ -31,8 +31,9 @@ pub const RENDER_MINOR_BASE: u32 = 128;
 /// Symlinks followed while resolving one path before giving up with `ELOOP`
 /// (the kernel's own limit, `MAXSYMLINKS`).
 pub const MAX_SYMLINK_HOPS: u32 = 40;
-/// Bytes read from one sysfs attribute at most (a sysfs attribute is one page).
-pub const MAX_ATTR_BYTES: u64 = 4096;
+// Bounded, non-blocking attribute reads live in the runtime (its executor
+// reads NUMA cpulists and must know no devices); re-exported here.
+pub use crate::rt::sysfs::{MAX_ATTR_BYTES, read_attr_file};
 
 /// Kind of a device node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -231,39 +232,6 @@ impl Rooted {
         names.sort();
         Ok(names)
     }
-}
-
-/// Reads one attribute file at `path` (at most [`MAX_ATTR_BYTES`]) as text;
-/// `Ok(None)` when it does not exist. The open is non-blocking and anything
-/// but a regular file is refused (sysfs attributes are regular files), so a
-/// FIFO, a socket or a device node in a fixture tree is an error, never an
-/// open or read that blocks.
-///
-/// # Errors
-/// `InvalidInput` ("not a regular file") for a directory, FIFO or device
-/// node; `InvalidData` for non-UTF-8 bytes; other I/O errors as they come.
-pub fn read_attr_file(path: &Path) -> io::Result<Option<String>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_ATTR_BYTES).read_to_end(&mut bytes)?;
-    String::from_utf8(bytes)
-        .map(Some)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "attribute is not UTF-8"))
 }
 
 fn components(p: &Path) -> impl DoubleEndedIterator<Item = OsString> + '_ {

@@ -8,7 +8,7 @@
 //! | attribute            | example           | parser              |
 //! |----------------------|-------------------|---------------------|
 //! | `device/numa_node`   | `1`, `-1`         | [`parse_numa_node`] |
-//! | `node/online`, `nodeN/cpulist`, `device/local_cpulist` | `0-3,8-11` | [`parse_cpulist`] |
+//! | `node/online`, `nodeN/cpulist`, `device/local_cpulist` | `0-3,8-11` | [`parse_cpulist`] (from `rt::sysfs`) |
 //! | `device/vendor`, `device/device` | `0x10de` | [`parse_hex_id`] |
 //! | `device/uevent`      | `DRIVER=nvidia`   | [`parse_uevent`]    |
 //! | PCI path component   | `0000:65:00.0`    | [`parse_pci_address`] |
@@ -19,27 +19,10 @@
 
 use std::fmt;
 
-/// Largest CPU or node number a list may name. Larger values are rejected
-/// rather than allocated (a garbage `0-4294967295` must not exhaust memory).
-pub const MAX_LIST_ID: u32 = 1 << 16;
-
-/// Why an attribute's text could not be parsed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ParseError {
-    /// The attribute was empty (or only whitespace).
-    #[error("empty")]
-    Empty,
-    /// The text is not of the attribute's form; carries the text (trimmed, at most 64 chars).
-    #[error("unparsable {0:?}")]
-    Garbage(String),
-    /// A number beyond what the attribute may hold ([`MAX_LIST_ID`] for lists).
-    #[error("out of range {0:?}")]
-    OutOfRange(String),
-}
-
-fn garbage(s: &str) -> ParseError {
-    ParseError::Garbage(s.chars().take(64).collect())
-}
+// The bounded list parser and its error live in the runtime (the executor
+// reads NUMA cpulists with it and must know no devices); re-exported here.
+use crate::rt::sysfs::garbage;
+pub use crate::rt::sysfs::{MAX_LIST_ID, ParseError, parse_cpulist};
 
 /// NUMA affinity of a device as written in `device/numa_node`.
 ///
@@ -69,52 +52,6 @@ pub fn parse_numa_node(text: &str) -> Result<NumaNode, ParseError> {
         -1 => Ok(NumaNode::NoNode),
         0.. if v < i64::from(MAX_LIST_ID) => Ok(NumaNode::Node(v as u32)),
         _ => Err(ParseError::OutOfRange(t.to_string())),
-    }
-}
-
-/// Parses a kernel list such as `0-3,8,10-11` (cpulist, node `online`) into
-/// sorted, deduplicated ids. An empty or whitespace-only text is the empty
-/// list (a memory-only node has an empty `cpulist`).
-///
-/// # Errors
-/// [`ParseError::Garbage`] for a malformed item or a reversed range,
-/// [`ParseError::OutOfRange`] for an id at or beyond [`MAX_LIST_ID`].
-pub fn parse_cpulist(text: &str) -> Result<Vec<u32>, ParseError> {
-    let t = text.trim();
-    let mut ids = Vec::new();
-    if t.is_empty() {
-        return Ok(ids);
-    }
-    for item in t.split(',') {
-        let (lo, hi) = parse_range(item.trim(), t)?;
-        ids.extend(lo..=hi);
-    }
-    ids.sort_unstable();
-    ids.dedup();
-    Ok(ids)
-}
-
-fn parse_range(item: &str, whole: &str) -> Result<(u32, u32), ParseError> {
-    let (lo, hi) = match item.split_once('-') {
-        Some((a, b)) => (parse_id(a, whole)?, parse_id(b, whole)?),
-        None => {
-            let v = parse_id(item, whole)?;
-            (v, v)
-        }
-    };
-    if lo > hi {
-        return Err(garbage(whole));
-    }
-    Ok((lo, hi))
-}
-
-fn parse_id(s: &str, whole: &str) -> Result<u32, ParseError> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(garbage(whole));
-    }
-    match s.parse::<u32>() {
-        Ok(v) if v < MAX_LIST_ID => Ok(v),
-        _ => Err(ParseError::OutOfRange(whole.chars().take(64).collect())),
     }
 }
 
@@ -298,21 +235,8 @@ mod tests {
     }
 
     #[test]
-    fn cpulists() {
-        assert_eq!(
-            parse_cpulist("0-3,8,10-11\n"),
-            Ok(vec![0, 1, 2, 3, 8, 10, 11])
-        );
-        assert_eq!(parse_cpulist("\n"), Ok(vec![]));
-        assert_eq!(parse_cpulist("5,1-2,2"), Ok(vec![1, 2, 5]));
-        assert!(matches!(parse_cpulist("3-1"), Err(ParseError::Garbage(_))));
-        assert!(matches!(parse_cpulist("0-"), Err(ParseError::Garbage(_))));
-        assert!(matches!(parse_cpulist("a"), Err(ParseError::Garbage(_))));
-        assert!(matches!(parse_cpulist("0,,1"), Err(ParseError::Garbage(_))));
-        assert!(matches!(
-            parse_cpulist("0-4294967295"),
-            Err(ParseError::OutOfRange(_))
-        ));
+    fn cpulists_format_back() {
+        assert_eq!(parse_cpulist("0-3,8,10-11\n").unwrap().len(), 7);
         assert_eq!(format_cpulist(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(format_cpulist(&[]), "");
     }

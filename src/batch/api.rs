@@ -322,7 +322,14 @@ impl<R: 'static> Group<R> {
     /// mutator errors of [`Group::submit`]; `Again` when `h` is a live
     /// `submit_mt` hand-in still on the ring behind one whose producer is
     /// still writing it (retry, B-053). A live hand-in not admitted yet (on
-    /// the ring or held) is cancelled and never runs (B-052).
+    /// the ring or held) is cancelled and never runs (B-052); one still on
+    /// the ring stays there until the driver's next boundary (the cancel is
+    /// noted for it, nothing is drained here), so it takes no slot before
+    /// then and the driver's wake-up is left alone (B-117).
+    ///
+    /// A cancel accepted while the member's operation is outstanding is
+    /// consumed at that operation's completion boundary: its hint fires and
+    /// it ends `Aborted` even if the operation finished first (B-093, B-094).
     pub fn cancel(&self, h: Handle) -> Result<()> {
         self.sh.check_mutator()?;
         let known = self.sh.core.borrow_mut().cancel(h);

@@ -21,6 +21,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
+use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
@@ -50,6 +51,10 @@ pub(crate) struct InFlight<R> {
     pub(crate) phase: Phase,
     /// A BLOCKING closure's result: awaited even after a kill (B-103).
     pub(crate) blocking: Option<crate::rt::Future<Result<()>>>,
+    /// The engine's clone of a FENCE operation's fence: held from submit
+    /// until collect returned (teardown's collect too), so the fd it waits
+    /// on stays open for the whole wait (B-066, B-067).
+    pub(crate) fence: Option<Rc<dyn AsFd>>,
 }
 
 /// Reused buffers: result words and the item vector.
@@ -353,6 +358,7 @@ pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
         members: Vec::with_capacity(max),
         phase: Phase::Idle,
         blocking: None,
+        fence: None,
     };
     let slot = Rc::new(ExitSlot {
         exit: RefCell::new(None),

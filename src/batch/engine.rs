@@ -5,12 +5,13 @@
 //! its result words differs (B-059: the async group is otherwise identical).
 
 use std::future::{Future, poll_fn};
+use std::os::fd::AsFd;
 use std::pin::{Pin, pin};
+use std::rc::Rc;
 use std::task::Poll;
 
 use super::api::Shared;
 use super::driver::{Bufs, Engine, InCallback, InFlight, Phase, fail_vector, record};
-use super::fence::borrow_fence;
 use super::group::{Core, Member};
 use super::remote;
 use super::{AsyncStep, CloseMode, Exec, ExecStatus, Item, Step, StepResult};
@@ -104,8 +105,11 @@ impl<R: 'static, A: AsyncStep<R> + 'static> Engine<R> for AsyncEngine<A> {
             c.cancel_seq
         };
         fl.phase = Phase::Waiting;
-        let status = self.await_exec(sh, &items, exec, &mut fl.blocking).await;
+        let status = self
+            .await_exec(sh, &items, exec, &mut fl.blocking, &mut fl.fence)
+            .await;
         count_status(&mut sh.core.borrow_mut(), status);
+        self.completion_boundary(sh, &items, seq0).await;
         fl.phase = Phase::Callback;
         let ret = {
             let _cb = InCallback::enter(sh);
@@ -114,6 +118,7 @@ impl<R: 'static, A: AsyncStep<R> + 'static> Engine<R> for AsyncEngine<A> {
                 .await
         };
         bufs.give_back(items);
+        fl.fence = None; // collect returned: the engine's clone goes (B-067)
         fl.phase = Phase::Idle;
         let mut c = sh.core.borrow_mut();
         let cancels = c.cancel_seq != seq0;
@@ -144,19 +149,23 @@ impl<R: 'static, A: AsyncStep<R> + 'static> Engine<R> for AsyncEngine<A> {
                 .await;
         }
         bufs.give_back(items);
+        fl.fence = None; // after the teardown's collect (B-067)
         fail_vector(&mut sh.core.borrow_mut(), &mut fl.members, Error::Aborted);
         fl.phase = Phase::Idle;
     }
 }
 
 impl<A> AsyncEngine<A> {
-    /// Awaits the operation `exec` describes and returns its raw status.
+    /// Awaits the operation `exec` describes and returns its raw status. A
+    /// FENCE's `Rc` is kept in `fence` (the in-flight vector's slot), which
+    /// the caller clears only after collect returned.
     async fn await_exec<R>(
         &mut self,
         sh: &Shared<R>,
         items: &[Item<'_, R>],
         exec: Exec,
         blocking: &mut Option<rt::Future<Result<()>>>,
+        fence: &mut Option<Rc<dyn AsFd>>,
     ) -> ExecStatus
     where
         A: AsyncStep<R>,
@@ -164,10 +173,10 @@ impl<A> AsyncEngine<A> {
         let deadline = sh.exec_timeout.and_then(|d| sh.lp.now().checked_add(d));
         match exec {
             Exec::Inline => ExecStatus::Ok,
-            Exec::Fence(raw) => {
-                let Some(fd) = borrow_fence(raw) else {
-                    return ExecStatus::Failed(Error::Inval);
-                };
+            Exec::Fence(shared) => {
+                // Borrowed from the engine's clone, which outlives the wait.
+                let held: &Rc<dyn AsFd> = fence.insert(shared);
+                let fd = (**held).as_fd();
                 let op = async move { status_of(rt::wait_readable(fd).await) };
                 self.wait(sh, items, pin!(op), deadline, true).await
             }
@@ -241,6 +250,39 @@ impl<A> AsyncEngine<A> {
                     }
                 }
             }
+        }
+    }
+
+    /// The completion boundary (B-093, B-094, B-121, B-122): the wait ended
+    /// and the operation is still outstanding as far as the application
+    /// knows (collect has not run). Every cancel accepted before this point
+    /// is recorded here, whichever path carried it: the owner's is in the
+    /// core already, a cancel_mt is drained from the ring now (the operation
+    /// may have finished before the driver ever looked at the ring). Each
+    /// newly cancelled member gets its hint, then collect runs and the
+    /// member ends `Aborted` ("already recorded DONE wins" cannot apply: DONE
+    /// is recorded only after collect). Hints may yield, so the ring is
+    /// drained again after them; nothing suspends between the last drain
+    /// and collect. A cancel of a member written behind a position whose
+    /// producer is still writing is waited for by yielding (a producer
+    /// never pauses mid-write).
+    async fn completion_boundary<R>(&mut self, sh: &Shared<R>, items: &[Item<'_, R>], seq0: u64)
+    where
+        A: AsyncStep<R>,
+    {
+        let mut hinted_at = seq0;
+        loop {
+            let stuck = remote::drain_at_completion(sh, items);
+            let seq = sh.core.borrow().cancel_seq;
+            if seq != hinted_at {
+                hinted_at = seq;
+                self.hints(sh, items, false).await; // once per member (B-094)
+                continue;
+            }
+            if !stuck {
+                return;
+            }
+            rt::yield_now().await;
         }
     }
 

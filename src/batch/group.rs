@@ -270,7 +270,7 @@ impl<R> Core<R> {
         }
         e.cancelled = true;
         self.pending_cancels += 1;
-        self.cancel_seq += 1;
+        self.cancel_seq = self.cancel_seq.wrapping_add(1); // compared for change only
         Ok(())
     }
 
@@ -307,7 +307,7 @@ impl<R> Core<R> {
                 }
             }
         }
-        self.cancel_seq += 1;
+        self.cancel_seq = self.cancel_seq.wrapping_add(1); // compared for change only
     }
 
     /// Marks the hint of `handle` as fired; true when it had not fired and the
@@ -370,7 +370,12 @@ impl<R> Core<R> {
         }
         let mut n = 0;
         while let Some(front) = self.waiting.front() {
-            let fits = self.reserved + front.charge <= self.limits.resource_capacity;
+            // Checked: `reserved + charge` may exceed u64 near the top of a
+            // `u64::MAX` capacity (issue 12); no sum, no wrap, no panic.
+            let fits = self
+                .reserved
+                .checked_add(front.charge)
+                .is_some_and(|units| units <= self.limits.resource_capacity);
             if self.active >= self.limits.max_active || !fits {
                 break; // strict FCFS: nobody passes the front
             }

@@ -351,3 +351,27 @@ fn handles_are_monotonic_and_never_wrap() {
     let b = HandleAlloc::new().unwrap();
     assert_ne!(b.alloc().unwrap(), x, "another group's space is disjoint");
 }
+
+/// Issue 12 item 3 (B-021, B-022): the fit test near `u64::MAX` never wraps.
+/// A member holding every unit of a `u64::MAX` capacity keeps the next one
+/// (charge 1) waiting; the sum `reserved + charge` overflowed before (a
+/// panic in debug builds, both admitted in release with `reserved_units` 0).
+#[test]
+fn admission_near_u64_max_never_overflows() {
+    let mut c = core(4, 4, u64::MAX);
+    submit(&mut c, 1, u64::MAX).unwrap();
+    submit(&mut c, 2, 1).unwrap();
+    assert_eq!(c.admit(), 1, "only the whole-capacity member fits");
+    let s = c.snapshot();
+    assert_eq!((s.ready, s.queued, s.reserved_units), (1, 1, u64::MAX));
+    assert_eq!(c.admit(), 0, "a second boundary admits nobody either");
+    iterate(&mut c, |_| StepResult::Done);
+    assert_eq!(c.admit(), 1, "the units came back");
+    assert_eq!(c.snapshot().reserved_units, 1);
+    // Near the top too: two charges whose sum exceeds u64::MAX.
+    let mut c = core(4, 4, u64::MAX - 1);
+    submit(&mut c, 1, u64::MAX - 2).unwrap();
+    submit(&mut c, 2, 3).unwrap();
+    assert_eq!(c.admit(), 1);
+    assert_eq!(c.snapshot().reserved_units, u64::MAX - 2);
+}

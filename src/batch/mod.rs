@@ -1,5 +1,9 @@
 //! `batch`: bounded continuous batching, the manual page `xtc_batch(3)`.
 //!
+//! The clause ids (B-xxx) below are that page's sentences; the C form of
+//! each item (`xtc_batch_create`, `xtc_batch_t`, ...) is documented in
+//! `docs/man/xtc_batch.3` (the `xtc-capi` crate wraps this module).
+//!
 //! A [`Group`] owns a pinned driver process on one [`rt::Loop`] (B-001).
 //! Requests are admitted first-come-first-served under a fixed resource
 //! charge; every iteration hands the whole ready vector to ONE call: a
@@ -76,7 +80,6 @@
 mod api;
 mod driver;
 mod engine;
-mod fence;
 pub(crate) mod group;
 pub mod placement;
 pub mod router;

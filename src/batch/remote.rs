@@ -17,6 +17,15 @@
 //!    (held, waiting, active; a cancel of an in-flight member is recorded and
 //!    consumed at the completion boundary, B-122); for a completed handle the
 //!    core says `Inval` and the control is dropped: nothing is kept (B-123).
+//!    The driver also drains during an operation wait (so a hint fires) and
+//!    at the operation's completion boundary, before collect
+//!    ([`drain_at_completion`]): a cancel accepted while the operation was
+//!    outstanding is never lost to the operation finishing first.
+//!
+//! Only the driver (and, after it, the finalizer) drains: a drain disarms
+//! the doorbell the parked driver armed, so an owner-loop cancel of a handle
+//! still on the ring is a read-only look plus a note for the drain
+//! ([`MtState::owner_cancel`]), never a drain.
 //! 3. [`MtState::settle`] returns the SUBMIT record of every drained hand-in
 //!    that is no longer held (admitted, or ended `Aborted`), so
 //!    `mt_queue_cap` bounds accepted-but-unadmitted hand-ins (B-111) and held
@@ -44,7 +53,7 @@ use super::api::Shared;
 use super::group::{Core, Limits};
 use super::ring::Pop;
 use super::ring::admission::{Admission, ControlOp, HandIn, HandleSpace, Inbox};
-use super::{AsyncStats, CloseMode, Handle, HandleAlloc, SubmitError};
+use super::{AsyncStats, CloseMode, Handle, HandleAlloc, Item, SubmitError};
 use crate::{Error, Result};
 
 /// What the driver's side needs from the group's core (all on the owner loop).
@@ -99,16 +108,26 @@ pub(crate) struct MtState<R> {
     /// Drained submits whose SUBMIT record is still claimed.
     unreleased: usize,
     resource_capacity: u64,
+    /// Hand-ins an owner-loop cancel reached while they were still on the
+    /// ring (B-052): the drain cancels each as it hands it in. Every entry
+    /// is a distinct undrained SUBMIT record, so at most `mt_queue_cap`
+    /// (allocated at create, never grown).
+    precancelled: Vec<NonZeroU64>,
 }
 
 impl<R> MtState<R> {
-    /// Bytes charged for the ring and both record pools (B-109); the held
-    /// queue is part of the core's storage.
+    /// Bytes charged for the ring, both record pools and the owner-cancel
+    /// list (B-109); the held queue is part of the core's storage.
     ///
     /// # Errors
     /// `Range` on arithmetic overflow.
     pub(crate) fn bytes_for(cap: usize) -> Result<u64> {
-        Admission::<R>::bytes_for(cap)
+        let list = (cap as u64)
+            .checked_mul(size_of::<NonZeroU64>() as u64)
+            .ok_or(Error::Range)?;
+        Admission::<R>::bytes_for(cap)?
+            .checked_add(list)
+            .ok_or(Error::Range)
     }
 
     /// Admission with `cap` records per pool, stamping from `handles`.
@@ -121,10 +140,15 @@ impl<R> MtState<R> {
         resource_capacity: u64,
     ) -> Result<Self> {
         let (_, inbox) = Admission::new(cap, handles)?;
+        let mut precancelled = Vec::new();
+        precancelled
+            .try_reserve_exact(cap)
+            .map_err(|_| Error::Nomem)?;
         Ok(MtState {
             inbox,
             unreleased: 0,
             resource_capacity,
+            precancelled,
         })
     }
 
@@ -137,6 +161,10 @@ impl<R> MtState<R> {
     }
 
     /// Pops everything ready, in reservation order, into `m` (B-117, B-122).
+    ///
+    /// The driver's alone (its boundary, its operation wait, its completion
+    /// boundary) and the finalizer's after the driver ended: it disarms the
+    /// doorbell, which only the process that parks on it may do (issue 12).
     pub(crate) fn drain(&mut self, m: &mut impl Members<R>) -> DrainEnd {
         self.inbox.disarm();
         loop {
@@ -148,8 +176,11 @@ impl<R> MtState<R> {
                 }) => {
                     self.unreleased += 1;
                     m.hand_in(handle, request, charge);
-                    if m.cancelling() {
-                        m.cancel(handle); // close(CANCEL) ends it Aborted (B-142)
+                    let owner_cancelled = self.take_precancel(handle);
+                    if owner_cancelled || m.cancelling() {
+                        // An owner cancel while it was on the ring (B-052), or
+                        // close(CANCEL) (B-142): it ends Aborted, never runs.
+                        m.cancel(handle);
                     }
                 }
                 Pop::Item(HandIn::Control { op, handle }) => {
@@ -172,31 +203,55 @@ impl<R> MtState<R> {
         self.unreleased -= gone;
     }
 
-    /// Owner-loop cancel of a handle the core does not know: drains the ring
-    /// and cancels it if it was an mt hand-in not admitted yet (B-052, B-053).
+    /// Whether an owner cancel reached `handle` on the ring; forgets it.
+    fn take_precancel(&mut self, handle: NonZeroU64) -> bool {
+        match self.precancelled.iter().position(|h| *h == handle) {
+            Some(i) => {
+                self.precancelled.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Owner-loop cancel of a handle the core does not know (B-052, B-053):
+    /// if it is an mt hand-in still on the ring, records the cancel for the
+    /// drain that hands it in (it then ends `Aborted` and never runs).
+    ///
+    /// A read-only look at the ring: it drains nothing, so no waiting slot is
+    /// made outside the driver's boundary (B-117: a later owner submit sees
+    /// the slots as without the cancel), and it never touches the doorbell
+    /// the parked driver armed (a stale handle must not wedge later
+    /// hand-ins, issue 12).
     ///
     /// # Errors
     /// `Again` when its hand-in is written on the ring behind a position still
     /// being written (retry); `Inval` when it is not live (never issued,
     /// completed), even while some other hand-in is being written.
-    pub(crate) fn owner_cancel(
-        &mut self,
-        handle: NonZeroU64,
-        m: &mut impl Members<R>,
-    ) -> Result<()> {
+    pub(crate) fn owner_cancel(&mut self, handle: NonZeroU64) -> Result<()> {
         if !self.inbox.shared().handles().is_issued(handle) {
             return Err(Error::Inval);
         }
-        let end = self.drain(m);
-        self.settle(m);
-        match (m.cancel(handle), end) {
-            (true, _) => Ok(()),
+        match self.inbox.find_submit(handle) {
             // Behind a hand-in still being written: retry (B-053).
-            (false, DrainEnd::Busy) if self.inbox.holds_submit(handle) => Err(Error::Again),
+            Some(true) => Err(Error::Again),
+            Some(false) => {
+                if !self.precancelled.contains(&handle) {
+                    debug_assert!(self.precancelled.len() < self.precancelled.capacity());
+                    self.precancelled.push(handle);
+                }
+                Ok(())
+            }
             // Completed (or an issued number whose push lost a close race):
             // stale, even while a later hand-in is being written (B-050).
-            (false, _) => Err(Error::Inval),
+            None => Err(Error::Inval),
         }
+    }
+
+    /// Whether a cancel of one of `handles` is written on the ring behind a
+    /// position still being written (the drain stopped before it).
+    fn cancel_stuck(&self, handles: impl FnMut(NonZeroU64) -> bool) -> bool {
+        self.inbox.holds_cancel_of(handles)
     }
 
     /// Refuses later submits (B-141). Idempotent.
@@ -409,8 +464,27 @@ pub(crate) fn settle<R>(sh: &Shared<R>) {
 pub(crate) fn owner_cancel<R>(sh: &Shared<R>, h: Handle) -> Result<()> {
     let mt = sh.mt.as_ref().ok_or(Error::Inval)?;
     let handle = NonZeroU64::new(h.get()).expect("handles are nonzero");
-    mt.borrow_mut()
-        .owner_cancel(handle, &mut *sh.core.borrow_mut())
+    mt.borrow_mut().owner_cancel(handle)
+}
+
+/// The driver's completion boundary, ring part (B-093, B-121, B-122): after
+/// an operation's wait ended and before its collect, drains the ring so a
+/// cancel_mt accepted while the operation was outstanding is recorded, and
+/// consumed at this completion, even when the operation finished before
+/// the driver looked at the ring. Returns `true` when a cancel of one of
+/// `in_flight` is written behind a position still being written (the caller
+/// yields and drains again: a producer never pauses mid-write).
+pub(crate) fn drain_at_completion<R>(sh: &Shared<R>, in_flight: &[Item<'_, R>]) -> bool {
+    let Some(mt) = &sh.mt else {
+        return false;
+    };
+    let mut mt = mt.borrow_mut();
+    match mt.drain(&mut *sh.core.borrow_mut()) {
+        DrainEnd::Empty => false,
+        DrainEnd::Busy => {
+            mt.cancel_stuck(|h| in_flight.iter().any(|it| it.handle.get() == h.get()))
+        }
+    }
 }
 
 /// `close` (either mode): the ring refuses submits from now on (B-141).

@@ -57,7 +57,7 @@
 //! 4. *Drop.* `&mut self`: no producer or consumer is running. A slot holds a
 //!    value iff its stamp is FULL, i.e. `stamp & mask == (i + 1) & mask`; with
 //!    `N >= 2` that is distinct from FREE (`stamp & mask == i`).
-//! 5. *Peek.* `Ring::any_written` reads (never moves) values in FULL
+//! 5. *Peek.* `Ring::find_written` reads (never moves) values in FULL
 //!    slots at or after `head`, under a borrow of the unique key, so no pop
 //!    runs meanwhile: a FULL slot is written by no producer until the
 //!    consumer frees it (point 1), and the Acquire load of its FULL stamp
@@ -364,29 +364,42 @@ impl<T> Ring<T> {
         Pop::Item(value)
     }
 
-    /// Whether a value already written at some position from the consumer's
-    /// `head` on satisfies `f`: a read-only look past a position whose
-    /// producer is still writing (nothing is moved out, `head` stays). Used by
-    /// an owner-loop cancel to tell a live hand-in stuck behind a
-    /// still-written one (`Again`) from a stale handle (`Inval`, B-053).
+    /// The first value already written at some position from the
+    /// consumer's `head` on that satisfies `f`: `Some(busy_before)`, where
+    /// `busy_before` says whether a position before it is still being
+    /// written (the next `pop`s stop there), or `None`. A read-only look
+    /// past positions whose producer is still writing (nothing is moved out,
+    /// `head` stays). Used by an owner-loop cancel to tell a live hand-in
+    /// (cancel it, or `Again` while stuck behind a still-written one, B-053)
+    /// from a stale handle (`Inval`), and by the driver's completion
+    /// boundary to see a cancel stuck behind a still-written position.
     ///
     /// # Panics
     /// When `key` belongs to another ring.
-    pub(crate) fn any_written(&self, key: &ConsumerKey, mut f: impl FnMut(&T) -> bool) -> bool {
+    pub(crate) fn find_written(
+        &self,
+        key: &ConsumerKey,
+        mut f: impl FnMut(&T) -> bool,
+    ) -> Option<bool> {
         assert_eq!(key.ring_id, self.id, "ConsumerKey of another ring");
         let reserved = self.tail.load(Ordering::Acquire) >> FLAG_BITS;
-        (key.head..reserved).any(|pos| {
+        let mut busy_before = false;
+        for pos in key.head..reserved {
             let slot = self.slot(pos);
             if slot.stamp.load(Ordering::Acquire) != pos + 1 {
-                return false; // still being written (or not this lap)
+                busy_before = true; // still being written (or not this lap)
+                continue;
             }
             // SAFETY: safety memo point 5: the FULL stamp `pos + 1`, loaded
             // with Acquire, synchronises with its writer's Release store, so
             // the value is initialised; only the key's holder (borrowed here,
             // so no `pop` runs meanwhile) moves it out or frees the slot, so
             // it stays initialised and unwritten while `f` reads it.
-            slot.value.with(|p| f(unsafe { (*p).assume_init_ref() }))
-        })
+            if slot.value.with(|p| f(unsafe { (*p).assume_init_ref() })) {
+                return Some(busy_before);
+            }
+        }
+        None
     }
 
     /// Whether the value at the consumer's `head` is written and ready to pop

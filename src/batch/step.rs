@@ -8,7 +8,8 @@
 //! path; the traits are not object-safe and need not be.
 #![allow(async_fn_in_trait)] // groups live on one loop: no `Send` bound is wanted
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::rc::Rc;
 
 use crate::batch::Handle;
 use crate::error::{Error, Result};
@@ -107,12 +108,21 @@ where
 pub enum Exec {
     /// The work was done inside `submit`; `collect` runs at once (B-065).
     Inline,
-    /// A pollable fence fd owned by the application (sync_file, dma-fence,
-    /// eventfd), awaited through the loop's fd readiness; the engine never dups
-    /// or closes it and must not be handed an fd that is closed before
-    /// `collect` returns (B-066..B-070). Under [`rt::Sim`] the status is
-    /// `Failed(Nosys)`.
-    Fence(RawFd),
+    /// A pollable completion fence (sync_file, dma-fence, eventfd), awaited
+    /// through the loop's fd readiness (B-066..B-070).
+    ///
+    /// Ownership is in the type (I/O safety): the application keeps its own
+    /// clone of the `Rc` and so keeps owning the fd; the engine holds the
+    /// clone it is handed for the wait and drops it after `collect` returns
+    /// (also on timeout, close, kill and teardown), so the fd stays open for
+    /// the whole wait whatever the application does meanwhile. The engine
+    /// never dups or closes the fd (B-067): it is closed when the last clone
+    /// is dropped, normally the application's. [`crate::accel::EventFence`],
+    /// [`crate::accel::SyncFile`] and [`std::os::fd::OwnedFd`] are all
+    /// [`AsFd`]. An fd the readiness path refuses (a regular file, an
+    /// `O_PATH` fd) ends the wait `Failed(Inval)` (B-069); under [`rt::Sim`]
+    /// the status is `Failed(Nosys)` (B-070).
+    Fence(Rc<dyn AsFd>),
     /// The read half of an [`rt::future_pair`], consumed exactly once: awaited,
     /// or dropped on timeout or teardown (B-071..B-077).
     Future(rt::Future<()>),
@@ -125,7 +135,7 @@ impl std::fmt::Debug for Exec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Exec::Inline => f.write_str("Inline"),
-            Exec::Fence(fd) => write!(f, "Fence({fd})"),
+            Exec::Fence(fd) => write!(f, "Fence({})", fd.as_fd().as_raw_fd()),
             Exec::Future(_) => f.write_str("Future(..)"),
             Exec::Blocking(_) => f.write_str("Blocking(..)"),
         }

@@ -236,12 +236,13 @@ pub struct DecodeArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sweep the request rate: run continuous, static and one-at-a-time
     /// batching at each of these --time-scale values (comma-separated; alone:
-    /// 1,2,4,8,16,32,64) in one process, and report per rate the throughput,
+    /// 1,2,4,...,256) in one process, and report per rate the throughput,
     /// normalized latency (mean end-to-end / output tokens), TTFT and TPOT
     /// p99 and SLO attainment, then each policy's capacity (the highest rate
     /// up to which at least 90% of requests meet the SLO) and the capacity
     /// ratios. The SLO defaults to --slo-ttft 1000 --slo-tpot 100; --requests
-    /// to 128. A table, or JSON with --json; see --csv-out and --plot-out.
+    /// to 128 (on --device toy the default sweep takes about 6 minutes). A
+    /// table, or JSON with --json; see --csv-out and --plot-out.
     #[arg(
         long,
         value_name = "RATES",
@@ -268,7 +269,7 @@ pub struct DecodeArgs {
 }
 
 /// `--sweep` without a value.
-pub const DEFAULT_SWEEP_RATES: &str = "1,2,4,8,16,32,64";
+pub const DEFAULT_SWEEP_RATES: &str = "1,2,4,8,16,32,64,128,256";
 
 /// Requests replayed by `--sweep` unless `--requests` says otherwise.
 pub const DEFAULT_SWEEP_REQUESTS: usize = 128;

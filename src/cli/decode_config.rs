@@ -128,8 +128,7 @@ pub fn device_config(selector: &str, device: &DeviceChoice) -> DeviceConfig {
                 vendor: i.vendor_name().map(str::to_string),
                 vendor_id: Some(i.vendor_id),
                 device_id: Some(i.device_id),
-                driver_name: text(&i.driver_name),
-                driver_info: text(&i.driver_info),
+                driver: text(&i.driver),
                 driver_version: Some(i.driver_version_string()),
                 api_version: Some(format!("{ma}.{mi}.{pa}")),
             }

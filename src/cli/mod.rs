@@ -9,6 +9,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
+pub mod ci;
 pub mod decode;
 pub mod decode_config;
 pub mod decode_sweep;
@@ -46,6 +47,9 @@ pub enum Command {
     /// Mean negative log-likelihood and perplexity of the GGUF model over a
     /// text file.
     Perplexity(perplexity::PerplexityArgs),
+    /// Device-in-the-loop CI: suites of kernel, fence, batch, dispatch,
+    /// decode and perf cases in child processes, judged against baselines.
+    Ci(ci::CiArgs),
 }
 
 /// Entry point of the `xtc` binary; returns the process exit status.
@@ -54,18 +58,26 @@ pub fn main() -> i32 {
 }
 
 /// Parses `args` (program name first) and runs the subcommand, writing its
-/// report to `out`. Usage errors print clap's message and give status 2;
+/// report to `out`. Usage errors print clap's message and give status 2 (3
+/// for `xtc ci`, whose 2 means "only improvements");
 /// `--help`/`--version` print and give 0.
 pub fn run<I, T>(args: I, out: &mut dyn Write) -> i32
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return e.exit_code();
+            // `xtc ci run` gives 2 to "only improvements": its usage errors are 3.
+            let ci = args.get(1).is_some_and(|a| a == "ci");
+            return if ci && e.use_stderr() {
+                crate::ci::status::EXIT_USAGE
+            } else {
+                e.exit_code()
+            };
         }
     };
     match &cli.command {
@@ -73,5 +85,6 @@ where
         Command::Decode(args) => decode::run(args, out),
         Command::Generate(args) => generate::run(args, out),
         Command::Perplexity(args) => perplexity::run(args, out),
+        Command::Ci(args) => ci::run(args, out),
     }
 }

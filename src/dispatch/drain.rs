@@ -18,19 +18,74 @@
 //!   (the retry-ABA fix); untagged: 0 or `winner + 1`.
 //! - `go`: the elected worker's "stage now" for the attempt.
 //!
+//! - `enterer`: the thread that entered the drain (for stall reports).
+//!
 //! Every spin (sentinel, ack barrier, follower wait, stage-done wait) is a
 //! yield point and returns once the run's completed latch is set (D-06); each
 //! escape has a test-only switch in [`Escapes`](super::Escapes). Abandoning is
 //! safe (D-07): the held task is moot under teardown, and the drain state
 //! belongs to the run, rebuilt for the next one.
+//!
+//! # Drain watchdog (beyond the design note)
+//!
+//! The escapes cover a peer that *left* (the run completed). A peer that is
+//! merely stuck (never reaches the barrier, never stages, never ends the
+//! drain) used to hang the run forever, and the scheduler loop's watchdog
+//! cannot see inside a drain spin. So every spin also times itself: one that
+//! has waited longer than the run's `watchdog_ns` records a
+//! [`DrainStall`] naming its spin point and the peers it
+//! waits for (the first stall of a run wins), latches the run failed
+//! (`Internal`, as the loop watchdog does) and abandons the drain; its peers
+//! then leave by the completed escape, or by their own watchdog when the
+//! escapes are switched off.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use super::publish::stage_own;
+use super::scheduler::DrainStall;
 use super::state::Shared;
 use super::step::{Point, Yielder};
+use crate::Error;
 
 const NO_TASK: usize = usize::MAX;
+const NO_THREAD: usize = usize::MAX;
+
+/// When a drain spin started, for the drain watchdog.
+#[derive(Clone, Copy)]
+struct Spin {
+    point: Point,
+    since_ns: u64,
+}
+
+impl Spin {
+    fn start(sh: &Shared, point: Point) -> Spin {
+        Spin {
+            point,
+            since_ns: sh.now(),
+        }
+    }
+
+    /// Whether this spin has waited past the run's watchdog budget.
+    fn overdue(self, sh: &Shared) -> bool {
+        sh.now().saturating_sub(self.since_ns) > sh.opts.watchdog_ns
+    }
+
+    /// Ends the run: records the stall (the run's first wins), latches the
+    /// run failed and abandons the drain.
+    fn give_up(self, sh: &Shared, t: usize, attempt: u64, waiting_for: Vec<usize>) {
+        let stall = DrainStall {
+            thread: t,
+            point: self.point,
+            waiting_for,
+            attempt,
+            since_ns: self.since_ns,
+            at_ns: sh.now(),
+        };
+        sh.drain_stall.lock().unwrap().get_or_insert(stall);
+        sh.latch_fatal(Error::Internal);
+        abandon(sh);
+    }
+}
 
 /// Drain coordination state of one run.
 #[derive(Debug)]
@@ -43,6 +98,7 @@ pub(crate) struct DrainState {
     acks: Vec<AtomicU64>,
     done: Vec<AtomicU64>,
     started_ns: AtomicU64,
+    enterer: AtomicUsize,
 }
 
 impl DrainState {
@@ -56,6 +112,7 @@ impl DrainState {
             acks: (0..threads).map(|_| AtomicU64::new(0)).collect(),
             done: (0..threads).map(|_| AtomicU64::new(0)).collect(),
             started_ns: AtomicU64::new(0),
+            enterer: AtomicUsize::new(NO_THREAD),
         }
     }
 
@@ -64,9 +121,9 @@ impl DrainState {
         self.attempt.load(Ordering::Acquire)
     }
 
-    /// Holds `task` and starts a drain for `block_num` blocks; false when
-    /// another drain is active (the caller re-pushes the task).
-    pub fn enter(&self, sh: &Shared, task: usize, block_num: u32) -> bool {
+    /// Thread `t` holds `task` and starts a drain for `block_num` blocks;
+    /// false when another drain is active (the caller re-pushes the task).
+    pub fn enter(&self, sh: &Shared, t: usize, task: usize, block_num: u32) -> bool {
         if self
             .pending
             .compare_exchange(0, -1, Ordering::AcqRel, Ordering::Relaxed)
@@ -74,6 +131,7 @@ impl DrainState {
         {
             return false;
         }
+        self.enterer.store(t, Ordering::Relaxed);
         self.task.store(task, Ordering::Relaxed);
         let a = self.attempt.fetch_add(1, Ordering::AcqRel) + 1;
         self.clear_round();
@@ -93,6 +151,29 @@ impl DrainState {
 
     fn all(&self, v: &[AtomicU64], sh: &Shared, a: u64) -> bool {
         v.iter().all(|x| x.load(Ordering::Acquire) == tok(sh, a))
+    }
+
+    /// The threads whose word in `v` is not yet that of attempt `a`.
+    fn missing(&self, v: &[AtomicU64], sh: &Shared, a: u64) -> Vec<usize> {
+        (0..v.len())
+            .filter(|&q| v[q].load(Ordering::Acquire) != tok(sh, a))
+            .collect()
+    }
+
+    /// The elected worker of the current election word, if one won.
+    fn winner(&self) -> Vec<usize> {
+        match self.elected.load(Ordering::Acquire) & 0xff {
+            0 => Vec::new(),
+            w => vec![w as usize - 1],
+        }
+    }
+
+    /// The thread that entered the drain (the sentinel's owner), if known.
+    fn entering(&self) -> Vec<usize> {
+        match self.enterer.load(Ordering::Relaxed) {
+            NO_THREAD => Vec::new(),
+            t => vec![t],
+        }
     }
 
     /// A reset happened since attempt `a` (tagged: the attempt moved on;
@@ -121,6 +202,7 @@ pub(crate) async fn handle_drain(sh: &Shared, t: usize, y: &Yielder) {
     let d = &sh.drain;
     let esc = sh.opts.escapes;
     // Sentinel wait.
+    let spin = Spin::start(sh, Point::Sentinel);
     loop {
         let p = d.pending.load(Ordering::Acquire);
         if p == 0 {
@@ -132,11 +214,15 @@ pub(crate) async fn handle_drain(sh: &Shared, t: usize, y: &Yielder) {
         if esc.sentinel && sh.is_completed() {
             return abandon(sh);
         }
+        if spin.overdue(sh) {
+            return spin.give_up(sh, t, d.attempt(), d.entering());
+        }
         y.pause(Point::Sentinel).await;
     }
     let a = d.attempt();
     d.acks[t].store(tok(sh, a), Ordering::Release);
     // Ack barrier.
+    let spin = Spin::start(sh, Point::AckBarrier);
     loop {
         if esc.ack_barrier && sh.is_completed() {
             return abandon(sh);
@@ -146,6 +232,9 @@ pub(crate) async fn handle_drain(sh: &Shared, t: usize, y: &Yielder) {
         }
         if d.all(&d.acks, sh, a) {
             break;
+        }
+        if spin.overdue(sh) {
+            return spin.give_up(sh, t, a, d.missing(&d.acks, sh, a));
         }
         y.pause(Point::AckBarrier).await;
     }
@@ -190,12 +279,16 @@ async fn elected(sh: &Shared, t: usize, a: u64, y: &Yielder) {
     d.go.store(tok(sh, a), Ordering::Release);
     stage_own(sh, t, task);
     d.done[t].store(tok(sh, a), Ordering::Release);
+    let spin = Spin::start(sh, Point::StageDone);
     loop {
         if sh.opts.escapes.stage_done && sh.is_completed() {
             return abandon(sh);
         }
         if d.all(&d.done, sh, a) {
             break;
+        }
+        if spin.overdue(sh) {
+            return spin.give_up(sh, t, a, d.missing(&d.done, sh, a));
         }
         y.pause(Point::StageDone).await;
     }
@@ -212,9 +305,15 @@ async fn elected(sh: &Shared, t: usize, a: u64, y: &Yielder) {
 async fn follower(sh: &Shared, t: usize, a: u64, y: &Yielder) {
     let d = &sh.drain;
     let mut staged = false;
+    let spin = Spin::start(sh, Point::Follower);
     loop {
         if sh.opts.escapes.follower && sh.is_completed() {
             return abandon(sh);
+        }
+        if spin.overdue(sh) {
+            // Waiting for the elected worker's go, then for it to end the
+            // drain (which waits for every thread's staging).
+            return spin.give_up(sh, t, a, d.winner());
         }
         if d.pending.load(Ordering::Acquire) == 0 || d.reset_since(sh, t, a, true) {
             return;

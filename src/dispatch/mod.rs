@@ -24,7 +24,9 @@
 //! cannot place stops normal dispatch: threads ack a barrier, one is elected,
 //! checks global capacity (retry if short), then every thread stages its own
 //! idle units. Attempts carry generation tags so a stale thread cannot mix two
-//! attempts; every drain spin escapes on the run's completed latch.
+//! attempts; every drain spin escapes on the run's completed latch, and one
+//! that waits past the watchdog budget (a peer stuck, not gone) ends the run
+//! with a [`DrainStall`] naming the spin and the peers it waits for.
 //!
 //! **Watermark** ([`watermark`], [`reclaim`], D-08..D-13). The last-task-alive
 //! head is published every K = 16 advances; a consumer stalled 10 ms requests
@@ -65,8 +67,8 @@ pub use metrics::{PopRecord, Summary, chrome_trace};
 pub use npu_step::{NpuDevice, NpuStep, NpuWork};
 pub use profile::DeviceProfile;
 pub use scheduler::{
-    Escapes, Graph, OrchStep, Probe, ProbePolicy, PublishMode, RunError, RunOpts, RunReport,
-    Scheduler, Shape, SimOpts, Stall, StallEnd, StepOpts, TaskSpec,
+    DrainStall, Escapes, Graph, OrchStep, Probe, ProbePolicy, PublishMode, RunError, RunOpts,
+    RunReport, Scheduler, Shape, SimOpts, Stall, StallEnd, StepOpts, TaskSpec,
 };
 pub use state::PublishHandle;
 pub use step::{Hang, Point};

@@ -113,7 +113,7 @@ pub(crate) fn dispatch_shape(sh: &Shared, t: usize, shape: Shape) -> (bool, bool
             if spec.sync_start && units.len() < spec.block_num as usize {
                 pb.flush(sh, &mut rec); // D-05
                 sh.check_published(&tr);
-                if !sh.drain.enter(sh, task, spec.block_num) {
+                if !sh.drain.enter(sh, t, task, spec.block_num) {
                     sh.push_ready(task);
                 }
                 batch[i + 1..].iter().for_each(|&r| sh.push_ready(r));

@@ -77,6 +77,30 @@ pub fn retry_aba(clusters: usize) -> Graph {
     g
 }
 
+/// The reclaim scene (D-08..D-13): tasks 0..6 complete (local head 6, below
+/// K = 16, so unpublished); the scope opened at task 6 keeps the ring from
+/// draining; with a task window of 8 slots, task 8 needs a slot. Without
+/// the pressure handshake the orchestrator stalls until the backstop; with
+/// it an acknowledged publication ends the stall (`tests/dispatch_reclaim.rs`,
+/// `xtc.dispatch.reclaim.handshake`).
+pub fn open_scope() -> Graph {
+    let mut g = Graph::new();
+    // Long enough that the orchestrator has submitted 6 and 7 before they
+    // complete (otherwise the ring drains and publishes at once).
+    for _ in 0..6 {
+        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(200_000));
+    }
+    g.open_scope();
+    for _ in 0..4 {
+        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(2_000));
+    }
+    g.close_scope();
+    for _ in 0..40 {
+        g.add(TaskSpec::new(Shape::Aic, 1).lasting(2_000));
+    }
+    g
+}
+
 /// Decode-like waves for the publication benchmark: `waves` waves of
 /// `per_wave` single-block AIC tasks (each wave after the previous one, so
 /// every pop returns several ready tasks), plus one MIX task per wave.

@@ -217,10 +217,20 @@ pub struct RunOpts {
     /// Consumer backstop, ns: after it the orchestrator reads the scheduler's
     /// local head directly (and fails with [`Error::Range`] if still stuck).
     pub backstop_ns: u64,
-    /// Scheduler-loop watchdog: no progress for this long while this thread
-    /// runs a task (or nobody does while tasks remain) latches
-    /// [`Error::Internal`]. It cannot see drain spins.
+    /// Watchdog budget, ns. The scheduler loop: no progress for this long
+    /// while this thread runs a task (or nobody does while tasks remain)
+    /// latches [`Error::Internal`]. A drain spin (sentinel, ack barrier,
+    /// follower, stage-done) that has waited this long ends the run the
+    /// same way and reports a [`DrainStall`] naming the spin and the peers
+    /// it waits for (the design note's loop watchdog cannot see inside a
+    /// drain; this one does).
     pub watchdog_ns: u64,
+    /// Test hook: this scheduler thread gets stuck (keeps yielding at its
+    /// loop point, taking no further part) once a drain is pending, until
+    /// the run completes. It stands for a peer that never reaches the ack
+    /// barrier without having left (descheduled, stuck elsewhere). `None`
+    /// (the default) in every real run.
+    pub stuck_peer: Option<usize>,
 }
 
 impl Default for RunOpts {
@@ -236,6 +246,7 @@ impl Default for RunOpts {
             request_after_ns: REQUEST_AFTER_NS,
             backstop_ns: 100_000_000,
             watchdog_ns: 2_000_000_000,
+            stuck_peer: None,
         }
     }
 }
@@ -264,6 +275,40 @@ pub struct Stall {
     pub how: StallEnd,
 }
 
+/// A drain spin that waited longer than the run's watchdog budget
+/// ([`RunOpts::watchdog_ns`]) and ended the run (with [`Error::Internal`]):
+/// where it spun and for whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainStall {
+    /// The scheduler thread whose spin gave up.
+    pub thread: usize,
+    /// The spin: [`Point::Sentinel`] (waiting for the entering thread to
+    /// finish initialising), [`Point::AckBarrier`], [`Point::Follower`]
+    /// (waiting for the elected worker's go and the end of the drain) or
+    /// [`Point::StageDone`] (the elected worker waiting for staging).
+    pub point: Point,
+    /// The scheduler threads it was waiting for: the entering thread (sentinel),
+    /// those whose ack (barrier) or staging (stage-done) had not arrived, the
+    /// elected worker (follower).
+    pub waiting_for: Vec<usize>,
+    /// The drain attempt (generation) it waited in.
+    pub attempt: u64,
+    /// When the spin started, ns on the run's clock.
+    pub since_ns: u64,
+    /// When it gave up, ns on the run's clock.
+    pub at_ns: u64,
+}
+
+impl std::fmt::Display for DrainStall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "drain stall: scheduler thread {} waited at {:?} (attempt {}) from {} ns to {} ns for thread(s) {:?}",
+            self.thread, self.point, self.attempt, self.since_ns, self.at_ns, self.waiting_for
+        )
+    }
+}
+
 /// Everything a run produced.
 #[derive(Debug, Clone)]
 pub struct RunReport {
@@ -285,8 +330,11 @@ pub struct RunReport {
     pub watermark: (u64, u64),
     /// Structural deadlock verdicts (from acknowledged heads only, D-12).
     pub verdicts: u32,
-    /// Drains abandoned under the completed latch.
+    /// Drains abandoned under the completed latch (or by the drain watchdog).
     pub drains_abandoned: u64,
+    /// The drain spin that ended the run by waiting past the watchdog
+    /// budget, if one did (then `fault` is `Internal`).
+    pub drain_stall: Option<DrainStall>,
     /// Run's end time, ns.
     pub end_ns: u64,
     /// Output slots of each task.
@@ -311,6 +359,25 @@ impl RunReport {
     /// True when every output slot holds exactly its expected value.
     pub fn outputs_exact(&self) -> bool {
         self.outputs == self.expected
+    }
+
+    /// The store fences of every pop (D-02, D-04): exactly one for a pop
+    /// without a sync_start task and for a drain pop; one per dispatched
+    /// task for a pop carrying a sync_start task.
+    ///
+    /// # Errors
+    /// The first pop that breaks the rule, described.
+    pub fn check_fence_counts(&self) -> std::result::Result<(), String> {
+        for p in &self.pops {
+            let want = if p.sync && !p.drain { p.tasks } else { 1 };
+            if p.fences != want {
+                return Err(format!(
+                    "{} store fences where {want} were due: {p:?}",
+                    p.fences
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -708,6 +775,7 @@ fn report(sh: &Shared) -> RunReport {
         watermark: sh.wm.counts(),
         verdicts: sh.verdicts.load(Ordering::Relaxed),
         drains_abandoned: sh.m.c.drains_abandoned.load(Ordering::Relaxed),
+        drain_stall: sh.drain_stall.lock().unwrap().clone(),
         end_ns: sh.now(),
         task_slots: sh
             .tasks
@@ -739,6 +807,13 @@ async fn sched_loop(sh: Arc<Shared>, t: usize, y: Yielder) {
             break;
         }
         if sh.drain.pending.load(Ordering::Acquire) != 0 {
+            if sh.opts.stuck_peer == Some(t) {
+                // Test hook: a peer stuck outside the drain until the run ends.
+                while !sh.is_completed() {
+                    y.pause(Point::Loop).await;
+                }
+                break;
+            }
             handle_drain(&sh, t, &y).await;
             last_progress = sh.now();
             y.pause(Point::Loop).await;

@@ -22,7 +22,7 @@ use super::drain::DrainState;
 use super::emu::{COND_FIN, Desc, Regs, next_token};
 use super::metrics::Metrics;
 use super::profile::{CORES_PER_CLUSTER, DeviceProfile};
-use super::scheduler::{OrchStep, RunOpts, Shape, Stall, TaskSpec};
+use super::scheduler::{DrainStall, OrchStep, RunOpts, Shape, Stall, TaskSpec};
 use super::step::Clock;
 use super::watermark::Watermark;
 use crate::Error;
@@ -117,6 +117,8 @@ pub(crate) struct Shared {
     pub wm: Watermark,
     pub m: Metrics,
     pub stalls: Mutex<Vec<Stall>>,
+    /// The first drain spin that waited past the watchdog budget.
+    pub drain_stall: Mutex<Option<DrainStall>>,
     pub verdicts: AtomicU32,
 }
 
@@ -169,6 +171,7 @@ impl Shared {
             orch_done: AtomicBool::new(false),
             m: Metrics::default(),
             stalls: Mutex::new(Vec::new()),
+            drain_stall: Mutex::new(None),
             verdicts: AtomicU32::new(0),
             prof,
             opts,

@@ -109,6 +109,9 @@ pub(crate) struct LoopInner {
     local_buf: RefCell<Vec<ProcRunnable>>,
     /// Sequence number of the process being polled.
     polling: Cell<Option<u64>>,
+    /// The charges of the loop's scheduling classes: a class lives as long as
+    /// the loop, and its bytes return to the budget when the loop is dropped.
+    class_charges: RefCell<Vec<Charge>>,
 }
 
 impl LoopInner {
@@ -197,6 +200,7 @@ impl Loop {
                 spare: RefCell::new(Vec::new()),
                 local_buf: RefCell::new(Vec::new()),
                 polling: Cell::new(None),
+                class_charges: RefCell::new(Vec::new()),
             }),
             _not_send: PhantomData,
         }
@@ -404,8 +408,9 @@ impl Loop {
         if weight == 0 {
             return Err(Error::Inval);
         }
-        // The class lives as long as the loop: its charge is never released.
-        std::mem::forget(self.inner.budget.charge(CLASS_COST)?);
+        // The class lives as long as the loop: so does its charge.
+        let charge = self.inner.budget.charge(CLASS_COST)?;
+        self.inner.class_charges.borrow_mut().push(charge);
         let idx = self.inner.ready.borrow_mut().add_class(weight);
         Ok(SchedClass::new(self.id(), idx, weight))
     }

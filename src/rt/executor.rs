@@ -53,7 +53,7 @@ impl Topology {
             // Bounded, non-blocking read and bounded parse: a FIFO or a
             // garbage range (`0-18446744073709551615`) is `Inval`, never a
             // hang or an unbounded allocation.
-            let list = crate::accel::node::read_attr_file(&entry.path().join("cpulist"))
+            let list = super::sysfs::read_attr_file(&entry.path().join("cpulist"))
                 .ok()
                 .flatten()
                 .ok_or(Error::Inval)?;
@@ -137,10 +137,10 @@ impl Topology {
 ///
 /// # Errors
 /// `Inval` when malformed, a range is reversed, or an id is at or beyond
-/// [`crate::accel::sysfs::MAX_LIST_ID`] (the probe's parser, so a garbage
-/// range cannot make it allocate without bound).
+/// [`super::sysfs::MAX_LIST_ID`] (the bounded parser the device probe shares,
+/// so a garbage range cannot make it allocate without bound).
 pub(crate) fn parse_cpulist(s: &str) -> Result<Vec<usize>> {
-    crate::accel::sysfs::parse_cpulist(s)
+    super::sysfs::parse_cpulist(s)
         .map(|ids| ids.into_iter().map(|c| c as usize).collect())
         .map_err(|_| Error::Inval)
 }

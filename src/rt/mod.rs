@@ -15,6 +15,9 @@
 //! - [`future_pair`], the blocking pool ([`blocking_run`], [`BlockingPool`]),
 //!   cross-loop mailboxes ([`mailbox`]) and the [`Executor`] (N loops on N
 //!   carrier threads, each recording its NUMA node).
+//! - [`sysfs`]: bounded, non-blocking attribute reads and the kernel's list
+//!   format, which the executor's topology needs (and `accel` reuses): the
+//!   runtime imports nothing above it and knows no devices.
 //!
 //! # Invariants
 //!
@@ -56,6 +59,7 @@ mod io;
 mod mailbox;
 mod proc_table;
 mod sim;
+pub mod sysfs;
 mod timer;
 
 pub use blocking::{BlockingPool, DEFAULT_BLOCKING_QUEUE, DEFAULT_BLOCKING_THREADS, blocking_run};

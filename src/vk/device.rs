@@ -84,15 +84,13 @@ pub struct PhysicalDeviceInfo {
     pub device_id: u32,
     /// Vulkan version the driver supports, (major, minor, patch).
     pub api_version: (u32, u32, u32),
-    /// `driverVersion`, raw (its encoding is the vendor's: see
-    /// [`PhysicalDeviceInfo::driver_version_string`]).
+    /// The driver: `driverName` and `driverInfo` of
+    /// `VkPhysicalDeviceDriverProperties` (Vulkan 1.2), e.g. `llvmpipe Mesa
+    /// 22.3.6 (LLVM 15.0.6)`; empty for a driver below 1.2. With `name`, the
+    /// key of a device's baselines (`xtc ci`).
+    pub driver: String,
+    /// `driverVersion` (vendor-specific encoding).
     pub driver_version: u32,
-    /// `VkPhysicalDeviceDriverProperties::driverName` (e.g. `llvmpipe`);
-    /// empty where the device is older than Vulkan 1.2.
-    pub driver_name: String,
-    /// `VkPhysicalDeviceDriverProperties::driverInfo` (e.g.
-    /// `Mesa 24.2.8 (LLVM 19.1.7)`); empty where unknown.
-    pub driver_info: String,
     /// Render node, where the driver has `VK_EXT_physical_device_drm`.
     pub render_node: Option<RenderNode>,
     /// Whether fences can be exported as `SYNC_FD` (`VK_KHR_external_fence_fd`).
@@ -357,10 +355,10 @@ impl Instance {
             .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
             .map(|i| i as u32);
         let v = props.api_version;
-        let (driver_name, driver_info) = if v >= vk::API_VERSION_1_2 {
-            self.driver_properties(pd)
+        let driver = if vk::api_version_minor(v) >= 2 || vk::api_version_major(v) > 1 {
+            self.driver(pd)
         } else {
-            (String::new(), String::new())
+            String::new()
         };
         PhysicalDeviceInfo {
             index,
@@ -376,14 +374,26 @@ impl Instance {
                 vk::api_version_minor(v),
                 vk::api_version_patch(v),
             ),
+            driver,
             driver_version: props.driver_version,
-            driver_name,
-            driver_info,
             render_node,
             sync_fd_export: has(khr::external_fence_fd::NAME) && self.fence_exports_sync_fd(pd),
             timeline_semaphore: self.has_timeline(pd),
             compute_family,
         }
+    }
+
+    /// `driverName driverInfo` of a Vulkan 1.2 device.
+    fn driver(&self, pd: vk::PhysicalDevice) -> String {
+        let mut drv = vk::PhysicalDeviceDriverProperties::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut drv);
+        // SAFETY: a core 1.2 query on a device of API version 1.2 or later;
+        // `p2` chains `drv`, both live here.
+        unsafe { self.instance.get_physical_device_properties2(pd, &mut p2) };
+        let text = |c: Result<&CStr, _>| c.map(|c| c.to_string_lossy().into_owned());
+        let name = text(drv.driver_name_as_c_str()).unwrap_or_default();
+        let info = text(drv.driver_info_as_c_str()).unwrap_or_default();
+        format!("{name} {info}").trim().to_owned()
     }
 
     fn drm_node(&self, pd: vk::PhysicalDevice) -> Option<RenderNode> {
@@ -410,23 +420,6 @@ impl Instance {
         props
             .external_fence_features
             .contains(vk::ExternalFenceFeatureFlags::EXPORTABLE)
-    }
-
-    /// `driverName` and `driverInfo` (core in Vulkan 1.2).
-    fn driver_properties(&self, pd: vk::PhysicalDevice) -> (String, String) {
-        let mut drv = vk::PhysicalDeviceDriverProperties::default();
-        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut drv);
-        // SAFETY: core 1.2 query on a device that reports 1.2; the chain
-        // lives here.
-        unsafe { self.instance.get_physical_device_properties2(pd, &mut p2) };
-        let text = |c: Result<&CStr, _>| {
-            c.map(|c: &CStr| c.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        };
-        (
-            text(drv.driver_name_as_c_str()),
-            text(drv.driver_info_as_c_str()),
-        )
     }
 
     fn has_timeline(&self, pd: vk::PhysicalDevice) -> bool {
@@ -473,6 +466,9 @@ pub(crate) struct Inner {
     pub(crate) allocator: Mutex<ManuallyDrop<Allocator>>,
     pub(crate) fence_fd: Option<khr::external_fence_fd::Device>,
     pub(crate) limits: vk::PhysicalDeviceLimits,
+    /// `(subgroupSize, compute stage supports subgroup ops with ballot and
+    /// arithmetic)` from `VkPhysicalDeviceSubgroupProperties`.
+    pub(crate) subgroup: (u32, bool),
     validation: bool,
     instance: ManuallyDrop<Instance>,
 }
@@ -513,6 +509,23 @@ impl Device {
         };
         // SAFETY: `physical` belongs to the instance.
         let limits = unsafe { instance.instance.get_physical_device_properties(physical) }.limits;
+        let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+        // SAFETY: `physical` belongs to the instance (Vulkan 1.2); `props`
+        // chains one live struct that outlives the call.
+        unsafe {
+            instance
+                .instance
+                .get_physical_device_properties2(physical, &mut props)
+        };
+        let needed = vk::SubgroupFeatureFlags::BASIC
+            | vk::SubgroupFeatureFlags::BALLOT
+            | vk::SubgroupFeatureFlags::ARITHMETIC;
+        let subgroup = (
+            sub.subgroup_size,
+            sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
+                && sub.supported_operations.contains(needed),
+        );
         let fence_fd = info
             .sync_fd_export
             .then(|| khr::external_fence_fd::Device::new(&instance.instance, &device));
@@ -535,6 +548,7 @@ impl Device {
             allocator: Mutex::new(ManuallyDrop::new(allocator)),
             fence_fd,
             limits,
+            subgroup,
             instance: ManuallyDrop::new(instance),
         })))
     }
@@ -589,6 +603,23 @@ impl Device {
             l.max_uniform_buffer_range.into(),
             l.min_uniform_buffer_offset_alignment.max(1),
         )
+    }
+
+    /// The compute stage's subgroup size when it supports the subgroup
+    /// operations the quantized kernels' CPU form uses (basic, ballot:
+    /// `subgroupBroadcast`, arithmetic: `subgroupAdd` / `Max` / `Min`), else
+    /// `None`.
+    pub fn subgroup_size(&self) -> Option<u32> {
+        let (size, ops) = self.0.subgroup;
+        ops.then_some(size)
+    }
+
+    /// Nanoseconds per timestamp tick (`timestampPeriod`), or `None` when
+    /// compute queues cannot write timestamps
+    /// (`timestampComputeAndGraphics`).
+    pub fn timestamp_period(&self) -> Option<f64> {
+        let l = &self.0.limits;
+        (l.timestamp_compute_and_graphics == vk::TRUE).then_some(f64::from(l.timestamp_period))
     }
 
     /// `(maxImageDimension2D, maxImageArrayLayers)`: the largest
@@ -706,9 +737,8 @@ mod tests {
             vendor_id: 0,
             device_id: 0,
             api_version: (1, 3, 0),
+            driver: String::new(),
             driver_version: 0,
-            driver_name: String::new(),
-            driver_info: String::new(),
             render_node: minor.map(|m| RenderNode {
                 major: 226,
                 minor: m,

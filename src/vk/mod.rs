@@ -31,11 +31,11 @@ pub use crate::accel::EventFence;
 pub use device::{
     Device, DeviceKind, PhysicalDeviceInfo, RenderNode, Selector, enumerate, validation_errors,
 };
-pub use image::{IMAGE_FORMAT, StorageImage};
+pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
 pub use memory::{Buffer, Location};
 pub use pipeline::{
     BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
-    Recorder, WINDOW_BYTES, WINDOWS, Window,
+    Recorder, Timestamps, WEIGHT_IMAGE_BINDING, WINDOW_BYTES, WINDOWS, Window,
 };
 pub use queue::{FenceKind, Submission};
 

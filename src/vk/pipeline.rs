@@ -8,7 +8,10 @@
 //! over at most [`WINDOW_BYTES`] from a dynamic offset chosen per dispatch),
 //! then one storage image ([`IMAGE_BINDING`], an `rgba32f` 2D array, see
 //! [`StorageImage`]; optional: bound only by sets made with
-//! [`BindingSet::with_image`], and only kernels that read it need it),
+//! [`BindingSet::with_image`], and only kernels that read it need it), then
+//! a second one ([`WEIGHT_IMAGE_BINDING`], an `rgba32ui` 2D array holding
+//! quantized weights on CPU devices, read only; optional likewise,
+//! [`BindingSet::with_images`]),
 //! and a push-constant block of at most [`PUSH_BYTES`] bytes, so one pipeline
 //! layout and one descriptor set serve every kernel and a whole iteration
 //! binds its buffers once.
@@ -48,6 +51,10 @@ pub const BINDINGS: u32 = 5;
 pub const WINDOWS: u32 = 2;
 /// Binding of the kernel ABI's storage image (after the uniform windows).
 pub const IMAGE_BINDING: u32 = BINDINGS + WINDOWS;
+/// Binding of the kernel ABI's weight image: an `rgba32ui` 2D-array storage
+/// image that kernels only read (quantized weight blocks on CPU devices,
+/// where texel fetches are vectorised and storage-buffer loads are not).
+pub const WEIGHT_IMAGE_BINDING: u32 = IMAGE_BINDING + 1;
 
 /// Bytes a uniform window covers at most: the kernels declare their window
 /// blocks as `array<vec4<f32>, 4096>` (64 KiB, llvmpipe's
@@ -166,13 +173,13 @@ impl Kernels {
                     .descriptor_count(1)
                     .stage_flags(vk::ShaderStageFlags::COMPUTE)
             }))
-            .chain(std::iter::once(
+            .chain([IMAGE_BINDING, WEIGHT_IMAGE_BINDING].map(|b| {
                 vk::DescriptorSetLayoutBinding::default()
-                    .binding(IMAGE_BINDING)
+                    .binding(b)
                     .descriptor_type(vk::DescriptorType::STORAGE_IMAGE)
                     .descriptor_count(1)
-                    .stage_flags(vk::ShaderStageFlags::COMPUTE),
-            ))
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            }))
             .collect();
         let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
         // SAFETY: valid create info; the array lives across the call.
@@ -301,10 +308,33 @@ impl BindingSet {
         bufs: &[&Buffer],
         image: Option<&StorageImage>,
     ) -> VkResult<BindingSet> {
+        BindingSet::with_images(kernels, bufs, image, None)
+    }
+
+    /// As [`with_image`](Self::with_image), also with `weights` at
+    /// [`WEIGHT_IMAGE_BINDING`] (an [`super::TexelFormat::Rgba32U`] image in
+    /// layout `GENERAL`, e.g. after [`StorageImage::upload`]).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); `Inval` for an image of another device or a
+    /// weight image that is not `Rgba32U` (or a KV image that is not `Rgba32F`).
+    pub fn with_images(
+        kernels: &Kernels,
+        bufs: &[&Buffer],
+        image: Option<&StorageImage>,
+        weights: Option<&StorageImage>,
+    ) -> VkResult<BindingSet> {
+        use super::TexelFormat;
         if bufs.iter().any(|b| !b.device().same(&kernels.dev))
             || image.is_some_and(|i| !i.device().same(&kernels.dev))
+            || weights.is_some_and(|i| !i.device().same(&kernels.dev))
         {
             return Err(VkError::Inval("buffer or image of another device".into()));
+        }
+        if image.is_some_and(|i| i.format() != TexelFormat::Rgba32F)
+            || weights.is_some_and(|i| i.format() != TexelFormat::Rgba32U)
+        {
+            return Err(VkError::Inval("image of the wrong texel format".into()));
         }
         if bufs.len() != BINDINGS as usize {
             return Err(VkError::Inval(format!(
@@ -322,7 +352,7 @@ impl BindingSet {
                 .descriptor_count(WINDOWS),
             vk::DescriptorPoolSize::default()
                 .ty(vk::DescriptorType::STORAGE_IMAGE)
-                .descriptor_count(1),
+                .descriptor_count(2),
         ];
         let info = vk::DescriptorPoolCreateInfo::default()
             .max_sets(1)
@@ -380,17 +410,22 @@ impl BindingSet {
                     .buffer_info(info)
             }))
             .collect();
-        let image_info = image.map(|i| {
-            [vk::DescriptorImageInfo::default()
-                .image_view(i.view())
-                .image_layout(vk::ImageLayout::GENERAL)]
-        });
+        let image_infos: Vec<(u32, [vk::DescriptorImageInfo; 1])> =
+            [(IMAGE_BINDING, image), (WEIGHT_IMAGE_BINDING, weights)]
+                .into_iter()
+                .filter_map(|(b, i)| {
+                    let info = vk::DescriptorImageInfo::default()
+                        .image_view(i?.view())
+                        .image_layout(vk::ImageLayout::GENERAL);
+                    Some((b, [info]))
+                })
+                .collect();
         let writes: Vec<_> = writes
             .into_iter()
-            .chain(image_info.iter().map(|info| {
+            .chain(image_infos.iter().map(|(b, info)| {
                 vk::WriteDescriptorSet::default()
                     .dst_set(me.set)
-                    .dst_binding(IMAGE_BINDING)
+                    .dst_binding(*b)
                     .descriptor_type(vk::DescriptorType::STORAGE_IMAGE)
                     .image_info(info)
             }))
@@ -567,6 +602,80 @@ impl Drop for CommandPool {
     }
 }
 
+/// A pool of `count` timestamp queries ([`Recorder::timestamp`]): for
+/// profiling where one command buffer's time goes. Destroyed after the
+/// device's submitted work completed.
+pub struct Timestamps {
+    dev: Device,
+    raw: vk::QueryPool,
+    count: u32,
+}
+
+impl Timestamps {
+    /// A pool of `count` timestamps.
+    ///
+    /// # Errors
+    /// `Inval` for `count == 0` or a device whose compute queue cannot write
+    /// timestamps ([`Device::timestamp_period`]); `Call` otherwise.
+    pub fn new(dev: &Device, count: u32) -> VkResult<Timestamps> {
+        if count == 0 || dev.timestamp_period().is_none() {
+            return Err(VkError::Inval(
+                "no timestamps on this device (or count 0)".into(),
+            ));
+        }
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(count);
+        // SAFETY: valid create info.
+        let raw = unsafe { dev.raw().create_query_pool(&info, None) }
+            .map_err(call("vkCreateQueryPool"))?;
+        Ok(Timestamps {
+            dev: dev.clone(),
+            raw,
+            count,
+        })
+    }
+
+    /// The queries' capacity.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The first `n` timestamps in nanoseconds, waiting until they are
+    /// available (call after the submission that wrote them).
+    ///
+    /// # Errors
+    /// `Inval` for `n` above the capacity; `Call` for a failed read.
+    pub fn read_ns(&self, n: u32) -> VkResult<Vec<f64>> {
+        if n > self.count {
+            return Err(VkError::Inval(format!("{n} of {} timestamps", self.count)));
+        }
+        let mut raw = vec![0u64; n as usize];
+        if n > 0 {
+            // SAFETY: the pool is live; `raw` holds `n` 64-bit results.
+            unsafe {
+                self.dev.raw().get_query_pool_results(
+                    self.raw,
+                    0,
+                    &mut raw,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            }
+            .map_err(call("vkGetQueryPoolResults"))?;
+        }
+        let period = self.dev.timestamp_period().unwrap_or(1.0);
+        Ok(raw.iter().map(|&t| t as f64 * period).collect())
+    }
+}
+
+impl Drop for Timestamps {
+    fn drop(&mut self) {
+        let _ = self.dev.wait_submitted();
+        // SAFETY: no submitted work uses the pool any more (waited above).
+        unsafe { self.dev.raw().destroy_query_pool(self.raw, None) };
+    }
+}
+
 /// Records one command buffer: kernel dispatches, barriers and copies.
 pub struct Recorder<'a> {
     pool: &'a mut CommandPool,
@@ -721,6 +830,117 @@ impl Recorder<'_> {
                 &b,
             )
         };
+    }
+
+    /// Copies rows `first_row .. first_row + n_rows` of `image` (rows counted
+    /// across layers: row `r` is row `r % height` of layer `r / height`) from
+    /// the start of `src` (tightly packed texels), in layout `GENERAL`; with
+    /// `discard`, first moves the whole image from `UNDEFINED` to `GENERAL`
+    /// (contents discarded). Ends with a [`barrier`](Self::barrier), so later
+    /// kernels and copies see the texels.
+    ///
+    /// # Errors
+    /// `Inval` for rows outside the image, a source smaller than the rows, or
+    /// a buffer or image of another device.
+    pub fn copy_to_image(
+        &mut self,
+        src: &Buffer,
+        image: &StorageImage,
+        first_row: u64,
+        n_rows: u64,
+        discard: bool,
+    ) -> VkResult<()> {
+        let [w, h, layers] = image.extent();
+        let row_bytes = u64::from(w) * super::image::TEXEL_BYTES;
+        let end = first_row.checked_add(n_rows);
+        let same = src.device().same(&self.pool.dev) && image.device().same(&self.pool.dev);
+        if n_rows == 0
+            || end.is_none_or(|e| e > u64::from(h) * u64::from(layers))
+            || n_rows.saturating_mul(row_bytes) > src.size()
+            || !same
+        {
+            return Err(VkError::Inval(format!(
+                "copy of {n_rows} rows from row {first_row} into a {w}x{h}x{layers} image"
+            )));
+        }
+        if discard {
+            self.init_image(image);
+        }
+        let mut regions = vec![];
+        let (mut row, mut at) = (first_row, 0u64);
+        while row < first_row + n_rows {
+            let (layer, y) = ((row / u64::from(h)) as u32, (row % u64::from(h)) as u32);
+            let n = (u64::from(h - y)).min(first_row + n_rows - row) as u32;
+            regions.push(
+                vk::BufferImageCopy::default()
+                    .buffer_offset(at)
+                    .image_subresource(
+                        vk::ImageSubresourceLayers::default()
+                            .aspect_mask(vk::ImageAspectFlags::COLOR)
+                            .base_array_layer(layer)
+                            .layer_count(1),
+                    )
+                    .image_offset(vk::Offset3D {
+                        x: 0,
+                        y: y as i32,
+                        z: 0,
+                    })
+                    .image_extent(vk::Extent3D {
+                        width: w,
+                        height: n,
+                        depth: 1,
+                    }),
+            );
+            row += u64::from(n);
+            at += u64::from(n) * row_bytes;
+        }
+        // SAFETY: recording state; the buffer and image are live and of this
+        // device (checked above) and outlive the submission; every region lies
+        // inside both (rows and sizes checked above); the image is in layout
+        // GENERAL (moved there by `init_image` here or earlier).
+        unsafe {
+            self.pool.dev.raw().cmd_copy_buffer_to_image(
+                self.cmd,
+                src.raw(),
+                image.raw(),
+                vk::ImageLayout::GENERAL,
+                &regions,
+            )
+        };
+        self.barrier();
+        Ok(())
+    }
+
+    /// Resets every query of `ts` (record before the first [`timestamp`](Self::timestamp)).
+    pub fn reset_timestamps(&mut self, ts: &Timestamps) {
+        // SAFETY: recording state; the pool is live and of this device.
+        unsafe {
+            self.pool
+                .dev
+                .raw()
+                .cmd_reset_query_pool(self.cmd, ts.raw, 0, ts.count)
+        };
+    }
+
+    /// Writes timestamp `i` of `ts` once all earlier commands completed.
+    ///
+    /// # Errors
+    /// `Inval` for `i` beyond the pool or a pool of another device.
+    pub fn timestamp(&mut self, ts: &Timestamps, i: u32) -> VkResult<()> {
+        if i >= ts.count || !ts.dev.same(&self.pool.dev) {
+            return Err(VkError::Inval(format!("timestamp {i} of {}", ts.count)));
+        }
+        // SAFETY: recording state; the pool is live, of this device, and `i`
+        // is inside it (checked above); it was reset earlier in this buffer.
+        unsafe {
+            self.pool.dev.raw().cmd_write_timestamp(
+                self.cmd,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                ts.raw,
+                i,
+            )
+        };
+        Ok(())
     }
 
     /// Makes all earlier compute and transfer writes visible to later

@@ -409,6 +409,15 @@ impl Submission {
     }
 }
 
+/// The completion fd ([`Submission::fence_fd`]), so a submission can be
+/// handed to `batch::Exec::Fence` as an `Rc<dyn AsFd>` (or `Arc`) whose fd
+/// stays open until the last clone drops.
+impl AsFd for Submission {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fence_fd()
+    }
+}
+
 impl Drop for Submission {
     fn drop(&mut self) {
         if self.fence != vk::Fence::null() {

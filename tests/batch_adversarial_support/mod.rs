@@ -75,6 +75,8 @@ pub enum Kind {
     Inline,
     Future,
     Blocking,
+    /// A fence the readiness path refuses (a regular file): run on a real
+    /// loop (under `Sim` every fence is `Nosys`, B-070).
     BadFence,
 }
 
@@ -229,7 +231,9 @@ impl AsyncStep<Rq> for A {
         self.0.suspend("submit", self.0.yields_submit.get()).await;
         Ok(match self.0.kind.get().expect("kind set") {
             Kind::Inline => Exec::Inline,
-            Kind::BadFence => Exec::Fence(-1),
+            // A regular file: the loop's readiness registration refuses
+            // it (`EPERM` → `Inval`, B-069); only a real loop gets that far.
+            Kind::BadFence => Exec::Fence(Rc::new(tempfile::tempfile().unwrap())),
             Kind::Future => {
                 let (f, p) = rt::future_pair();
                 self.0.promises.borrow_mut().push(p);

@@ -190,25 +190,9 @@ pub fn retry_aba_schedule(
     (r, exercised.get())
 }
 
-/// The reclaim scene (D-08..D-13): tasks 0..6 complete (local head 6, below
-/// K = 16, so unpublished); the scope opened at task 6 keeps the ring from
-/// draining; task 8 needs a slot of the [`WINDOW`]-slot task window.
+/// The reclaim scene (D-08..D-13): `xtc::dispatch::scenarios::open_scope`.
 pub fn open_scope_graph() -> Graph {
-    let mut g = Graph::new();
-    // Long enough that the orchestrator has submitted 6 and 7 before they
-    // complete (otherwise the ring drains and publishes at once).
-    for _ in 0..6 {
-        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(200_000));
-    }
-    g.open_scope();
-    for _ in 0..4 {
-        g.add(TaskSpec::new(Shape::Aiv, 1).lasting(2_000));
-    }
-    g.close_scope();
-    for _ in 0..40 {
-        g.add(TaskSpec::new(Shape::Aic, 1).lasting(2_000));
-    }
-    g
+    xtc::dispatch::scenarios::open_scope()
 }
 
 /// The split barrier of the retry-ABA schedule without generation tags: the
@@ -227,4 +211,60 @@ pub fn assert_split_barrier(h: &xtc::dispatch::step::Hang, seed: u64) {
         2,
         "seed {seed}: {h:?}"
     );
+}
+
+/// One sync_start MIX cohort over every cluster: no single scheduler thread
+/// owns all clusters, so it always goes through a drain.
+pub fn whole_device_cohort(clusters: u32) -> Graph {
+    let mut g = Graph::new();
+    g.add(TaskSpec::new(Shape::Mix, clusters).sync().lasting(5_000));
+    g
+}
+
+/// A peer stuck outside the drain: once a drain is pending, scheduler
+/// thread `stuck` is never polled at its loop yield (nor before its first
+/// poll) until the run completed, so it never reaches the ack barrier, yet
+/// it has not left either. The others wait for its ack.
+pub fn stuck_peer_policy(stuck: usize) -> ProbePolicy {
+    Box::new(move |v: &View<'_>, p: &Probe, pid: usize| {
+        let outside = matches!(v.points[pid], Point::Loop | Point::Start);
+        pid != stuck || !outside || p.drain_pending() == 0 || p.completed()
+    })
+}
+
+/// [`stuck_peer_policy`] over [`whole_device_cohort`] on the small profile
+/// with `opts`, 300 k steps.
+pub fn stuck_peer_in_drain(
+    opts: RunOpts,
+    driver: Driver,
+    seed: u64,
+    stuck: usize,
+) -> Result<RunReport, RunError> {
+    let s = Scheduler::new(DeviceProfile::small()).unwrap();
+    let g = whole_device_cohort(s.profile().clusters as u32);
+    drive(
+        &s,
+        &g,
+        opts,
+        driver,
+        seed,
+        300_000,
+        Some(stuck_peer_policy(stuck)),
+    )
+}
+
+/// The report of a run that a drain watchdog ended because `stuck` never
+/// acked: `Internal`, a stall at the ack barrier naming only `stuck`, by a
+/// thread other than it; the drain abandoned.
+pub fn assert_stalled_on(r: &RunReport, stuck: usize, what: &str) {
+    assert_eq!(r.fault, Some(xtc::Error::Internal), "{what}");
+    let stall = r
+        .drain_stall
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: no stall"));
+    assert_eq!(stall.point, Point::AckBarrier, "{what}: {stall}");
+    assert_eq!(stall.waiting_for, vec![stuck], "{what}: {stall}");
+    assert_ne!(stall.thread, stuck, "{what}: {stall}");
+    assert!(stall.at_ns >= stall.since_ns, "{what}: {stall}");
+    assert!(r.drains_abandoned >= 1, "{what}");
 }

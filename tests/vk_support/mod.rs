@@ -1,5 +1,8 @@
-//! Shared helpers of the `vk_*` tests.
+//! Shared helpers of the `vk_*` tests: thin panicking wrappers over the
+//! crate's own (`xtc::ci::Rig`, `xtc::ci::support`), which `xtc ci` uses too.
 #![allow(dead_code)]
+
+use std::sync::Arc;
 
 use xtc::vk::{Device, Selector};
 
@@ -18,9 +21,7 @@ pub fn device() -> Option<Device> {
 
 /// Open fds of this process (entries of /proc/self/fd).
 pub fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
+    xtc::ci::support::open_fds().unwrap()
 }
 
 /// Largest absolute difference between two equally long slices.
@@ -34,30 +35,29 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Blocks in poll(2) until `fd` is readable; asserts POLLIN.
 pub fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) {
-    use rustix::event::{PollFd, PollFlags, poll};
-    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    loop {
-        match poll(&mut fds, None) {
-            Ok(_) => break,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => panic!("poll: {e}"),
-        }
-    }
     assert!(
-        fds[0].revents().contains(PollFlags::IN),
+        xtc::ci::support::poll_readable(fd, None).unwrap(),
         "fence fd readable"
     );
 }
 
-/// A bench for single kernels: the five kernel-ABI buffers in host-visible
-/// memory (0 weights f32, 1 activations f32, 2 KV cache f32, 3 metadata u32,
-/// 4 tokens u32), one binding set and a command pool.
-pub struct Rig {
-    pub ops: xtc::decode::model::ops::Ops,
-    pool: xtc::vk::CommandPool,
-    set: xtc::vk::BindingSet,
-    pub bufs: Vec<xtc::vk::Buffer>,
-    kernels: xtc::vk::Kernels,
+/// A bench for single kernels ([`xtc::ci::Rig`]): the five kernel-ABI
+/// buffers in host-visible memory (0 weights f32, 1 activations f32, 2 KV
+/// cache f32, 3 metadata u32, 4 tokens u32), one binding set and a command
+/// pool; these wrappers unwrap.
+pub struct Rig(pub xtc::ci::Rig);
+
+impl std::ops::Deref for Rig {
+    type Target = xtc::ci::Rig;
+    fn deref(&self) -> &xtc::ci::Rig {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut xtc::ci::Rig {
+        &mut self.0
+    }
 }
 
 impl Rig {
@@ -76,33 +76,13 @@ impl Rig {
         elems: [usize; 5],
         variant: xtc::decode::model::ops::Variant,
     ) -> Rig {
-        use xtc::vk::{Buffer, Location};
-        let kernels = xtc::vk::Kernels::new(dev).unwrap();
-        let ops = xtc::decode::model::ops::Ops::new(&kernels, variant).unwrap();
-        let bufs: Vec<Buffer> = elems
-            .iter()
-            .map(|&n| Buffer::new(dev, (n.max(1) * 4) as u64, Location::Readback, "rig").unwrap())
-            .collect();
-        let refs: Vec<&Buffer> = bufs.iter().collect();
-        let set = xtc::vk::BindingSet::new(&kernels, &refs).unwrap();
-        let pool = xtc::vk::CommandPool::new(dev).unwrap();
-        Rig {
-            ops,
-            pool,
-            set,
-            bufs,
-            kernels,
-        }
-    }
-
-    /// The uniform windows of the rig's binding set (over buffers 0 and 1).
-    pub fn windows(&self) -> [xtc::vk::Window; xtc::vk::WINDOWS as usize] {
-        self.set.windows()
+        let kernels = Arc::new(xtc::vk::Kernels::new(dev).unwrap());
+        Rig(xtc::ci::Rig::new(kernels, elems, variant).unwrap())
     }
 
     /// Writes `data` at element `off` of buffer `i`.
     pub fn write<T: bytemuck::Pod>(&mut self, i: usize, off: usize, data: &[T]) {
-        self.bufs[i].write((off * 4) as u64, data).unwrap();
+        self.0.write(i, off, data).unwrap();
     }
 
     /// Reads `n` elements at element `off` of buffer `i`.
@@ -112,25 +92,23 @@ impl Rig {
         off: usize,
         n: usize,
     ) -> Vec<T> {
-        let mut v = vec![T::default(); n];
-        self.bufs[i].read((off * 4) as u64, &mut v).unwrap();
-        v
+        self.0.read(i, off, n).unwrap()
     }
 
-    /// Records `f` into one command buffer, submits it and waits for its fence
-    /// fd; asserts the validation layer (on in debug builds) reported nothing.
+    /// Records `f` into one command buffer, submits it and waits for it;
+    /// asserts the validation layer (on in debug builds) reported nothing.
     pub fn run(
         &mut self,
         f: impl FnOnce(&xtc::decode::model::ops::Ops, &mut xtc::vk::Recorder<'_>),
     ) {
-        self.pool.reset().unwrap();
-        let mut rec = self.pool.record(&self.kernels, &self.set).unwrap();
-        f(&self.ops, &mut rec);
-        rec.host_barrier();
-        let cmd = rec.finish().unwrap();
-        let sub = self.pool.submit(vec![cmd]).unwrap();
-        wait_readable(sub.fence_fd());
-        assert_eq!(xtc::vk::validation_errors(), 0, "Vulkan validation errors");
+        let errors = self
+            .0
+            .run(|ops, rec| -> Result<(), xtc::vk::VkError> {
+                f(ops, rec);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(errors, 0, "Vulkan validation errors");
     }
 }
 

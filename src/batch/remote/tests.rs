@@ -141,30 +141,26 @@ fn owner_cancel_finds_unadmitted_hand_ins_or_says_again() {
     let (mut mt, remote, mut c) = setup(4, 4);
     let nz = |h: Handle| NonZeroU64::new(h.get()).unwrap();
     assert_eq!(
-        mt.owner_cancel(NonZeroU64::new(99).unwrap(), &mut c),
+        mt.owner_cancel(NonZeroU64::new(99).unwrap()),
         Err(Error::Inval),
         "never issued"
     );
     let a = remote.submit(1, 1).unwrap();
-    assert_eq!(mt.owner_cancel(nz(a), &mut c), Ok(()), "still on the ring");
+    assert_eq!(mt.owner_cancel(nz(a)), Ok(()), "still on the ring");
     assert_eq!(
         boundary(&mut mt, &mut c),
         vec![(a.get(), 1, Err(Error::Aborted))]
     );
-    assert_eq!(
-        mt.owner_cancel(nz(a), &mut c),
-        Err(Error::Inval),
-        "completed"
-    );
+    assert_eq!(mt.owner_cancel(nz(a)), Err(Error::Inval), "completed");
     let paused = remote.shared.submit_paused(2, 1);
     let b = remote.submit(3, 1).unwrap();
     assert_eq!(
-        mt.owner_cancel(nz(b), &mut c),
+        mt.owner_cancel(nz(b)),
         Err(Error::Again),
         "earlier one being written"
     );
     paused.commit();
-    assert_eq!(mt.owner_cancel(nz(b), &mut c), Ok(()));
+    assert_eq!(mt.owner_cancel(nz(b)), Ok(()));
     let out = boundary(&mut mt, &mut c);
     assert_eq!(out, vec![(b.get(), 3, Err(Error::Aborted))]);
     assert_eq!(c.snapshot().ready, 1, "the paused hand-in runs");
@@ -224,15 +220,107 @@ fn owner_cancel_of_a_completed_handle_is_inval_while_a_later_hand_in_is_written(
     assert_eq!(run_all(&mut mt, &mut c), vec![(a.get(), 1, Ok(()))]);
     let paused = remote.shared.submit_paused(2, 1);
     assert_eq!(
-        mt.owner_cancel(nz(a), &mut c),
+        mt.owner_cancel(nz(a)),
         Err(Error::Inval),
         "completed: stale, whatever is being written after it"
     );
     let b = remote.submit(3, 1).unwrap(); // on the ring behind the paused one
-    assert_eq!(mt.owner_cancel(nz(b), &mut c), Err(Error::Again));
+    assert_eq!(mt.owner_cancel(nz(b)), Err(Error::Again));
     paused.commit();
-    assert_eq!(mt.owner_cancel(nz(b), &mut c), Ok(()));
-    assert_eq!(mt.owner_cancel(nz(a), &mut c), Err(Error::Inval));
+    assert_eq!(mt.owner_cancel(nz(b)), Ok(()));
+    assert_eq!(mt.owner_cancel(nz(a)), Err(Error::Inval));
     let out = boundary(&mut mt, &mut c);
     assert_eq!(out, vec![(b.get(), 3, Err(Error::Aborted))]);
+}
+
+// ---- The owner-cancel paths on a running group (a Sim loop): they must never
+// touch the doorbell the parked driver armed.
+
+mod on_a_loop {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use crate::batch::{AsyncOpts, AsyncStep, Exec, ExecStatus, Group, Item, StepResult};
+    use crate::rt::{Loop, Sim};
+    use crate::{Error, Result};
+
+    struct Inline;
+
+    impl AsyncStep<u32> for Inline {
+        async fn submit(&mut self, _: &mut [Item<'_, u32>]) -> Result<Exec> {
+            Ok(Exec::Inline)
+        }
+        async fn collect(
+            &mut self,
+            _: &mut [Item<'_, u32>],
+            results: &mut [StepResult],
+            _: ExecStatus,
+        ) -> Result<()> {
+            results.fill(StepResult::Done);
+            Ok(())
+        }
+    }
+
+    type Done = Rc<RefCell<Vec<(u32, Result<()>)>>>;
+
+    fn group(lp: &Loop) -> (Group<u32>, Done) {
+        let done = Done::default();
+        let d2 = done.clone();
+        let o = AsyncOpts {
+            capacity: 4,
+            max_active: 4,
+            resource_capacity: 4,
+            mt_queue_cap: 4,
+            ..Default::default()
+        };
+        let g = Group::create_async(lp, o, Inline, move |_h, r: u32, o: Result<()>| {
+            d2.borrow_mut().push((r, o));
+        })
+        .unwrap();
+        (g, done)
+    }
+
+    fn settle(sim: &Sim) {
+        for _ in 0..100_000 {
+            if !sim.step() {
+                return;
+            }
+        }
+        panic!("simulator never quiesced");
+    }
+
+    fn on_owner<T: 'static>(sim: &Sim, lp: &Loop, f: impl FnOnce() -> T + 'static) -> T {
+        let out = Rc::new(RefCell::new(None));
+        let o = out.clone();
+        lp.spawn(async move { *o.borrow_mut() = Some(f()) })
+            .unwrap();
+        settle(sim);
+        out.take().expect("owner process ran")
+    }
+
+    /// Issue 12 item 2, the `Again` path (B-053): the owner cancel of a
+    /// hand-in behind one still being written answers `Again`; the write
+    /// then finishing must still wake the parked driver. The cancel used to
+    /// drain the ring itself, disarming the doorbell without waking anyone,
+    /// so both hand-ins stayed on the ring for good.
+    #[test]
+    fn an_owner_cancel_answered_again_never_loses_the_drivers_wake() {
+        let sim = Sim::new(53);
+        let lp = sim.new_loop();
+        let (g, done) = group(&lp);
+        let remote = g.remote().unwrap();
+        settle(&sim); // the driver parks, doorbell armed
+        let paused = remote.shared.submit_paused(1, 1);
+        let b = remote.submit(2, 1).unwrap(); // written behind the paused one
+        settle(&sim); // the driver finds the head still being written: parks
+        let g2 = g.clone();
+        assert_eq!(on_owner(&sim, &lp, move || g2.cancel(b)), Err(Error::Again));
+        paused.commit(); // no owner action from here on
+        settle(&sim);
+        assert_eq!(done.borrow().as_slice(), &[(1, Ok(())), (2, Ok(()))]);
+        let g2 = g.clone();
+        on_owner(&sim, &lp, move || g2.close(crate::batch::CloseMode::Drain)).unwrap();
+        sim.run_until_idle().unwrap();
+        g.destroy().unwrap();
+    }
 }

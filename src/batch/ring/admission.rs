@@ -186,7 +186,10 @@ impl Pool {
     /// Returns `n` claimed records at once (one atomic operation).
     pub(crate) fn release_n(&self, n: usize) {
         let before = self.free.fetch_add(n, Ordering::Release);
-        debug_assert!(before + n <= self.cap, "record released twice");
+        debug_assert!(
+            before.checked_add(n).is_some_and(|free| free <= self.cap),
+            "record released twice"
+        );
     }
 
     /// Records currently free.
@@ -528,13 +531,28 @@ impl<R> Inbox<R> {
         }
     }
 
-    /// Whether a submit hand-in for `handle` is written on the ring but not
-    /// drained yet (behind a position still being written): a read-only look.
-    pub(crate) fn holds_submit(&self, handle: NonZeroU64) -> bool {
-        self.shared.ring.any_written(
+    /// Where the submit hand-in for `handle` is, if it is written on the
+    /// ring and not drained yet: `Some(false)` when every position before it
+    /// is written too (the next drain reaches it), `Some(true)` when one
+    /// before it is still being written. A read-only look: nothing is popped
+    /// and the doorbell is not touched, so any process of the owner loop may
+    /// call it without disturbing the parked driver (issue 12).
+    pub(crate) fn find_submit(&self, handle: NonZeroU64) -> Option<bool> {
+        self.shared.ring.find_written(
             &self.key,
             |r| matches!(r, HandIn::Submit { handle: h, .. } if *h == handle),
         )
+    }
+
+    /// Whether a cancel of one of `handles` is written on the ring but not
+    /// drained yet: a read-only look past a position still being written.
+    pub(crate) fn holds_cancel_of(&self, mut handles: impl FnMut(NonZeroU64) -> bool) -> bool {
+        self.shared
+            .ring
+            .find_written(&self.key, |r| {
+                matches!(r, HandIn::Control { op: ControlOp::Cancel, handle } if handles(*handle))
+            })
+            .is_some()
     }
 
     /// Submit hand-ins drained so far (`mt_queued`).

@@ -3,8 +3,8 @@
 //!
 //! [`Model::launch`] starts the forward pass of one plan (the whole ready
 //! vector in one command buffer on a GPU) and returns its [`Completion`]:
-//! [`VulkanModel`] an owned fence fd (a duplicate of its submission's
-//! sync_file or eventfd, readable when the device finishes), [`CpuModel`] and
+//! [`VulkanModel`] its submission's fence (a shared owner of the sync_file or
+//! eventfd, readable when the device finishes), [`CpuModel`] and
 //! [`ToyModel`] host work for the blocking pool (so the loop's other
 //! processes — arrivals, cancels — keep running meanwhile).
 //! [`Model::finish`] then returns the greedy next token of every sequence
@@ -19,7 +19,6 @@
 //! batching policies can be compared at a device's cost curve without its
 //! CPU use (`xtc decode --device toy --toy-cost`).
 
-use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -411,19 +410,12 @@ impl Model for VulkanModel {
             .gpu
             .submit(plan)
             .map_err(|e| DeviceError(format!("submit: {e}")))?;
-        // The completion owns a duplicate of the fence fd (same open file,
-        // same readiness), so it stays valid however long the driver keeps
-        // it; the submission keeps its own for `finish`.
-        let fence = match f.fence_fd().try_clone_to_owned() {
-            Ok(fd) => fd,
-            Err(e) => {
-                // Nothing may stay in flight after an error: wait it out.
-                let _ = self.gpu.finish(f);
-                return Err(DeviceError(format!("cannot duplicate the fence fd: {e}")));
-            }
-        };
+        // The completion shares the submission (its fence fd stays open
+        // until the last clone drops, however long the driver keeps it);
+        // `finish` consumes ours. No duplicate fd is made.
+        let fence = f.fence();
         self.in_flight = Some(f);
-        Ok(Completion::Fence(Rc::new(fence)))
+        Ok(Completion::Fence(fence))
     }
 
     fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {

@@ -42,7 +42,7 @@
 //! What the keys mean for a model (`llama.*`, `tokenizer.*`) and whether the
 //! tensors' shapes agree with it belongs to `config`, `llama` and `bpe`.
 //!
-//! # The one `unsafe` block
+//! # Safety
 //! [`Gguf::open`] maps the file with `memmap2::Mmap::map`, unsafe because
 //! another process could change the file under the map. The file is opened
 //! read-only and the contract (as llama.cpp's mmap loading) is that a model

@@ -20,7 +20,9 @@
 //!   list of sampled rows.
 //! - tokens `[u32]` (read back): the greedy token of each sampled sequence.
 
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::rc::Rc;
+use std::sync::Arc;
 
 use super::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
 use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights};
@@ -71,21 +73,47 @@ impl Default for GpuOptions {
 /// done), then hand it to [`GpuModel::finish`].
 #[derive(Debug)]
 pub struct InFlight {
-    sub: Submission,
+    /// Shared with the batch engine's FENCE wait ([`InFlight::fence`]);
+    /// `Arc` so `InFlight` stays `Send`. Dropping the last clone waits for
+    /// the work (as [`Submission`] does).
+    sub: Arc<Submission>,
     n_samples: usize,
     iteration: u64,
 }
 
 impl InFlight {
+    /// An iteration in flight: `sub` completes it, `n_samples` sequences
+    /// sample, `iteration` is its model's iteration count (checked by finish).
+    pub(crate) fn new(sub: Submission, n_samples: usize, iteration: u64) -> InFlight {
+        InFlight {
+            sub: Arc::new(sub),
+            n_samples,
+            iteration,
+        }
+    }
+
+    /// The model iteration it belongs to.
+    pub(crate) fn iteration(&self) -> u64 {
+        self.iteration
+    }
+
+    /// Waits for completion; `false` on a lost device.
+    pub(crate) fn wait(&self) -> crate::vk::VkResult<bool> {
+        self.sub.wait(None)
+    }
+
     /// The completion fd: an eventfd or sync_file, POLLIN once the
     /// iteration's command buffer has executed (B-066). Valid while `self` lives.
     pub fn fence_fd(&self) -> BorrowedFd<'_> {
         self.sub.fence_fd()
     }
 
-    /// Raw form of [`fence_fd`](Self::fence_fd) (for `batch::Exec::Fence`).
-    pub fn as_raw_fd(&self) -> RawFd {
-        self.sub.fence_fd().as_raw_fd()
+    /// The completion fence as a shared owner, for `batch::Exec::Fence`
+    /// (B-066, B-067): the engine keeps this clone until its `collect`
+    /// returned, so the fd stays open for the whole wait even once
+    /// [`GpuModel::finish`] consumed `self`.
+    pub fn fence(&self) -> Rc<dyn AsFd> {
+        Rc::new(self.sub.clone()) // `Arc<T: AsFd>` is `AsFd`
     }
 
     /// Sequences of the plan that sample.
@@ -334,7 +362,7 @@ impl GpuModel {
         }
         self.iteration += 1;
         Ok(InFlight {
-            sub,
+            sub: Arc::new(sub),
             n_samples,
             iteration: self.iteration,
         })

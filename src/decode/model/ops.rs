@@ -371,23 +371,36 @@ pub const MIN_WINDOW_ROWS: u64 = 8;
 /// One window placement over consecutive rows of an operand: rows
 /// `first .. first + count`, the window's byte offset, and the first row's
 /// element offset inside the window.
-struct Span {
-    first: u32,
-    count: u32,
-    offset: u64,
-    rel: u32,
+pub(crate) struct Span {
+    pub(crate) first: u32,
+    pub(crate) count: u32,
+    pub(crate) offset: u64,
+    pub(crate) rel: u32,
 }
 
 /// Covers `rows` rows of `k` f32 elements starting at element `base` of the
 /// window's buffer with as few window placements as possible.
-fn spans(win: &Window, base: u32, rows: u32, k: u64) -> Option<Vec<Span>> {
+pub(crate) fn spans(win: &Window, base: u32, rows: u32, k: u64) -> Option<Vec<Span>> {
+    spans_of(win, base, rows, k, 1)
+}
+
+/// As [`spans`], with each placement's row count rounded down to a multiple
+/// of `tile` where it holds more than `tile` rows and more rows follow (so a
+/// kernel computing `tile` rows per invocation wastes none: at K = 1536 a
+/// 64 KiB window holds 10 rows, taken as 8 + 8 + ... rather than 10 + 10 +
+/// ..., whose 4-row tiles compute 12).
+pub(crate) fn spans_of(win: &Window, base: u32, rows: u32, k: u64, tile: u32) -> Option<Vec<Span>> {
     let row_bytes = k * 4;
     let mut out = Vec::new();
     let mut first = 0u32;
     while first < rows {
         let start = (u64::from(base) + u64::from(first) * k) * 4;
         let (offset, covered) = win.place(start)?;
-        let fit = (covered / row_bytes).min(u64::from(rows - first));
+        let mut fit = (covered / row_bytes).min(u64::from(rows - first));
+        let tile = u64::from(tile.max(1));
+        if fit > tile && fit < u64::from(rows - first) {
+            fit = fit / tile * tile;
+        }
         if fit == 0 {
             return None;
         }

@@ -133,6 +133,26 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
+/// Whether `token` is the greedy choice of `logits` up to a near-tie: the
+/// reference's [`argmax`], or a token whose logit is within `tol` of the
+/// maximum (a device summing in another order may break such a tie the
+/// other way). Returns the gap `max - logits[token]` as the error.
+///
+/// # Errors
+/// The gap, when the token is neither the argmax nor within `tol` of it (or
+/// is outside the vocabulary: an infinite gap).
+pub fn greedy_agrees(token: u32, logits: &[f32], tol: f32) -> Result<(), f32> {
+    let want = argmax(logits);
+    let gap = logits
+        .get(token as usize)
+        .map_or(f32::INFINITY, |l| logits[want as usize] - l);
+    if token == want || gap <= tol {
+        Ok(())
+    } else {
+        Err(gap)
+    }
+}
+
 /// Causal attention of one query row at `pos` over positions `0..=pos` of
 /// `layer`: `out` and `q` are `[dim]`; softmax in f32 (max-subtracted).
 pub fn attention(

@@ -25,7 +25,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -57,16 +57,16 @@ struct InFlight {
 }
 
 /// The ONE place a model's [`Completion`] becomes the engine's [`Exec`]. A
-/// fence goes to the engine as its raw fd while `keep` holds the
-/// completion's owned fd until `collect` returns (B-066, B-067); a host job
-/// runs on the blocking pool and leaves its own failure to `finish`.
+/// fence goes to the engine as a clone of the completion's shared fd (the
+/// engine drops it after `collect` returns), while `keep` holds the job's own
+/// clone until then (B-066, B-067); a host job runs on the blocking pool and
+/// leaves its own failure to `finish`.
 fn exec_for(c: Completion, keep: &mut Option<Rc<dyn AsFd>>) -> Exec {
     match c {
         Completion::Ready => Exec::Inline,
         Completion::Fence(fd) => {
-            let raw = fd.as_fd().as_raw_fd();
-            *keep = Some(fd);
-            Exec::Fence(raw)
+            *keep = Some(fd.clone());
+            Exec::Fence(fd)
         }
         Completion::Host(job) => Exec::Blocking(Box::new(move || {
             job();

@@ -165,10 +165,10 @@ pub struct DeviceConfig {
     pub vendor_id: Option<u32>,
     /// PCI device id (Vulkan `deviceID`).
     pub device_id: Option<u32>,
-    /// The driver's name (`VkPhysicalDeviceDriverProperties::driverName`).
-    pub driver_name: Option<String>,
-    /// The driver's version text (`driverInfo`, e.g. the Mesa version).
-    pub driver_info: Option<String>,
+    /// The driver: `driverName` and `driverInfo` of
+    /// `VkPhysicalDeviceDriverProperties` (e.g. `llvmpipe Mesa 22.3.6 (LLVM
+    /// 15.0.6)`).
+    pub driver: Option<String>,
     /// `driverVersion` decoded by the vendor's convention.
     pub driver_version: Option<String>,
     /// Vulkan API version of the device (`major.minor.patch`).
@@ -185,8 +185,7 @@ impl DeviceConfig {
             vendor: None,
             vendor_id: None,
             device_id: None,
-            driver_name: None,
-            driver_info: None,
+            driver: None,
             driver_version: None,
             api_version: None,
         }
