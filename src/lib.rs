@@ -15,6 +15,8 @@
 //! - [`dispatch`]: batched doorbell publication on an emulated NPU.
 //! - [`decode`]: the KV-cache continuous-batching decode workload.
 //! - [`cli`]: the `xtc` command.
+//! - [`trace_event`]: the one Chrome trace / Perfetto JSON writer (decode and
+//!   dispatch exports).
 //! - [`ci`]: the device-in-the-loop CI runner (`xtc ci run`).
 //!
 //! Clause ids (B-xxx) in these docs are sentences of the contract
@@ -25,6 +27,64 @@
 //! Ownership rule: a group owns each submitted request `R` from submit until it
 //! hands it back by value to `complete`; a failed submit hands it back in the
 //! error.
+//!
+//! # A synchronous group on a loop: submit, iterate, complete
+//!
+//! Three requests, each counting down to zero; every iteration hands the
+//! whole ready vector to the step, members leave DONE independently, and
+//! `complete` gets each request back by value:
+//!
+//! ```
+//! use std::cell::RefCell;
+//! use std::rc::Rc;
+//!
+//! use xtc::batch::{CloseMode, Group, Item, StepResult, SyncOpts, step_fn};
+//! use xtc::rt::Loop;
+//!
+//! # fn main() -> xtc::Result<()> {
+//! let lp = Loop::new()?;
+//! let finished = Rc::new(RefCell::new(Vec::new()));
+//! let f = finished.clone();
+//! let vectors = Rc::new(RefCell::new(Vec::new()));
+//! let v = vectors.clone();
+//! // The step: one iteration of every member of the ready vector at once.
+//! let step = step_fn(move |items: &mut [Item<'_, u32>], results: &mut [StepResult]| {
+//!     v.borrow_mut().push(items.len());
+//!     for (item, result) in items.iter_mut().zip(results.iter_mut()) {
+//!         *item.request -= 1;
+//!         *result = if *item.request == 0 {
+//!             StepResult::Done
+//!         } else {
+//!             StepResult::Continue
+//!         };
+//!     }
+//!     Ok(())
+//! });
+//! let opts = SyncOpts {
+//!     capacity: 8,          // waiting + active requests
+//!     max_active: 4,        // members of a ready vector at most
+//!     resource_capacity: 2, // units the active members may reserve together
+//!     sched_class: None,
+//! };
+//! // `complete`: exactly once per accepted submit, with the request by value.
+//! let group = Group::create(&lp, opts, step, move |_handle, left: u32, outcome: xtc::Result<()>| {
+//!     f.borrow_mut().push((left, outcome));
+//! })?;
+//! for iterations in [3, 1, 2] {
+//!     // A charge of 1 unit each: at most 2 requests are admitted at once.
+//!     group.submit(iterations, 1).map_err(|e| e.error)?;
+//! }
+//! group.close(CloseMode::Drain)?; // no more submits; accepted work finishes
+//! lp.run()?; // the group's driver iterates until it is drained
+//! group.destroy()?;
+//! assert_eq!(finished.borrow().len(), 3);
+//! assert!(finished.borrow().iter().all(|(left, outcome)| *left == 0 && outcome.is_ok()));
+//! // FCFS admission under the charge: [3, 1] first, 2 joins when 1 leaves.
+//! assert_eq!(vectors.borrow()[0], 2);
+//! assert_eq!(vectors.borrow().iter().sum::<usize>(), 3 + 1 + 2);
+//! # Ok(())
+//! # }
+//! ```
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -36,6 +96,7 @@ pub mod decode;
 pub mod dispatch;
 pub mod error;
 pub mod rt;
+pub mod trace_event;
 pub mod vk;
 
 pub use error::{Error, Result};

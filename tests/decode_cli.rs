@@ -25,7 +25,9 @@ fn prints_the_report() {
         "requests        20 (20 done",
         "throughput",
         "iterations",
-        "queue time",
+        "queue",
+        "TPOT",
+        "end-to-end",
         "TTFT",
         "inter-token",
         "KV cache peak",
@@ -39,12 +41,14 @@ fn json_report_has_the_figures() {
     let (code, out) = xtc(&[&FAST[..], &["--requests", "12", "--json"]].concat());
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["requests"], 12);
-    assert_eq!(v["completed"], 12);
-    assert!(v["generated_tokens"].as_u64().unwrap() > 0);
-    assert!(v["ttft"]["p99_ms"].is_number() && v["itl"]["p50_ms"].is_number());
-    assert!(v["kv_peak_blocks"].as_u64().unwrap() <= v["kv_blocks"].as_u64().unwrap());
-    assert_eq!(v["kv_leaked_blocks"], 0);
+    assert_eq!(v["requests"]["total"], 12);
+    assert_eq!(v["requests"]["completed"], 12);
+    assert!(v["tokens"]["generated"].as_u64().unwrap() > 0);
+    let lat = &v["latency"];
+    assert!(lat["ttft"]["p99_ms"].is_number() && lat["itl"]["p50_ms"].is_number());
+    let kv = &v["kv_cache"];
+    assert!(kv["peak_blocks"].as_u64().unwrap() <= kv["blocks"].as_u64().unwrap());
+    assert_eq!(kv["leaked_blocks"], 0);
 }
 
 #[test]
@@ -60,13 +64,122 @@ fn trace_out_writes_chrome_trace_json() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     let ev = v["traceEvents"].as_array().unwrap();
     let iters = ev.iter().filter(|e| e["cat"] == "iteration").count();
-    let running = ev.iter().filter(|e| e["name"] == "running").count();
+    let running = ev
+        .iter()
+        .filter(|e| e["name"] == "running" && e["ph"] == "b")
+        .count();
     assert!(iters > 0);
     assert_eq!(running, 6);
     assert!(
         ev.iter()
-            .all(|e| e["ph"] == "M" || e["dur"].as_f64().unwrap() >= 0.0)
+            .all(|e| e["ph"] != "X" || e["dur"].as_f64().unwrap() >= 0.0)
     );
+}
+
+/// Issue 16: the trace names its process and threads, has counter tracks
+/// (KV blocks used, ready vector, waiting requests), iteration slices of one
+/// name with the index in args, each request as async slices rooted at one
+/// name (one track group in Perfetto, not a track per request) with a
+/// first-token instant, and an instant per rejected request.
+#[test]
+fn trace_out_has_metadata_counters_async_requests_and_rejections() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("run.json");
+    let (code, out) = xtc(&[
+        &FAST[..],
+        &[
+            "--requests",
+            "40",
+            "--kv-blocks",
+            "30",
+            "--block-size",
+            "1",
+            "--json",
+            "--trace-out",
+            p.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert_eq!(code, 3);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let ev = v["traceEvents"].as_array().unwrap();
+    let of = |ph: &str, name: &str| -> Vec<&serde_json::Value> {
+        ev.iter()
+            .filter(|e| e["ph"] == ph && e["name"] == name)
+            .collect()
+    };
+    // Metadata: the process and its two threads.
+    let proc_names = of("M", "process_name");
+    assert_eq!(proc_names.len(), 1);
+    assert_eq!(proc_names[0]["args"]["name"], "xtc decode (continuous)");
+    let threads: Vec<&str> = of("M", "thread_name")
+        .iter()
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(threads, ["iterations", "rejections"]);
+    // Iterations: one name, their index in args, as many as the report's.
+    let its = of("X", "iteration");
+    assert_eq!(
+        its.len() as u64,
+        report["iterations"]["count"].as_u64().unwrap()
+    );
+    assert!(its.iter().enumerate().all(|(i, e)| e["args"]["index"] == i));
+    assert!(
+        ev.iter()
+            .filter(|e| e["ph"] == "X")
+            .all(|e| e["name"] == "iteration")
+    );
+    // Counters: KV blocks never above the cache or below 0, peak as reported;
+    // the ready vector as the iterations; waiting requests back to 0.
+    let kv: Vec<f64> = of("C", "KV blocks used")
+        .iter()
+        .map(|e| e["args"]["blocks"].as_f64().unwrap())
+        .collect();
+    assert_eq!(kv.len(), its.len());
+    let peak = kv.iter().copied().fold(0.0, f64::max);
+    assert!(peak <= 30.0 && peak > 0.0, "{peak}");
+    let ready = of("C", "ready vector");
+    assert_eq!(ready.len(), its.len());
+    let waiting: Vec<f64> = of("C", "waiting requests")
+        .iter()
+        .map(|e| e["args"]["requests"].as_f64().unwrap())
+        .collect();
+    assert!(waiting.iter().all(|&n| n >= 0.0), "{waiting:?}");
+    assert_eq!(waiting.last(), Some(&0.0));
+    let completed = report["requests"]["completed"].as_u64().unwrap() as usize;
+    assert_eq!(waiting.len(), 2 * completed);
+    // Requests: async slices rooted at `request`, ids = request ids.
+    let roots = of("b", "request");
+    assert_eq!(roots.len(), completed);
+    assert!(
+        roots
+            .iter()
+            .all(|e| e["cat"] == "request" && e["id"].is_u64())
+    );
+    assert_eq!(of("e", "request").len(), completed);
+    assert_eq!(of("n", "first token").len(), completed);
+    for ph in ["b", "e", "n"] {
+        assert!(
+            ev.iter()
+                .filter(|e| e["ph"] == ph)
+                .all(|e| e["cat"] == "request")
+        );
+    }
+    // No track per request: only the two named threads hold events.
+    let tids: std::collections::BTreeSet<u64> = ev
+        .iter()
+        .filter(|e| e["ph"] == "X" || e["ph"] == "i")
+        .map(|e| e["tid"].as_u64().unwrap())
+        .collect();
+    assert!(tids.len() <= 2, "{tids:?}");
+    // Rejections: one instant each, with the reason.
+    let rej = of("i", "rejected");
+    assert_eq!(
+        rej.len() as u64,
+        report["requests"]["rejected"].as_u64().unwrap()
+    );
+    assert!(rej.iter().all(|e| e["args"]["reason"] == "kv-blocks"));
 }
 
 #[test]
@@ -75,9 +188,9 @@ fn compare_runs_three_policies_and_prints_ratios() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     for k in ["continuous", "static", "one_at_a_time"] {
-        assert_eq!(v[k]["completed"], 10, "{k}");
+        assert_eq!(v[k]["requests"]["completed"], 10, "{k}");
     }
-    assert_eq!(v["one_at_a_time"]["mean_ready"], 1.0);
+    assert_eq!(v["one_at_a_time"]["iterations"]["mean_ready_members"], 1.0);
     assert!(v["speedup_vs_one"].as_f64().unwrap() > 0.0);
     let (code, out) = xtc(&[&FAST[..], &["--requests", "4", "--compare"]].concat());
     assert_eq!(code, 0);
@@ -99,10 +212,10 @@ fn cancel_rate_cancels_and_leaks_no_blocks() {
     ]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let cancelled = v["cancelled"].as_u64().unwrap();
+    let cancelled = v["requests"]["cancelled"].as_u64().unwrap();
     assert!(cancelled > 0);
-    assert_eq!(v["completed"].as_u64().unwrap() + cancelled, 30);
-    assert_eq!(v["kv_leaked_blocks"], 0);
+    assert_eq!(v["requests"]["completed"].as_u64().unwrap() + cancelled, 30);
+    assert_eq!(v["kv_cache"]["leaked_blocks"], 0);
 }
 
 #[test]
@@ -136,7 +249,7 @@ fn runs_a_checkpoint_on_the_cpu_reference() {
     assert_eq!(code, 0, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
-        v["completed"].as_u64().unwrap() + v["rejected"].as_u64().unwrap(),
+        v["requests"]["completed"].as_u64().unwrap() + v["requests"]["rejected"].as_u64().unwrap(),
         3
     );
     assert!(v["device"].as_str().unwrap().contains("CPU"));
@@ -666,6 +779,11 @@ fn rejections_are_counted_per_reason_and_exit_3() {
     assert_eq!(r[0]["count"], 40);
     assert_eq!(r[0]["limit"], 2);
     assert_eq!(r[0]["ids"].as_array().unwrap().len(), 40);
+    let by = &v["requests"]["rejected_by_reason"];
+    assert_eq!(
+        (&by["kv-blocks"], &by["seq-len"], &by["submit"]),
+        (&40.into(), &0.into(), &0.into())
+    );
     // --compare: the worst of the three runs.
     let (code, _, _) = xtc_bin(&[&args[..], &["--compare"]].concat());
     assert_eq!(code, 3);

@@ -134,7 +134,7 @@ fn request_that_can_never_fit_is_rejected_with_a_message() {
     );
     assert_eq!(out.finished.len(), wl.requests.len() - 1);
     let report = Report::from_run(&out, wl.requests.len());
-    assert_eq!(report.rejected, 1);
+    assert_eq!(report.requests.rejected, 1);
     assert!(report.render().contains("request 99 rejected"));
 }
 

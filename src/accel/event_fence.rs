@@ -1,5 +1,5 @@
 //! `EventFence`: a one-shot fence over an eventfd, for drivers that cannot
-//! export a sync_file (lavapipe, the emulated NPU; `dependencies.md` §4).
+//! export a sync_file (lavapipe, the emulated NPU; `docs/arch/accel.md`).
 //!
 //! # Protocol
 //! - `signalled: AtomicBool` is the truth; the eventfd is only the wake-up.

@@ -167,6 +167,87 @@ pub enum ExecStatus {
 /// to await it. [`collect`](AsyncStep::collect) then runs exactly once per
 /// operation, on the driver, with the same frozen vector and the raw status,
 /// also on teardown (B-083, B-101).
+///
+/// # Example: one blocking-pool operation per iteration
+///
+/// `submit` copies the ready vector's inputs into ONE job for the blocking
+/// pool ([`Exec::Blocking`]; a device would return its fence as
+/// [`Exec::Fence`]); the driver parks while it runs, and `collect` writes
+/// each member's output and result:
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// use xtc::batch::{AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Item, StepResult};
+/// use xtc::rt::Loop;
+///
+/// /// A request: an input and, once collected, its square.
+/// struct Square {
+///     x: u64,
+///     y: Option<u64>,
+/// }
+///
+/// #[derive(Default)]
+/// struct SquareStep {
+///     out: Arc<Mutex<Vec<u64>>>,
+///     iterations: usize,
+/// }
+///
+/// impl AsyncStep<Square> for SquareStep {
+///     async fn submit(&mut self, items: &mut [Item<'_, Square>]) -> xtc::Result<Exec> {
+///         self.iterations += 1;
+///         let xs: Vec<u64> = items.iter().map(|i| i.request.x).collect();
+///         let out = self.out.clone();
+///         Ok(Exec::Blocking(Box::new(move || {
+///             *out.lock().unwrap() = xs.iter().map(|x| x * x).collect();
+///             Ok(())
+///         })))
+///     }
+///
+///     async fn collect(
+///         &mut self,
+///         items: &mut [Item<'_, Square>],
+///         results: &mut [StepResult],
+///         status: ExecStatus,
+///     ) -> xtc::Result<()> {
+///         assert_eq!(status, ExecStatus::Ok);
+///         let out = self.out.lock().unwrap();
+///         for ((item, result), y) in items.iter_mut().zip(results.iter_mut()).zip(out.iter()) {
+///             item.request.y = Some(*y);
+///             *result = StepResult::Done;
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// # fn main() -> xtc::Result<()> {
+/// let lp = Loop::new()?;
+/// let opts = AsyncOpts {
+///     capacity: 4,
+///     max_active: 4,
+///     resource_capacity: 4,
+///     ..AsyncOpts::default()
+/// };
+/// let done = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+/// let d = done.clone();
+/// let group = Group::create_async(&lp, opts, SquareStep::default(), move |_h, sq: Square, r: xtc::Result<()>| {
+///     assert!(r.is_ok());
+///     d.borrow_mut().push((sq.x, sq.y));
+/// })?;
+/// for x in [2, 3, 4] {
+///     group.submit(Square { x, y: None }, 1).map_err(|e| e.error)?;
+/// }
+/// group.close(CloseMode::Drain)?;
+/// lp.run()?;
+/// assert_eq!(group.stats().iterations, 1, "one operation for the whole vector");
+/// assert_eq!(group.async_stats().offloads, 1);
+/// group.destroy()?;
+/// let mut done = done.borrow().clone();
+/// done.sort();
+/// assert_eq!(done, [(2, Some(4)), (3, Some(9)), (4, Some(16))]);
+/// # Ok(())
+/// # }
+/// ```
 pub trait AsyncStep<R> {
     /// Launches one operation covering every member. `Err(e)` fails the
     /// iteration's members with `e`; no operation is outstanding (B-080).

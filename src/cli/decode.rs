@@ -10,18 +10,25 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::decode_model::{Source, render_samples};
-use crate::decode::model::backend::{CpuModel, ToyModel, VulkanModel};
+use crate::decode::model::backend::{CpuModel, IterationCost, ToyModel, VulkanModel};
 use crate::decode::model::{Config, KvGeometry, Weights};
 use crate::decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use crate::decode::serve::kv::KvLedger;
-use crate::decode::serve::report::{Comparison, Report, chrome_trace};
+use crate::decode::serve::report::{Comparison, Report, chrome_trace, request_records};
+use crate::decode::serve::run_config::RunConfig;
 use crate::decode::serve::trace::{self, Scaling, Trace};
 use crate::vk;
+
+use super::decode_config::{self, ModelFacts};
+use super::metrics_server::MetricsServer;
+use super::out_file::OutFile;
+use crate::decode::serve::metrics::{self, DecodeMetrics};
 
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
@@ -213,6 +220,112 @@ pub struct DecodeArgs {
         value_parser = count(1, usize::MAX),
     )]
     pub output_div: Option<usize>,
+    /// SLO on the time to first token, in ms (> 0): the report adds SLO
+    /// attainment (the share of requests that completed within every SLO
+    /// given) and goodput (such requests per second), as vLLM's benchmark and
+    /// DistServe define them.
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = positive_ms)]
+    pub slo_ttft: Option<f64>,
+    /// SLO on the time per output token, in ms (> 0): (end-to-end - TTFT) /
+    /// (output tokens - 1) of each request (0 for a one-token output).
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = positive_ms)]
+    pub slo_tpot: Option<f64>,
+    /// Write one JSON object per request, one per line: id, outcome (done,
+    /// cancelled, failed, rejected) and reason, arrival, admission, first and
+    /// last token and finish times (s since the run started), prompt and
+    /// output tokens, queue / TTFT / TPOT / end-to-end latencies (ms), SLO
+    /// met (with --compare: the continuous run). Written like --trace-out.
+    #[arg(long, value_name = "FILE")]
+    pub requests_out: Option<PathBuf>,
+    /// Write the run's Prometheus metrics at its end (OpenMetrics text: vLLM's
+    /// names with the `xtc:` prefix, e.g. xtc:time_to_first_token_seconds,
+    /// and the batch group's statistics; with --compare: the continuous run).
+    /// Written like --trace-out.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_out: Option<PathBuf>,
+    /// Serve the metrics at http://ADDR/metrics while the run lasts (e.g.
+    /// 127.0.0.1:9100; port 0 picks a free port; the address is printed on
+    /// stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Sweep the request rate: run continuous, static and one-at-a-time
+    /// batching at each of these --time-scale values (comma-separated; alone:
+    /// 1,2,4,...,256) in one process, and report per rate the throughput,
+    /// normalized latency (mean end-to-end / output tokens), TTFT and TPOT
+    /// p99 and SLO attainment, then each policy's capacity (the highest rate
+    /// up to which at least 90% of requests meet the SLO) and the capacity
+    /// ratios. The SLO defaults to --slo-ttft 1000 --slo-tpot 100; --requests
+    /// to 128 (on --device toy the default sweep takes about 6 minutes). A
+    /// table, or JSON with --json; see --csv-out and --plot-out.
+    #[arg(
+        long,
+        value_name = "RATES",
+        num_args = 0..=1,
+        default_missing_value = DEFAULT_SWEEP_RATES,
+        value_parser = rates,
+        conflicts_with_all = ["compare", "time_scale", "trace_out", "requests_out", "metrics_out"],
+    )]
+    pub sweep: Option<Rates>,
+    /// With --sweep: write the per-rate figures as CSV (one row per policy
+    /// and rate).
+    #[arg(long, value_name = "FILE", requires = "sweep")]
+    pub csv_out: Option<PathBuf>,
+    /// With --sweep: draw normalized latency and SLO attainment against the
+    /// request rate, one line per policy, as an SVG file.
+    #[arg(long, value_name = "FILE", requires = "sweep")]
+    pub plot_out: Option<PathBuf>,
+    /// With --device toy: make each iteration take FIXED + PER_ROW x token
+    /// rows microseconds (the toy model sleeps on the blocking pool, like a
+    /// device, without using the CPU), e.g. 1800,90 (lavapipe's cost for the
+    /// synthetic model). Default: 0,0, or 1800,90 with --sweep.
+    #[arg(long, value_name = "FIXED_US,PER_ROW_US", value_parser = toy_cost)]
+    pub toy_cost: Option<IterationCost>,
+}
+
+/// `--sweep` without a value.
+pub const DEFAULT_SWEEP_RATES: &str = "1,2,4,8,16,32,64,128,256";
+
+/// Requests replayed by `--sweep` unless `--requests` says otherwise.
+pub const DEFAULT_SWEEP_REQUESTS: usize = 128;
+
+/// The SLO `--sweep` measures attainment against unless `--slo-ttft` /
+/// `--slo-tpot` say otherwise, ms: (TTFT, TPOT).
+pub const DEFAULT_SWEEP_SLO_MS: (f64, f64) = (1000.0, 100.0);
+
+/// The rates of `--sweep`: time scales, ascending, without repeats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rates(pub Vec<f64>);
+
+/// The clap value parser of `--sweep`: positive finite numbers, comma
+/// separated, sorted and without repeats.
+fn rates(s: &str) -> Result<Rates, String> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        match time_scale(part) {
+            Ok(x) => v.push(x),
+            Err(e) => return Err(format!("{:?} {e}", part.trim())),
+        }
+    }
+    v.sort_by(f64::total_cmp);
+    v.dedup();
+    Ok(Rates(v))
+}
+
+/// The clap value parser of `--toy-cost`: `FIXED_US,PER_ROW_US`, whole
+/// microseconds up to an hour.
+fn toy_cost(s: &str) -> Result<IterationCost, String> {
+    let bad = || {
+        "must be FIXED_US,PER_ROW_US: two whole numbers of microseconds (e.g. 1800,90)".to_string()
+    };
+    let (a, b) = s.split_once(',').ok_or_else(bad)?;
+    let us = |x: &str| match x.trim().parse::<u64>() {
+        Ok(n) if n <= 3_600_000_000 => Ok(Duration::from_micros(n)),
+        _ => Err(bad()),
+    };
+    Ok(IterationCost {
+        fixed: us(a)?,
+        per_row: us(b)?,
+    })
 }
 
 /// A clap value parser of a whole number in `lo..=hi`; its messages read
@@ -243,6 +356,15 @@ fn time_scale(s: &str) -> Result<f64, String> {
                 .into(),
         ),
         _ => Err("must be a finite number greater than 0".into()),
+    }
+}
+
+/// The clap value parser of `--slo-ttft` / `--slo-tpot`: a finite number of
+/// milliseconds > 0.
+fn positive_ms(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err("must be a finite number of milliseconds greater than 0".into()),
     }
 }
 
@@ -284,24 +406,25 @@ pub fn run(args: &DecodeArgs, out: &mut dyn Write) -> i32 {
 /// [`EXIT_REJECTED`], [`EXIT_FAILED`], [`EXIT_LEAK`]: the largest that
 /// applies), with the line that explains it on stderr.
 pub fn exit_status(r: &Report) -> (i32, Option<String>) {
-    if r.kv_leaked_blocks > 0 {
+    let n = &r.requests;
+    if r.kv_cache.leaked_blocks > 0 {
         let m = format!(
             "{} KV-cache blocks still allocated after the {} run: a leak (a bug in xtc)",
-            r.kv_leaked_blocks, r.mode
+            r.kv_cache.leaked_blocks, r.mode
         );
         return (EXIT_LEAK, Some(m));
     }
-    if r.failed > 0 {
+    if n.failed > 0 {
         let m = format!(
             "{} of {} requests failed ({} run)",
-            r.failed, r.requests, r.mode
+            n.failed, n.total, r.mode
         );
         return (EXIT_FAILED, Some(m));
     }
-    if r.rejected > 0 {
+    if n.rejected > 0 {
         let m = format!(
             "{} of {} requests rejected in the {} run",
-            r.rejected, r.requests, r.mode
+            n.rejected, n.total, r.mode
         );
         return (EXIT_REJECTED, Some(m));
     }
@@ -329,21 +452,30 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         None => trace::embedded(),
     };
     let rows = trace.requests.len();
-    let trace_out = TraceOut::prepare(args)?;
+    let outs = Outputs::prepare(args)?;
     let device = DeviceChoice::open(&args.device)?;
     let source = Source::load(args, &device)?;
-    let requests = args
-        .requests
-        .unwrap_or_else(|| source.default_requests(device.is_cpu()))
-        .min(rows);
+    let default_requests = if args.sweep.is_some() {
+        DEFAULT_SWEEP_REQUESTS
+    } else {
+        source.default_requests(device.is_cpu())
+    };
+    let requests = args.requests.unwrap_or(default_requests).min(rows);
     let replayed = &trace.requests[..requests];
-    check_replay(args, replayed)?;
+    match &args.sweep {
+        Some(rates) => rates
+            .0
+            .iter()
+            .try_for_each(|&r| check_replay_at(args, replayed, r))?,
+        None => check_replay(args, replayed)?,
+    }
     if let Some(n) = args.requests.filter(|&n| n > rows) {
         eprintln!(
             "xtc decode: warning: --requests {n} but the trace has only {rows} rows: replaying {rows}"
         );
     }
     let config = source.config(&device);
+    let parameters = source.parameters();
     let scaling = scaling(args, &config, device.is_cpu());
     let wl = source.workload(
         &trace,
@@ -360,53 +492,207 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let opts = source.fit_kv(&device, &config, opts, args.kv_blocks.is_some());
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
-    let model = source.model(&device, &opts, &config).map_err(|e| {
-        format!(
-            "{e} (buffers for --token-budget {} token rows and a ready vector of \
+    let toy_cost = args.toy_cost.unwrap_or(if args.sweep.is_some() {
+        IterationCost::LAVAPIPE_TINY
+    } else {
+        IterationCost::NONE
+    });
+    let model = source
+        .model(&device, &opts, &config, toy_cost)
+        .map_err(|e| {
+            format!(
+                "{e} (buffers for --token-budget {} token rows and a ready vector of \
              --max-active {}; {})",
-            opts.token_budget,
-            opts.max_active,
-            kv_origin(args, &opts)
-        )
-    })?;
+                opts.token_budget,
+                opts.max_active,
+                kv_origin(args, &opts)
+            )
+        })?;
+    let facts = ModelFacts {
+        description: model.borrow().describe(),
+        shape: model.borrow().config(),
+        parameters,
+        weight_bytes: source.weight_bytes(),
+        path: source.path(),
+    };
+    let mut run_config =
+        decode_config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
+    if args.sweep.is_some() {
+        run_config.slo = super::decode_sweep::sweep_slo(args);
+    }
     if !args.json {
         eprintln!(
             "{}\n{}",
-            banner(args, &trace, &wl, &opts, &model.borrow().describe()),
-            source.banner_line(&scaling)
+            banner(args, &trace, &wl, &opts, &run_config),
+            source.banner_line()
         );
     }
-    if args.compare {
-        return compare(args, &model, &wl, &opts, trace_out, &source, w);
+    let mut obs = Observe::start(args, config.seq_len)?;
+    if args.sweep.is_some() {
+        let run = super::decode_sweep::SweepRun {
+            model: &model,
+            trace: &trace,
+            requests,
+            scaling: &scaling,
+            vocab_size: config.vocab_size,
+            opts: &opts,
+            config: &run_config,
+        };
+        return super::decode_sweep::run(args, run, &mut obs, w);
     }
-    let out = run_once(&model, &wl, &opts, !args.json)?;
-    let report = Report::from_run(&out, wl.requests.len());
+    if args.compare {
+        let run = CompareRun {
+            model: &model,
+            wl: &wl,
+            opts: &opts,
+            config: &run_config,
+        };
+        return compare(args, run, outs, &mut obs, &source, w);
+    }
+    let out = run_once(&model, &wl, &opts, !args.json, obs.next_run())?;
+    obs.finish();
+    let report = Report::new(&out, run_config.clone());
     let samples = source.samples(&out);
     let text = if args.json {
         with_samples(&report, &samples)? + "\n"
     } else {
         report.render() + &render_samples(&samples, matches!(source, Source::Gguf(_)))
     };
-    // The report first: a late trace-file failure must not lose it.
+    // The report first: a late output-file failure must not lose it.
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    if let Some(t) = trace_out {
-        t.write(&out)?;
-    }
+    outs.write(&out, &wl, &run_config, obs.runs.first().map(|m| &**m))?;
     Ok(finish_status([&report]))
+}
+
+/// What watches the runs: the metrics of the run in progress (kept when
+/// `--metrics-out` or `--metrics-addr` asks for them) and the `/metrics`
+/// server.
+pub struct Observe {
+    keep: bool,
+    max_len: usize,
+    server: Option<MetricsServer>,
+    /// The metrics of each run so far, in order.
+    pub runs: Vec<Rc<DecodeMetrics>>,
+}
+
+impl Observe {
+    /// Starts the `/metrics` server of `--metrics-addr` (its address on
+    /// stderr); `max_len` bounds the token-count histograms.
+    ///
+    /// # Errors
+    /// The address cannot be bound.
+    pub fn start(args: &DecodeArgs, max_len: usize) -> Result<Self, String> {
+        let server = args.metrics_addr.map(MetricsServer::start).transpose()?;
+        if let Some(s) = &server {
+            eprintln!(
+                "xtc decode: serving metrics on http://{}/metrics while the run lasts",
+                s.addr()
+            );
+        }
+        Ok(Observe {
+            keep: args.metrics_out.is_some() || server.is_some(),
+            max_len,
+            server,
+            runs: Vec::new(),
+        })
+    }
+
+    /// Fresh metrics for the next run (served from now on), if kept.
+    pub fn next_run(&mut self) -> Option<Rc<DecodeMetrics>> {
+        if !self.keep {
+            return None;
+        }
+        let m = Rc::new(DecodeMetrics::new(self.max_len));
+        if let Some(s) = &self.server {
+            s.show(m.registry());
+        }
+        self.runs.push(m.clone());
+        Some(m)
+    }
+
+    /// Stops the server: the runs are over.
+    pub fn finish(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+}
+
+/// The output files of a run (`--trace-out`, `--requests-out`,
+/// `--metrics-out`), checked before the run and written after it.
+struct Outputs {
+    trace: Option<OutFile>,
+    requests: Option<OutFile>,
+    metrics: Option<OutFile>,
+}
+
+impl Outputs {
+    fn prepare(args: &DecodeArgs) -> Result<Self, String> {
+        let inputs = [
+            ("--model", args.model.as_deref()),
+            ("--trace", args.trace.as_deref()),
+            ("--tokenizer", args.tokenizer.as_deref()),
+        ];
+        Ok(Outputs {
+            trace: OutFile::prepare_opt("--trace-out", args.trace_out.as_deref(), &inputs)?,
+            requests: OutFile::prepare_opt(
+                "--requests-out",
+                args.requests_out.as_deref(),
+                &inputs,
+            )?,
+            metrics: OutFile::prepare_opt("--metrics-out", args.metrics_out.as_deref(), &inputs)?,
+        })
+    }
+
+    /// Writes each output of `out`, whose metrics are `m` (after the report
+    /// was printed).
+    fn write(
+        self,
+        out: &RunOutput,
+        wl: &Workload,
+        config: &RunConfig,
+        m: Option<&DecodeMetrics>,
+    ) -> Result<(), String> {
+        if let (Some(f), Some(m)) = (self.metrics, m) {
+            f.write(metrics::encode(&m.registry()).as_bytes())?;
+        }
+        if let Some(t) = self.trace {
+            let text = serde_json::to_vec(&chrome_trace(out, wl)).map_err(|e| e.to_string())?;
+            t.write(&text)?;
+        }
+        if let Some(r) = self.requests {
+            let mut text = Vec::new();
+            for rec in request_records(out, wl, &config.slo) {
+                serde_json::to_writer(&mut text, &rec).map_err(|e| e.to_string())?;
+                text.push(b'\n');
+            }
+            r.write(&text)?;
+        }
+        Ok(())
+    }
 }
 
 /// Refuses a replay the clock cannot hold, or one longer than
 /// [`MAX_REPLAY`] without `--allow-long-replay`, naming `--time-scale`.
 fn check_replay(args: &DecodeArgs, replayed: &[trace::TraceRequest]) -> Result<(), String> {
+    check_replay_at(args, replayed, args.time_scale)
+}
+
+/// [`check_replay`] at `time_scale` (each rate of `--sweep`).
+fn check_replay_at(
+    args: &DecodeArgs,
+    replayed: &[trace::TraceRequest],
+    time_scale: f64,
+) -> Result<(), String> {
     let scaling = Scaling {
-        time_scale: args.time_scale,
+        time_scale,
         ..Scaling::IDENTITY
     };
     scaling.check_arrivals(replayed)?;
     let Some(last) = replayed.iter().map(|r| r.arrival).max() else {
         return Ok(());
     };
-    let span = last.as_secs_f64() / args.time_scale;
+    let span = last.as_secs_f64() / time_scale;
     if span > MAX_REPLAY.as_secs_f64() && !args.allow_long_replay {
         let least = last.as_secs_f64() / MAX_REPLAY.as_secs_f64();
         return Err(format!(
@@ -414,7 +700,7 @@ fn check_replay(args: &DecodeArgs, replayed: &[trace::TraceRequest]) -> Result<(
              ({}; {:.1} s in the trace), longer than a day: use a larger --time-scale \
              (at least {least:.3e} for a day), fewer --requests, or --allow-long-replay \
              to run it anyway",
-            args.time_scale,
+            time_scale,
             replayed.len(),
             long_span(span),
             last.as_secs_f64()
@@ -475,16 +761,29 @@ impl DeviceChoice {
     /// # Errors
     /// The backend's message.
     pub fn model(&self, weights: Weights, opts: &JobOpts) -> Result<SharedModel, String> {
+        self.model_costed(weights, opts, IterationCost::NONE)
+    }
+
+    /// [`DeviceChoice::model`], the toy model taking `toy_cost` per
+    /// iteration (ignored on other devices).
+    ///
+    /// # Errors
+    /// The backend's message.
+    pub fn model_costed(
+        &self,
+        weights: Weights,
+        opts: &JobOpts,
+        toy_cost: IterationCost,
+    ) -> Result<SharedModel, String> {
         let kv = KvGeometry {
             block_size: opts.block_size,
             n_blocks: opts.kv_blocks,
         };
         Ok(match self {
-            DeviceChoice::Toy => job::shared(ToyModel::new(
-                weights.config.vocab_size,
-                kv.n_blocks,
-                kv.block_size,
-            )),
+            DeviceChoice::Toy => job::shared(
+                ToyModel::new(weights.config.vocab_size, kv.n_blocks, kv.block_size)
+                    .with_cost(toy_cost),
+            ),
             DeviceChoice::Cpu => job::shared(CpuModel::new(weights, kv)),
             DeviceChoice::Vulkan(dev) => job::shared(
                 VulkanModel::new(dev, &weights, kv, opts.token_budget, opts.max_active.max(1))
@@ -562,21 +861,41 @@ pub fn job_opts(args: &DecodeArgs, wl: &Workload, config: &Config) -> JobOpts {
     }
 }
 
-fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, device: &str) -> String {
-    let name = args
-        .trace
-        .as_ref()
-        .map_or(trace::EMBEDDED_NAME.to_string(), |p| {
-            p.display().to_string()
-        });
+fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, c: &RunConfig) -> String {
     let span = wl.requests.last().map_or(Duration::ZERO, |r| r.arrival);
+    let arrivals = match &args.sweep {
+        Some(r) => {
+            let rates: Vec<String> = r.0.iter().map(|x| format!("{x}x")).collect();
+            format!(
+                "arrivals over {:.2} s at 1x, swept at {}",
+                span.as_secs_f64() * args.time_scale,
+                rates.join(", ")
+            )
+        }
+        None => format!(
+            "arrivals over {:.2} s at {}x",
+            span.as_secs_f64(),
+            args.time_scale
+        ),
+    };
+    let slo = if c.slo.is_set() {
+        format!(
+            ", SLO {}",
+            crate::decode::serve::report::slo_bounds(c.slo.ttft_ms, c.slo.tpot_ms)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "xtc decode: {} of {} requests from {name} (arrivals over {:.2} s at {}x), {device}\n\
-         max-active {}, KV cache {} blocks x {} positions, token budget {}",
+        "xtc decode: {} of {} requests from {} ({arrivals}), {}\n\
+         model: {}; lengths: {}\n\
+         max-active {}, KV cache {} blocks x {} positions, token budget {}{slo}",
         wl.requests.len(),
         trace.requests.len(),
-        span.as_secs_f64(),
-        args.time_scale,
+        c.trace.source,
+        c.model.description,
+        decode_config::model_size(&c.model),
+        decode_config::scaling_text(&c.length_scaling),
         o.max_active,
         o.kv_blocks,
         o.block_size,
@@ -584,11 +903,14 @@ fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, device: 
     )
 }
 
-fn run_once(
+/// One run of `wl` under `opts` with a progress bar (when `show` and
+/// stderr is a terminal), updating `metrics` if given.
+pub(crate) fn run_once(
     model: &SharedModel,
     wl: &Workload,
     opts: &JobOpts,
     show: bool,
+    metrics: Option<Rc<DecodeMetrics>>,
 ) -> Result<RunOutput, String> {
     let bar = progress_bar(wl.requests.len() as u64, opts.mode, show);
     let b = bar.clone();
@@ -597,8 +919,8 @@ fn run_once(
         b.set_position(p.done as u64);
         b.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
     };
-    let out =
-        crate::decode::serve::run(model, wl, opts, Box::new(update)).map_err(|e| e.to_string());
+    let out = crate::decode::serve::run_with_metrics(model, wl, opts, Box::new(update), metrics)
+        .map_err(|e| e.to_string());
     bar.finish_and_clear();
     out
 }
@@ -617,22 +939,36 @@ fn progress_bar(total: u64, mode: Mode, show: bool) -> ProgressBar {
     bar
 }
 
+/// What `--compare` runs: the same model, workload, options and
+/// configuration under each policy.
+struct CompareRun<'a> {
+    model: &'a SharedModel,
+    wl: &'a Workload,
+    opts: &'a JobOpts,
+    config: &'a RunConfig,
+}
+
 fn compare(
     args: &DecodeArgs,
-    model: &SharedModel,
-    wl: &Workload,
-    opts: &JobOpts,
-    trace_out: Option<TraceOut>,
+    run: CompareRun<'_>,
+    outs: Outputs,
+    obs: &mut Observe,
     source: &Source,
     w: &mut dyn Write,
 ) -> Result<i32, String> {
+    let CompareRun {
+        model,
+        wl,
+        opts,
+        config,
+    } = run;
     let t0 = Instant::now();
     let mut reports = Vec::new();
     let mut traced = None;
     for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
         let o = JobOpts { mode, ..*opts };
-        let out = run_once(model, wl, &o, !args.json)?;
-        reports.push(Report::from_run(&out, wl.requests.len()));
+        let out = run_once(model, wl, &o, !args.json, obs.next_run())?;
+        reports.push(Report::new(&out, config.clone()));
         if mode == Mode::Continuous {
             traced = Some(out);
         }
@@ -653,175 +989,16 @@ fn compare(
             render_samples(&samples, matches!(source, Source::Gguf(_)))
         )
     };
+    obs.finish();
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    if let (Some(t), Some(out)) = (trace_out, traced) {
-        t.write(&out)?;
+    if let Some(out) = traced {
+        outs.write(&out, wl, config, obs.runs.first().map(|m| &**m))?;
     }
     Ok(finish_status([
         &cmp.continuous,
         &cmp.static_,
         &cmp.one_at_a_time,
     ]))
-}
-
-/// Where `--trace-out` is written, checked before the run.
-///
-/// A regular file (or a path that does not exist yet) is written atomically:
-/// the trace goes to a temporary file in the same directory, which is renamed
-/// over the target only after the run succeeded, so a failed or interrupted
-/// run leaves no file, or the previous one as it was. The directory is
-/// probed up front (a temporary file created and removed at once), so a bad
-/// path fails before minutes of work and an interrupted run leaves nothing
-/// behind. Anything else that exists (`/dev/stdout`, a FIFO) is opened up
-/// front and written in place after the run.
-#[derive(Debug)]
-enum TraceOut {
-    /// Temporary file in `dir`, renamed to `target` (symlinks resolved),
-    /// with permission bits `mode` (the old file's, else `0o666` less umask).
-    Atomic {
-        path: PathBuf,
-        target: PathBuf,
-        dir: PathBuf,
-        mode: Option<u32>,
-    },
-    /// Written in place: not a regular file.
-    InPlace { path: PathBuf, file: std::fs::File },
-}
-
-impl TraceOut {
-    /// Checks `--trace-out` before the run: refuses a directory, one of the
-    /// input files, or a place no file can be created.
-    fn prepare(args: &DecodeArgs) -> Result<Option<TraceOut>, String> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let Some(path) = &args.trace_out else {
-            return Ok(None);
-        };
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            format!("--trace-out {}: {what}: {e}", path.display())
-        };
-        let existing = match std::fs::metadata(path) {
-            Ok(m) => Some(m),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(fail("cannot use the path", &e)),
-        };
-        if let Some(m) = &existing {
-            if m.is_dir() {
-                return Err(format!(
-                    "--trace-out {} is a directory: name a file",
-                    path.display()
-                ));
-            }
-            let inputs = [
-                ("--model", &args.model),
-                ("--trace", &args.trace),
-                ("--tokenizer", &args.tokenizer),
-            ];
-            for (opt, input) in inputs {
-                let Some(input) = input else { continue };
-                let same = std::fs::metadata(input)
-                    .is_ok_and(|i| (i.dev(), i.ino()) == (m.dev(), m.ino()));
-                if same {
-                    return Err(format!(
-                        "--trace-out {} is the {opt} file: it would be overwritten; \
-                         write the trace elsewhere",
-                        path.display()
-                    ));
-                }
-            }
-            if !m.is_file() {
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(|e| fail("cannot open it for writing", &e))?;
-                return Ok(Some(TraceOut::InPlace {
-                    path: path.clone(),
-                    file,
-                }));
-            }
-        }
-        if existing.is_some() {
-            // A rename would replace a read-only file: refuse it, as writing would.
-            rustix::fs::access(path, rustix::fs::Access::WRITE_OK)
-                .map_err(|e| fail("cannot write it", &std::io::Error::from(e)))?;
-        }
-        // Rename over the file a symlink points to, not over the link.
-        let target = match &existing {
-            Some(_) => std::fs::canonicalize(path).map_err(|e| fail("cannot resolve it", &e))?,
-            None => path.clone(),
-        };
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let t = TraceOut::Atomic {
-            path: path.clone(),
-            target,
-            dir,
-            mode: existing.map(|m| m.permissions().mode() & 0o7777),
-        };
-        // The probe: removed again when it drops, here.
-        t.temp_file()?;
-        Ok(Some(t))
-    }
-
-    /// A new temporary file beside the target.
-    fn temp_file(&self) -> Result<tempfile::NamedTempFile, String> {
-        use std::os::unix::fs::PermissionsExt;
-        let TraceOut::Atomic {
-            path, dir, mode, ..
-        } = self
-        else {
-            unreachable!("only atomic trace files use a temporary file");
-        };
-        let mut b = tempfile::Builder::new();
-        b.prefix(".xtc-trace-").suffix(".tmp");
-        // The file's permissions: as the file it replaces, else as a file
-        // created by open(2) (0o666 less the umask).
-        b.permissions(std::fs::Permissions::from_mode(mode.unwrap_or(0o666)));
-        let f = b.tempfile_in(dir).map_err(|e| {
-            format!(
-                "--trace-out {}: cannot create a file in {}: {e}",
-                path.display(),
-                dir.display()
-            )
-        })?;
-        if let Some(m) = mode {
-            // The umask applied at creation: restore the old file's bits.
-            f.as_file()
-                .set_permissions(std::fs::Permissions::from_mode(*m))
-                .map_err(|e| format!("--trace-out {}: {e}", path.display()))?;
-        }
-        Ok(f)
-    }
-
-    /// Writes the run's Chrome trace (after the report was printed).
-    fn write(self, out: &RunOutput) -> Result<(), String> {
-        let text = serde_json::to_vec(&chrome_trace(out)).map_err(|e| e.to_string())?;
-        let late = |p: &Path, e: &dyn std::fmt::Display| {
-            format!(
-                "--trace-out {}: cannot write the trace (the report above is complete): {e}",
-                p.display()
-            )
-        };
-        match self {
-            TraceOut::InPlace { path, mut file } => {
-                file.write_all(&text).map_err(|e| late(&path, &e))
-            }
-            TraceOut::Atomic {
-                ref path,
-                ref target,
-                ..
-            } => {
-                let mut f = self.temp_file()?;
-                f.write_all(&text)
-                    .and_then(|()| f.as_file().sync_all())
-                    .map_err(|e| late(path, &e))?;
-                // On failure the temporary file is removed when it drops.
-                f.persist(target).map_err(|e| late(path, &e.error))?;
-                Ok(())
-            }
-        }
-    }
 }
 
 /// The `--device` error as the user wrote the selector, with the Vulkan
@@ -1137,13 +1314,13 @@ mod tests {
     fn exit_status_follows_rejections_failures_and_leaks() {
         let mut r = report();
         assert_eq!(exit_status(&r), (EXIT_OK, None));
-        r.rejected = 2;
+        r.requests.rejected = 2;
         assert_eq!(exit_status(&r).0, EXIT_REJECTED);
-        r.failed = 1;
+        r.requests.failed = 1;
         let (code, why) = exit_status(&r);
         assert_eq!(code, EXIT_FAILED);
         assert!(why.unwrap().contains("1 of 10 requests failed"));
-        r.kv_leaked_blocks = 3;
+        r.kv_cache.leaked_blocks = 3;
         let (code, why) = exit_status(&r);
         assert_eq!(code, EXIT_LEAK);
         assert!(why.unwrap().contains("3 KV-cache blocks still allocated"));

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::decode::{DecodeArgs, DeviceChoice};
+use crate::decode::model::backend::IterationCost;
 use crate::decode::model::bpe::{Bpe, TextStream};
 use crate::decode::model::gguf::MAGIC;
 use crate::decode::model::gpu_llama::GpuLlamaOptions;
@@ -189,6 +190,38 @@ impl Source {
         }
     }
 
+    /// Weight elements (the GGUF file's tensors, or the f32 weights).
+    pub fn parameters(&self) -> u64 {
+        match self {
+            Source::Synthetic(w) | Source::Checkpoint(w, _) => super::decode_config::parameters(w),
+            Source::Gguf(g) => g
+                .model
+                .gguf()
+                .tensors()
+                .iter()
+                .map(|t| t.n_elements())
+                .sum(),
+        }
+    }
+
+    /// Bytes of the weights (4 per element of f32 weights; the GGUF file's
+    /// tensor data, in its block formats).
+    pub fn weight_bytes(&self) -> u64 {
+        match self {
+            Source::Synthetic(_) | Source::Checkpoint(..) => self.parameters() * 4,
+            Source::Gguf(g) => g.model.gguf().tensors().iter().map(|t| t.size).sum(),
+        }
+    }
+
+    /// The model file, if any.
+    pub fn path(&self) -> Option<String> {
+        match self {
+            Source::Synthetic(_) => None,
+            Source::Checkpoint(..) => None,
+            Source::Gguf(g) => Some(g.path.display().to_string()),
+        }
+    }
+
     /// Requests replayed without `--requests` on this device.
     pub fn default_requests(&self, is_cpu: bool) -> usize {
         match self {
@@ -230,28 +263,18 @@ impl Source {
         Ok(wl)
     }
 
-    /// The banner's line about the model, its prompts and the lengths.
-    pub fn banner_line(&self, scaling: &Scaling) -> String {
-        let lengths = if scaling.prompt_div > 1 || scaling.output_div > 1 {
-            format!(
-                "prompt lengths / {}, output lengths / {} (at most {} and {} tokens)",
-                scaling.prompt_div, scaling.output_div, scaling.max_prompt, scaling.max_output
-            )
-        } else {
-            format!(
-                "the trace's lengths (at most {} prompt and {} output tokens)",
-                scaling.max_prompt, scaling.max_output
-            )
-        };
+    /// The banner's line about the model file and its prompts.
+    pub fn banner_line(&self) -> String {
         match self {
             Source::Synthetic(_) => {
-                format!("model: synthetic (Config::tiny, seeded), random prompt ids; {lengths}")
+                "model file: none (--synthetic: seeded weights, random prompt ids)".into()
             }
             Source::Checkpoint(..) => {
-                format!("model: llama2.c checkpoint, random prompt ids, stops at EOS; {lengths}")
+                "model file: a llama2.c checkpoint; random prompt ids, greedy decode stops at EOS"
+                    .into()
             }
             Source::Gguf(g) => format!(
-                "model: {}; prompts: windows of {PROMPT_TEXT_NAME}, {} tokens; {lengths}; \
+                "model file: {}; prompts: windows of {PROMPT_TEXT_NAME}, {} tokens; \
                  EOS ignored (every request runs to its trace output length)",
                 g.path.file_name().map_or_else(
                     || g.path.display().to_string(),
@@ -290,7 +313,8 @@ impl Source {
     }
 
     /// Loads the model on `device` with a KV cache and buffers for `opts`;
-    /// `config` is [`Source::config`] for the device.
+    /// `config` is [`Source::config`] for the device; the toy model takes
+    /// `toy_cost` per iteration.
     ///
     /// # Errors
     /// The backend's message.
@@ -299,10 +323,11 @@ impl Source {
         device: &DeviceChoice,
         opts: &JobOpts,
         config: &Config,
+        toy_cost: IterationCost,
     ) -> Result<SharedModel, String> {
         let g = match self {
             Source::Synthetic(w) | Source::Checkpoint(w, _) => {
-                return device.model(w.clone(), opts);
+                return device.model_costed(w.clone(), opts, toy_cost);
             }
             Source::Gguf(g) => g,
         };
@@ -315,11 +340,14 @@ impl Source {
             |n| n.to_string_lossy().into(),
         );
         Ok(match device {
-            DeviceChoice::Toy => job::shared(crate::decode::model::backend::ToyModel::new(
-                config.vocab_size,
-                kv.n_blocks,
-                kv.block_size,
-            )),
+            DeviceChoice::Toy => job::shared(
+                crate::decode::model::backend::ToyModel::new(
+                    config.vocab_size,
+                    kv.n_blocks,
+                    kv.block_size,
+                )
+                .with_cost(toy_cost),
+            ),
             DeviceChoice::Cpu => job::shared(LlamaCpuModel::new(g.model.clone(), kv, &name)),
             DeviceChoice::Vulkan(dev) => {
                 let o = GpuLlamaOptions {

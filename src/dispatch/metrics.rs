@@ -186,36 +186,37 @@ pub fn summarize(pops: &[PopRecord], events: &[CoreEvent], c: &Counters) -> Summ
     }
 }
 
-#[derive(Serialize)]
-struct TraceEvent {
-    name: String,
-    cat: &'static str,
-    ph: &'static str,
-    ts: f64,
-    dur: f64,
-    pid: u32,
-    tid: u32,
-    args: serde_json::Value,
-}
-
 /// Chrome trace / Perfetto JSON (`{"traceEvents": [...]}`) of the core
-/// swimlanes: one complete (`"X"`) event per subtask, `pid` 0, `tid` = core,
-/// times in microseconds.
+/// swimlanes, written with the crate's one
+/// [`TraceWriter`](crate::trace_event::TraceWriter): process 0 named
+/// `xtc dispatch (emulated NPU)`, one thread per core named `core N` (sorted
+/// by core), one complete (`"X"`) event per subtask, all named `subtask` so
+/// Perfetto groups them (task, block, sub-core slot and pop in `args`), times
+/// in microseconds.
 pub fn chrome_trace(events: &[CoreEvent]) -> String {
-    let evs: Vec<TraceEvent> = events
-        .iter()
-        .map(|e| TraceEvent {
-            name: format!("task{}.b{}", e.desc.task, e.desc.block_idx),
-            cat: "core",
-            ph: "X",
-            ts: e.start_ns as f64 / 1000.0,
-            dur: e.end_ns.saturating_sub(e.start_ns) as f64 / 1000.0,
-            pid: 0,
-            tid: e.core,
-            args: serde_json::json!({"pop": e.desc.pop, "sub": e.desc.sub}),
-        })
-        .collect();
-    serde_json::json!({ "traceEvents": evs, "displayTimeUnit": "ns" }).to_string()
+    use crate::trace_event::TraceWriter;
+    let mut w = TraceWriter::new();
+    w.process_name(0, "xtc dispatch (emulated NPU)");
+    let mut cores: Vec<u32> = events.iter().map(|e| e.core).collect();
+    cores.sort_unstable();
+    cores.dedup();
+    for c in cores {
+        w.thread_name(0, c, &format!("core {c}"));
+        w.thread_sort_index(0, c, i64::from(c));
+    }
+    for e in events {
+        w.complete(
+            0,
+            e.core,
+            "subtask",
+            "core",
+            e.start_ns as f64 / 1000.0,
+            e.end_ns.saturating_sub(e.start_ns) as f64 / 1000.0,
+            serde_json::json!({"task": e.desc.task, "block": e.desc.block_idx,
+                               "sub": e.desc.sub, "pop": e.desc.pop}),
+        );
+    }
+    w.finish().to_string()
 }
 
 #[cfg(test)]
@@ -247,7 +248,12 @@ mod tests {
             70
         );
         let v: serde_json::Value = serde_json::from_str(&chrome_trace(&evs)).unwrap();
-        assert_eq!(v["traceEvents"].as_array().unwrap().len(), 3);
-        assert_eq!(v["traceEvents"][1]["tid"], 3);
+        let all = v["traceEvents"].as_array().unwrap();
+        let slices: Vec<_> = all.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(slices.len(), 3);
+        assert_eq!(slices[1]["tid"], 3);
+        assert!(slices.iter().all(|e| e["name"] == "subtask"));
+        let named = |n: &str| all.iter().filter(|e| e["name"] == n).count();
+        assert_eq!((named("process_name"), named("thread_name")), (1, 3));
     }
 }

@@ -1,7 +1,8 @@
 //! `dispatch`: batched doorbell publication on an emulated NPU.
 //!
-//! Implements the design note `batched-publish-note.md` (rules D-01..D-15 in
-//! `clauses.md`); `docs/arch/dispatch.md` is the layer's chapter.
+//! Implements the batched-publish design note (its rules D-01..D-15, mapped
+//! to their tests in `tests/CLAUSES.md`); `docs/arch/dispatch.md` is the
+//! layer's chapter.
 //!
 //! # Design memo
 //!

@@ -105,6 +105,54 @@ impl PhysicalDeviceInfo {
     fn usable(&self) -> bool {
         self.timeline_semaphore && self.compute_family.is_some()
     }
+
+    /// The vendor's name for [`vendor_id`](Self::vendor_id): a PCI vendor
+    /// (NVIDIA, AMD, Intel, ARM, Qualcomm, Imagination, Apple, Microsoft) or
+    /// a Khronos vendor id (Mesa, ...); `None` when unknown.
+    pub fn vendor_name(&self) -> Option<&'static str> {
+        Some(match self.vendor_id {
+            0x10de => "NVIDIA",
+            0x1002 | 0x1022 => "AMD",
+            0x8086 => "Intel",
+            0x13b5 => "ARM",
+            0x5143 => "Qualcomm",
+            0x1010 => "Imagination Technologies",
+            0x106b => "Apple",
+            0x1414 => "Microsoft",
+            0x10005 => "Mesa",
+            0x10001 => "Vivante",
+            0x10002 => "VeriSilicon",
+            0x10003 => "Kazan",
+            0x10004 => "Codeplay",
+            0x10006 => "PoCL",
+            0x10007 => "MoltenVK",
+            _ => return None,
+        })
+    }
+
+    /// [`driver_version`](Self::driver_version) decoded by the vendor's
+    /// convention: NVIDIA `10.8.8.6` bits, Intel on Windows is not a case
+    /// here (Linux drivers use Vulkan's `major.minor.patch` packing, as Mesa
+    /// does).
+    pub fn driver_version_string(&self) -> String {
+        let v = self.driver_version;
+        if self.vendor_id == 0x10de {
+            format!(
+                "{}.{}.{}.{}",
+                v >> 22,
+                (v >> 14) & 0xff,
+                (v >> 6) & 0xff,
+                v & 0x3f
+            )
+        } else {
+            format!(
+                "{}.{}.{}",
+                vk::api_version_major(v),
+                vk::api_version_minor(v),
+                vk::api_version_patch(v)
+            )
+        }
+    }
 }
 
 /// Which physical device [`Device::open`] takes.

@@ -13,9 +13,14 @@
 //! [`ToyModel`] is a device-free stand-in whose "forward pass" hashes each
 //! sequence's whole history read back through its block table, so any block
 //! table or position mistake of the job changes its tokens; tests compare it
-//! with [`toy_reference`].
+//! with [`toy_reference`]. Given an [`IterationCost`] ([`ToyModel::with_cost`])
+//! it also takes as long as a device would: it sleeps on the pool thread
+//! until `fixed + per_row * rows` has passed since the iteration started, so
+//! batching policies can be compared at a device's cost curve without its
+//! CPU use (`xtc decode --device toy --toy-cost`).
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::gpu::{GpuModel, GpuOptions, InFlight};
 use super::reference::{self, CpuKvCache};
@@ -67,10 +72,42 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A modeled cost of one iteration: `fixed + per_row * token rows` (the
+/// shape of a device's cost curve: a launch overhead, then a cost per row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IterationCost {
+    /// Cost of an iteration however few rows it has.
+    pub fixed: Duration,
+    /// Cost of each token row (prefill or decode).
+    pub per_row: Duration,
+}
+
+impl IterationCost {
+    /// No modeled cost (the toy model's own, microseconds).
+    pub const NONE: IterationCost = IterationCost {
+        fixed: Duration::ZERO,
+        per_row: Duration::ZERO,
+    };
+
+    /// Lavapipe's measured curve for the tiny synthetic model on the
+    /// 2-core development machine (`docs/arch/decode.md`): about 1.8 ms per
+    /// iteration plus 0.09 ms per token row.
+    pub const LAVAPIPE_TINY: IterationCost = IterationCost {
+        fixed: Duration::from_micros(1800),
+        per_row: Duration::from_micros(90),
+    };
+
+    /// The cost of an iteration of `rows` token rows.
+    pub fn of(&self, rows: usize) -> Duration {
+        self.fixed + self.per_row * u32::try_from(rows).unwrap_or(u32::MAX)
+    }
+}
+
 /// The toy model's state: one token id per KV position.
 struct ToyState {
     vocab_size: usize,
     block_size: usize,
+    cost: IterationCost,
     /// `n_blocks * block_size` slots.
     slots: Vec<u32>,
 }
@@ -104,12 +141,27 @@ impl ToyModel {
         let state = ToyState {
             vocab_size,
             block_size,
+            cost: IterationCost::NONE,
             slots: vec![u32::MAX; n_blocks * block_size],
         };
         ToyModel {
             config,
             host: HostCompute::new(state),
         }
+    }
+}
+
+impl ToyModel {
+    /// The same model, each iteration taking at least `cost` (see the
+    /// module doc).
+    pub fn with_cost(self, cost: IterationCost) -> Self {
+        lock(&self.host.state).cost = cost;
+        self
+    }
+
+    /// Its modeled iteration cost.
+    pub fn cost(&self) -> IterationCost {
+        lock(&self.host.state).cost
     }
 }
 
@@ -154,7 +206,16 @@ impl Model for ToyModel {
     }
 
     fn describe(&self) -> String {
-        "toy model (no device)".into()
+        let c = self.cost();
+        if c == IterationCost::NONE {
+            "toy model (no device)".into()
+        } else {
+            format!(
+                "toy model (no device; modeled iteration {} us + {} us per token row)",
+                c.fixed.as_micros(),
+                c.per_row.as_micros()
+            )
+        }
     }
 
     fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
@@ -168,6 +229,18 @@ impl Model for ToyModel {
 
 impl ToyState {
     fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
+        let t0 = Instant::now();
+        let out = self.compute(plan)?;
+        let due = self.cost.of(plan.n_tokens());
+        // On the pool thread: the loop goes on meanwhile, as with a device.
+        let left = due.saturating_sub(t0.elapsed());
+        if !left.is_zero() {
+            std::thread::sleep(left);
+        }
+        Ok(out)
+    }
+
+    fn compute(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
         let mut out = Vec::new();
         for s in &plan.seqs {
             for (i, &t) in s.tokens.iter().enumerate() {

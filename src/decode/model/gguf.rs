@@ -1,5 +1,6 @@
 //! GGUF reader (and a writer for tests and tools): the container of llama.cpp
-//! / ggml model files, versions 2 and 3 (ggml's `docs/gguf.md`).
+//! / ggml model files, versions 2 and 3 (the GGUF specification published
+//! by the ggml project).
 //!
 //! # Layout (all little-endian)
 //! 1. header: magic `GGUF` (the bytes `47 47 55 46`), `u32 version` (2 or 3),

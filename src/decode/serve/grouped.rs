@@ -39,6 +39,8 @@ use crate::decode::serve::job::{
     SharedModel, Status, Workload, check_opts, rejection,
 };
 use crate::decode::serve::kv::{KvError, KvLedger};
+use crate::decode::serve::latency::RequestLatency;
+use crate::decode::serve::metrics::{Completed, DecodeMetrics};
 use crate::decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 use crate::rt;
 
@@ -89,6 +91,16 @@ struct Shared {
     cancel_tx: Option<rt::Sender<Handle>>,
     outstanding: usize,
     batch_done: Option<rt::Promise<()>>,
+    /// Metrics to update as the run goes (`None`: none kept).
+    metrics: Option<Rc<DecodeMetrics>>,
+    /// The group, for its statistics (taken out when the loop returns, which
+    /// breaks the group -> step -> shared -> group cycle).
+    group: Option<Group<Sequence>>,
+    /// The workload's arrival times, ascending (for the waiting requests
+    /// the static arrival process holds before it submits them).
+    arrivals: Vec<std::time::Duration>,
+    /// Requests submitted to the group so far.
+    submitted: usize,
 }
 
 impl Shared {
@@ -107,6 +119,27 @@ impl Shared {
         if self.accounted >= self.total {
             self.cancel_tx = None; // ends the canceller
         }
+    }
+
+    /// Samples the batch group's statistics and the serving gauges into the
+    /// metrics, if any are kept.
+    fn sample(&self) {
+        let (Some(m), Some(g)) = (&self.metrics, &self.group) else {
+            return;
+        };
+        let (st, a) = (g.stats(), g.async_stats());
+        m.record_group(&st, &a);
+        // Arrived but not yet submitted (static batching holds them) or in
+        // the group's queue.
+        let now = self.start.elapsed();
+        let arrived = self.arrivals.partition_point(|&a| a <= now);
+        let held = arrived.saturating_sub(self.submitted + self.out.rejected.len());
+        m.record_state(
+            (st.ready + st.blocked) as usize,
+            st.queued as usize + held,
+            self.kv.used(),
+            self.kv.capacity(),
+        );
     }
 
     fn progress(&mut self) {
@@ -189,11 +222,15 @@ impl AsyncStep<Sequence> for DecodeStep {
         let mut sh = self.sh.borrow_mut();
         let handles: Vec<Handle> = items.iter().map(|i| i.handle).collect();
         let mut ms = members(items);
+        let before: Vec<usize> = ms.iter().map(|s| s.generated.len()).collect();
         let failed = match (status, tokens) {
             (ExecStatus::Ok, Ok(t)) => match seq::apply(&mut ms, &t, t1) {
                 Ok(outcomes) => {
                     set_results(results, &outcomes);
                     sh.generated += t.len();
+                    if let Some(m) = &sh.metrics {
+                        observe_tokens(m, &ms, &before);
+                    }
                     None
                 }
                 Err(e) => Some(sh.fail(e.into())),
@@ -225,9 +262,36 @@ impl AsyncStep<Sequence> for DecodeStep {
                 decode_tokens: f.decode,
                 kv_used,
             });
+            if let Some(m) = &sh.metrics {
+                let generated = ms
+                    .iter()
+                    .zip(&before)
+                    .map(|(s, b)| s.generated.len() - b)
+                    .sum();
+                m.record_iteration(f.prefill, f.decode, generated);
+            }
         }
+        sh.sample();
         sh.progress();
         Ok(())
+    }
+}
+
+/// Observes each new first token (TTFT) and token gap of `members`, which
+/// had `before[i]` tokens before this iteration.
+fn observe_tokens(m: &DecodeMetrics, members: &[&mut Sequence], before: &[usize]) {
+    for (s, &b) in members.iter().zip(before) {
+        if s.generated.len() <= b {
+            continue;
+        }
+        let t = &s.timing;
+        if b == 0 {
+            if let Some(f) = t.first_token {
+                m.record_first_token(f.saturating_duration_since(t.arrived));
+            }
+        } else if let Some(&gap) = t.token_gaps.last() {
+            m.record_token_gap(gap);
+        }
     }
 }
 
@@ -261,6 +325,9 @@ fn complete(sh: &Rc<RefCell<Shared>>, mut s: Sequence, outcome: crate::Result<()
         Err(Error::Aborted) => Status::Cancelled,
         Err(e) => Status::Failed(e.to_string()),
     };
+    if let Some(m) = &sh.metrics {
+        record_completion(m, &s, &status);
+    }
     sh.out.finished.push(Finished { seq: s, status });
     sh.outstanding = sh.outstanding.saturating_sub(1);
     if sh.outstanding == 0
@@ -271,9 +338,79 @@ fn complete(sh: &Rc<RefCell<Shared>>, mut s: Sequence, outcome: crate::Result<()
     sh.account(1);
 }
 
+/// A completed, cancelled or failed member, into the metrics.
+fn record_completion(m: &DecodeMetrics, s: &Sequence, status: &Status) {
+    match status {
+        Status::Done => {
+            let t = &s.timing;
+            let l = RequestLatency::of(t, s.generated.len());
+            let inference = t
+                .admitted
+                .zip(t.last_token)
+                .map(|(a, last)| last.saturating_duration_since(a));
+            let stopped = s.stop_token.is_some() && s.generated.last() == s.stop_token.as_ref();
+            m.record_completed(&Completed {
+                queue: l.queue,
+                inference,
+                e2e: l.e2e,
+                tpot: l.tpot,
+                prompt_tokens: s.prompt.len(),
+                generated: s.generated.len(),
+                stopped,
+            });
+        }
+        Status::Cancelled => m.record_cancelled(),
+        Status::Failed(_) => m.record_failed(),
+    }
+}
+
 /// Runs `wl` on `model` under `opts` with one async batch group on a fresh
 /// loop (the `xtc decode` driver, also `serve::run`), calling `progress`
 /// after every iteration, and returns what the run observed.
+///
+/// # Example: the decode job on the toy model
+///
+/// Twelve requests of the embedded Azure trace, lengths scaled down, all
+/// arriving at once, continuously batched under a KV cache of 64 blocks;
+/// every request generates what it asked for, as decoding it alone would,
+/// and the report gives the figures:
+///
+/// ```
+/// use xtc::decode::model::backend::{ToyModel, toy_reference};
+/// use xtc::decode::serve::job::{self, JobOpts, Mode, Status};
+/// use xtc::decode::serve::report::Report;
+/// use xtc::decode::serve::trace::{self, Scaling};
+///
+/// let scaling = Scaling {
+///     time_scale: 1e9, // every arrival at once
+///     prompt_div: 32,
+///     output_div: 8,
+///     max_prompt: 32,
+///     max_output: 32,
+/// };
+/// let wl = job::workload(&trace::embedded(), 12, &scaling, 100, 1, 0.0);
+/// let opts = JobOpts {
+///     mode: Mode::Continuous,
+///     max_active: 8,
+///     kv_blocks: 64,
+///     block_size: 4,
+///     token_budget: 16,
+///     stop_token: None,
+/// };
+/// let model = job::shared(ToyModel::new(100, opts.kv_blocks, opts.block_size));
+/// let out = xtc::decode::serve::run(&model, &wl, &opts, Box::new(|_| {})).unwrap();
+/// assert_eq!(out.finished.len(), 12);
+/// for f in &out.finished {
+///     assert_eq!(f.status, Status::Done);
+///     let spec = wl.requests.iter().find(|r| r.id == f.seq.id).unwrap();
+///     assert_eq!(f.seq.generated, toy_reference(&spec.prompt, spec.output_tokens, 100));
+/// }
+/// assert_eq!(out.kv_leaked, 0, "every block came back");
+/// let report = Report::from_run(&out, wl.requests.len());
+/// assert_eq!(report.requests.completed, 12);
+/// assert!(report.iterations.max_ready_members <= 8);
+/// assert!(report.latency.ttft.p50_ms <= report.latency.ttft.p99_ms);
+/// ```
 ///
 /// # Errors
 /// [`JobError`]: bad options, the loop or group refusing, a model failure,
@@ -283,6 +420,23 @@ pub fn run(
     wl: &Workload,
     opts: &JobOpts,
     progress: Box<dyn FnMut(&Progress)>,
+) -> Result<RunOutput, JobError> {
+    run_with_metrics(model, wl, opts, progress, None)
+}
+
+/// [`run`], updating `metrics` as the run goes: after every iteration and
+/// every submit (the group's statistics, running and waiting requests, KV
+/// use, tokens per iteration, first tokens and token gaps), at every
+/// completion and rejection, and once more after the last completion.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_with_metrics(
+    model: &SharedModel,
+    wl: &Workload,
+    opts: &JobOpts,
+    progress: Box<dyn FnMut(&Progress)>,
+    metrics: Option<Rc<DecodeMetrics>>,
 ) -> Result<RunOutput, JobError> {
     check_opts(opts)?;
     let lp = rt::Loop::new()?;
@@ -303,6 +457,10 @@ pub fn run(
         cancel_tx: Some(cancel_tx),
         outstanding: 0,
         batch_done: None,
+        metrics,
+        group: None,
+        arrivals: wl.requests.iter().map(|r| r.arrival).collect(),
+        submitted: 0,
     }));
     let step = DecodeStep {
         model: model.clone(),
@@ -325,6 +483,7 @@ pub fn run(
         step,
         move |_h: Handle, s: Sequence, o: crate::Result<()>| complete(&sh_c, s, o),
     )?;
+    sh.borrow_mut().group = Some(group.clone());
     let arrivals = Arrivals {
         group: group.clone(),
         sh: sh.clone(),
@@ -341,7 +500,13 @@ pub fn run(
             let _ = g.cancel(h); // Inval when it already ended: nothing to do
         }
     })?;
-    lp.run()?;
+    let ran = lp.run();
+    {
+        let mut sh = sh.borrow_mut();
+        sh.sample(); // the final figures, after the last completion
+        sh.group = None;
+    }
+    ran?;
     group.destroy()?;
     drop(group);
     finish(sh, start)
@@ -418,6 +583,9 @@ impl Arrivals {
     fn admit(&self, spec: &RequestSpec) -> Option<Sequence> {
         let mut sh = self.sh.borrow_mut();
         if let Some(r) = rejection(spec, &sh.kv, self.seq_len) {
+            if let Some(m) = &sh.metrics {
+                m.record_rejected(r.kind);
+            }
             sh.out.rejected.push(r);
             sh.account(1);
             return None;
@@ -436,12 +604,20 @@ impl Arrivals {
         self.sh.borrow_mut().outstanding += 1;
         match self.group.submit(s, charge) {
             Ok(h) if cancel_now => {
+                self.sh.borrow_mut().submitted += 1;
                 let _ = self.group.cancel(h);
             }
-            Ok(_) => {}
+            Ok(_) => {
+                let mut sh = self.sh.borrow_mut();
+                sh.submitted += 1;
+                sh.sample();
+            }
             Err(e) => {
                 let mut sh = self.sh.borrow_mut();
                 sh.outstanding -= 1;
+                if let Some(m) = &sh.metrics {
+                    m.record_rejected(RejectReason::Submit);
+                }
                 let id = e.into_inner().id;
                 let reason = format!("request {id} rejected by the group: submit failed");
                 sh.out.rejected.push(Rejected {

@@ -156,6 +156,13 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// Every reason, in order (reports list a count for each).
+    pub const ALL: [RejectReason; 3] = [
+        RejectReason::KvBlocks,
+        RejectReason::SeqLen,
+        RejectReason::Submit,
+    ];
+
     /// The name printed in reports and JSON (`kv-blocks`, `seq-len`, `submit`).
     pub fn name(self) -> &'static str {
         match self {

@@ -24,6 +24,29 @@
 //!    (DONE, cancelled, failed; also for an account never admitted) and closes
 //!    the account for good.
 //!
+//! # Example: one request's account
+//!
+//! ```
+//! use xtc::decode::serve::kv::KvLedger;
+//!
+//! // 8 blocks of 16 positions.
+//! let mut kv = KvLedger::new(8, 16).unwrap();
+//! // 40 prompt + 10 output tokens may need ceil(50 / 16) = 4 blocks.
+//! let mut acct = kv.account(40, 10);
+//! assert_eq!(acct.charge(), 4);
+//! assert!(acct.is_pending() && kv.fits(&acct));
+//! kv.admit(&mut acct).unwrap(); // the charge is reserved, no block yet
+//! assert_eq!((kv.reserved(), kv.used()), (4, 0));
+//! kv.grow(&mut acct, 40).unwrap(); // prefill: 40 positions need 3 blocks
+//! assert_eq!(acct.table().len(), 3);
+//! kv.grow(&mut acct, 49).unwrap(); // 9 decode steps later: the 4th block
+//! assert_eq!(kv.used(), 4);
+//! assert!(kv.grow(&mut acct, 65).is_err(), "never beyond the charge");
+//! assert_eq!(kv.free(&mut acct).unwrap(), 4); // blocks and charge back
+//! assert_eq!((kv.reserved(), kv.used()), (0, 0));
+//! assert!(kv.free(&mut acct).is_err(), "no double free");
+//! ```
+//!
 //! # Invariants (tests below)
 //! 1. `reserved()` = the sum of the admitted accounts' charges `<= capacity()`:
 //!    [`KvLedger::admit`] refuses a charge that does not fit and changes

@@ -22,8 +22,20 @@
 //!   engine's [`Exec`](crate::batch::Exec).
 //! - [`local`]: the same rules without the batch engine, in a plain loop (the
 //!   second driver the tests cross-check the group against).
+//! - [`latency`]: per-request latencies (queue, TTFT, TPOT, inter-token,
+//!   end-to-end), their distributions ([`latency::LatencyStats`], from an
+//!   HdrHistogram) and the SLO a request meets or misses.
+//! - [`metrics`]: Prometheus metrics of a run with vLLM's names and buckets
+//!   (`xtc:time_to_first_token_seconds`, ...) and the batch group's
+//!   statistics ([`metrics::DecodeMetrics`], updated by
+//!   [`grouped::run_with_metrics`]).
 //! - [`prompts`]: real-text prompts (windows of a tokenized text) for a workload.
-//! - [`report`]: the figures of a run (text, JSON, `--compare`, Chrome trace).
+//! - [`run_config`]: what produced a report ([`run_config::RunConfig`]:
+//!   trace, scaling, seed, model, KV cache, limits, device, SLO).
+//! - [`sweep`]: capacity under an SLO (`--sweep`): per-rate points, each
+//!   policy's capacity and the capacity ratios; table, CSV, SVG plot.
+//! - [`report`]: the figures of a run (text, JSON with a schema version,
+//!   per-request records, `--compare`, Chrome trace).
 //!
 //! # Import rule
 //! `crate::batch`, `crate::rt`, `crate::Error` and the join items of
@@ -50,10 +62,14 @@
 pub mod grouped;
 pub mod job;
 pub mod kv;
+pub mod latency;
 pub mod local;
+pub mod metrics;
 pub mod prompts;
 pub mod report;
+pub mod run_config;
 pub mod seq;
+pub mod sweep;
 pub mod trace;
 
-pub use grouped::run;
+pub use grouped::{run, run_with_metrics};

@@ -1,0 +1,207 @@
+//! `xtc decode --sweep`: every policy at every rate, each policy's capacity
+//! under the SLO and the capacity ratios, as a table, JSON, CSV and an SVG
+//! plot, on the toy model.
+//!
+//! The capacity test uses the toy model's modeled iteration cost (it sleeps,
+//! so an iteration never takes less than that): one request at a time
+//! cannot keep up at the high rate by construction, whatever the machine
+//! does, while the batching policies keep their TTFT 4 to 25 times below the
+//! SLO there, so only a stall of most of a second could change the outcome.
+
+use serde_json::Value;
+
+fn xtc(args: &[&str]) -> (i32, String, String) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .arg("decode")
+        .args(args)
+        .output()
+        .unwrap();
+    let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (o.status.code().unwrap_or(-1), s(o.stdout), s(o.stderr))
+}
+
+/// `n` requests `gap_ms` apart, each of a 4-token prompt and 10 output tokens.
+fn trace(dir: &std::path::Path, n: usize, gap_ms: u64) -> std::path::PathBuf {
+    let p = dir.join("trace.csv");
+    let mut s = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
+    for i in 0..n {
+        s += &format!("{:.3},4,10\n", (i as u64 * gap_ms) as f64 / 1e3);
+    }
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+fn capacity<'a>(v: &'a Value, mode: &str) -> &'a Value {
+    v["capacity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["mode"] == mode)
+        .unwrap()
+}
+
+/// At 1x (a request every 250 ms, 220 ms of modeled work each) every policy
+/// keeps up; at 50x (every 5 ms) one request at a time queues: the k-th
+/// waits about k x 220 ms, so 3 of 8 miss a 1 s TTFT, while continuous and
+/// static batching serve the burst in a batch or two.
+#[test]
+fn capacity_on_the_toy_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), 8, 250);
+    let (code, out, err) = xtc(&[
+        "--device",
+        "toy",
+        "--toy-cost",
+        "20000,0",
+        "--trace",
+        t.to_str().unwrap(),
+        "--prompt-div",
+        "1",
+        "--output-div",
+        "1",
+        "--slo-ttft",
+        "1000",
+        "--sweep",
+        "1,50",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let cap = |m: &str| capacity(&v, m)["capacity_time_scale"].as_f64();
+    assert_eq!(cap("continuous"), Some(50.0), "{out}");
+    assert_eq!(cap("static"), Some(50.0), "{out}");
+    assert_eq!(cap("one-at-a-time"), Some(1.0), "{out}");
+    assert_eq!(v["capacity_ratio_continuous_vs_one_at_a_time"], 50.0);
+    assert_eq!(v["capacity_ratio_continuous_vs_static"], 1.0);
+    assert_eq!(capacity(&v, "continuous")["met_at_every_rate"], true);
+    // The request rate of a capacity is the offered rate at its time scale:
+    // 8 requests over 1.75 s at 1x.
+    let rps = capacity(&v, "one-at-a-time")["capacity_request_rate_per_s"]
+        .as_f64()
+        .unwrap();
+    assert!((rps - 8.0 / 1.75).abs() < 1e-9, "{rps}");
+    let one_50 = v["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["mode"] == "one-at-a-time" && p["time_scale"] == 50.0)
+        .unwrap();
+    assert!(one_50["attainment"].as_f64().unwrap() < 0.9, "{one_50}");
+    assert_eq!(one_50["mean_ready_members"], 1.0);
+}
+
+#[test]
+fn sweep_writes_a_table_json_csv_and_an_svg_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("sweep.csv");
+    let svg = dir.path().join("sweep.svg");
+    let base = [
+        "--device",
+        "toy",
+        "--toy-cost",
+        "0,0",
+        "--requests",
+        "6",
+        "--sweep",
+        "4000,8000",
+    ];
+    // An SLO of a day: every policy meets it at every rate.
+    let (code, out, err) = xtc(&[
+        &base[..],
+        &[
+            "--slo-ttft",
+            "86400000",
+            "--csv-out",
+            csv.to_str().unwrap(),
+            "--plot-out",
+            svg.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert_eq!(code, 0, "{err}");
+    for needle in [
+        "rate",
+        "norm ms/tok",
+        "SLO met",
+        "capacity ratio",
+        ">= 8000x",
+    ] {
+        assert!(out.contains(needle), "{needle:?} missing:\n{out}");
+    }
+    assert!(err.contains("sweep 4000x"), "progress on stderr: {err}");
+    let rows: Vec<String> = std::fs::read_to_string(&csv)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(rows.len(), 1 + 6, "{rows:?}");
+    assert!(
+        rows[0].starts_with("mode,time_scale,request_rate_per_s,"),
+        "{}",
+        rows[0]
+    );
+    assert!(rows[1].starts_with("continuous,4000.0,"), "{}", rows[1]);
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg"), "{}", &plot[..80.min(plot.len())]);
+    for needle in [
+        "continuous",
+        "static",
+        "one-at-a-time",
+        "normalized latency",
+        "SLO attainment",
+    ] {
+        assert!(plot.contains(needle), "{needle:?} not in the plot");
+    }
+    assert!(
+        plot.matches("<polyline").count() >= 6,
+        "one line per policy in each panel"
+    );
+    // JSON: every policy at every rate; an impossible SLO has no capacity.
+    let (code, out, err) = xtc(&[&base[..], &["--slo-ttft", "0.000001", "--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["time_scales"], serde_json::json!([4000.0, 8000.0]));
+    assert_eq!(v["points"].as_array().unwrap().len(), 6);
+    assert_eq!(v["slo"]["ttft_ms"], 0.000001);
+    for m in ["continuous", "static", "one-at-a-time"] {
+        assert!(capacity(&v, m)["capacity_time_scale"].is_null(), "{m}");
+    }
+    assert!(v["capacity_ratio_continuous_vs_static"].is_null());
+}
+
+#[test]
+fn sweep_options_are_checked() {
+    // Usage errors (2): a bad rate, options that make no sense together or
+    // without --sweep.
+    for args in [
+        &["--sweep", "1,x"][..],
+        &["--sweep", "0"],
+        &["--sweep", "1", "--compare"],
+        &["--sweep", "1", "--time-scale", "4"],
+        &["--sweep", "1", "--trace-out", "/tmp/x.json"],
+        &["--csv-out", "/tmp/x.csv"],
+        &["--plot-out", "/tmp/x.svg"],
+        &["--toy-cost", "5"],
+    ] {
+        let (code, _, err) = xtc(&[&["--device", "toy"][..], args].concat());
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+    // A plot path that cannot be written fails before the first run.
+    let (code, out, err) = xtc(&[
+        "--device",
+        "toy",
+        "--requests",
+        "2",
+        "--sweep",
+        "1000",
+        "--plot-out",
+        "/nonexistent/dir/p.svg",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--plot-out") && !err.contains("sweep 1000x"),
+        "{err}"
+    );
+    assert!(out.is_empty());
+}
