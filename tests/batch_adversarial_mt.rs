@@ -109,14 +109,21 @@ fn b122_cancel_mt_applies_held_waiting_active_and_in_flight() {
     // capacity 3, one active place: F in flight, B blocked cannot coexist, so
     // use W waiting behind F, X a second waiting, two held behind them.
     let (g, c, r) = mt_group(&lp, mt_opts(3, 1, 4), Kind::Future);
-    let f = g.submit(rq(1, 1), 1).unwrap();
+    let f = g.submit(rq(1, 2), 1).unwrap();
     let w = g.submit(rq(2, 1), 1).unwrap();
     let x = g.submit(rq(3, 1), 1).unwrap();
     settle(&sim);
     assert_eq!(c.vectors.borrow().as_slice(), &[vec![f]], "F in flight");
     let h1 = submit_mt(&r, 4, 1).unwrap();
     let h2 = submit_mt(&r, 5, 1).unwrap();
-    settle(&sim); // drained during the wait: every slot taken, both held
+    settle(&sim);
+    assert_eq!(
+        g.stats().queued,
+        2,
+        "W, X; the hand-ins wait for a boundary"
+    );
+    c.promises.borrow_mut().remove(0).set(Ok(()));
+    settle(&sim); // boundary: every slot taken, both held; F's second op
     assert_eq!(g.stats().queued, 4, "W, X and two held hand-ins");
     for h in [f, w, h1] {
         r.cancel(h).unwrap();
@@ -127,8 +134,9 @@ fn b122_cancel_mt_applies_held_waiting_active_and_in_flight() {
         &[f],
         "the in-flight member's hint"
     );
-    assert!(
-        c.collects.borrow().is_empty(),
+    assert_eq!(
+        c.collects.borrow().len(),
+        1,
         "a member cancel does not end the wait"
     );
     c.promises.borrow_mut().remove(0).set(Ok(()));
@@ -159,7 +167,7 @@ fn b122_cancel_mt_applies_held_waiting_active_and_in_flight() {
             "a cancelled waiting/held member never runs"
         );
     }
-    assert_eq!(c.collects.borrow()[0], (vec![f], ExecStatus::Ok));
+    assert_eq!(c.collects.borrow()[1], (vec![f], ExecStatus::Ok));
     g.destroy().unwrap();
 }
 
@@ -395,17 +403,20 @@ fn b119_kill_while_parked_on_a_future_with_a_held_hand_in() {
     let sim = Sim::new(1191);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Future);
-    let f = g.submit(rq(1, 1), 1).unwrap();
+    let f = g.submit(rq(1, 2), 1).unwrap();
     settle(&sim);
     let h = submit_mt(&r, 2, 1).unwrap();
     settle(&sim);
+    assert_eq!(g.stats().queued, 0, "on the ring until a boundary (B-117)");
+    c.promises.borrow_mut().remove(0).set(Ok(()));
+    settle(&sim); // boundary: the only slot is F's, h is held
     assert_eq!(g.stats().queued, 1, "held");
     let (lp2, pid) = (lp.clone(), g.driver_pid());
     on_owner(&sim, &lp, move || lp2.kill(pid)).unwrap();
     run(&sim);
     assert_eq!(
         c.collects.borrow().as_slice(),
-        &[(vec![f], ExecStatus::Aborted)]
+        &[(vec![f], ExecStatus::Ok), (vec![f], ExecStatus::Aborted)]
     );
     assert_eq!(c.outcome(f), vec![Err(Error::Aborted)]);
     assert_eq!(c.outcome(h), vec![Err(Error::Internal)]);
@@ -729,5 +740,97 @@ fn b117_owner_cancel_of_a_ring_hand_in_takes_no_slot_before_the_boundary() {
     assert_eq!(c.in_vectors(x), 0, "never ran");
     assert_eq!(c.outcome(y), vec![Ok(())]);
     assert_eq!(g.stats().queued, 0);
+    g.destroy().unwrap();
+}
+
+/// B-117, B-118: a hand-in that lands while an operation is outstanding
+/// stays on the ring until the driver's next iteration boundary, as one
+/// landing at any other time does: no waiting slot, not `queued`, not
+/// `mt_queued` before the boundary, so an owner submit in between takes the
+/// free slot (FCFS among what reached a boundary) and the hand-in is held
+/// for the next one. The driver's operation wait (which drains the ring so a
+/// cancel_mt fires its hint) used to hand it in at once: `queued` 1, and the
+/// owner submit refused with `Again` and counted as a rejection.
+#[test]
+fn b117_a_hand_in_landing_during_an_operation_wait_takes_no_slot_before_the_boundary() {
+    let sim = Sim::new(1317);
+    let lp = sim.new_loop();
+    let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Future);
+    let a = g.submit(rq(1, 1), 1).unwrap();
+    settle(&sim);
+    assert_eq!(c.promises.borrow().len(), 1, "a's operation is outstanding");
+    let x = submit_mt(&r, 2, 1).unwrap();
+    settle(&sim); // the hand-in wakes the driver's wait
+    let s = g.stats();
+    assert_eq!((s.queued, s.ready), (0, 1), "x is still on the ring");
+    assert_eq!(g.async_stats().mt_queued, 0, "not handed in yet");
+    let g2 = g.clone();
+    let y = on_owner(&sim, &lp, move || {
+        g2.submit(rq(3, 1), 1).map_err(|e| e.error)
+    });
+    let y = y.expect("the free slot: x has not reached a boundary");
+    assert_eq!(g.stats().rejections, 0);
+    for _ in 0..4 {
+        c.promises
+            .borrow_mut()
+            .drain(..)
+            .for_each(|p| p.set(Ok(())));
+        settle(&sim);
+    }
+    let g2 = g.clone();
+    on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+    run(&sim);
+    assert_eq!(
+        *c.vectors.borrow(),
+        vec![vec![a], vec![y], vec![x]],
+        "y reached the slot first; x was held, then ran"
+    );
+    assert_eq!(ids(&c), vec![1, 3, 2]);
+    assert_eq!(g.async_stats().mt_queued, 1);
+    g.destroy().unwrap();
+}
+
+/// B-052, B-117, B-122: a hand-in set aside by an operation wait is, until
+/// the boundary, cancelled as one still on the ring: by the owner (`Ok`, not
+/// `Inval`) or by a cancel_mt drained in the same wait; it never runs, ends
+/// `Aborted` once, and its SUBMIT record comes back. A resume_mt for it is
+/// dropped (not resumable).
+#[test]
+fn b052_b122_hand_ins_set_aside_by_a_wait_are_cancelled_as_on_the_ring() {
+    let sim = Sim::new(1318);
+    let lp = sim.new_loop();
+    let (g, c, r) = mt_group(&lp, mt_opts(3, 1, 3), Kind::Future);
+    let a = g.submit(rq(1, 1), 1).unwrap();
+    settle(&sim);
+    let x = submit_mt(&r, 2, 1).unwrap();
+    let y = submit_mt(&r, 3, 1).unwrap();
+    let z = submit_mt(&r, 4, 1).unwrap();
+    settle(&sim); // set aside by the wait
+    r.resume(z).unwrap();
+    r.cancel(y).unwrap();
+    settle(&sim); // drained by the wait too
+    let g2 = g.clone();
+    assert_eq!(on_owner(&sim, &lp, move || g2.cancel(x)), Ok(()));
+    assert!(c.hints.borrow().is_empty(), "none of them is in flight");
+    c.promises.borrow_mut().remove(0).set(Ok(()));
+    settle(&sim);
+    let g2 = g.clone();
+    on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+    for _ in 0..4 {
+        c.promises
+            .borrow_mut()
+            .drain(..)
+            .for_each(|p| p.set(Ok(())));
+        settle(&sim);
+    }
+    run(&sim);
+    assert_eq!(c.outcome(a), vec![Ok(())]);
+    assert_eq!(c.outcome(x), vec![Err(Error::Aborted)]);
+    assert_eq!(c.outcome(y), vec![Err(Error::Aborted)]);
+    assert_eq!(c.outcome(z), vec![Ok(())]);
+    assert_eq!((c.in_vectors(x), c.in_vectors(y)), (0, 0), "never ran");
+    let s = g.stats();
+    assert_eq!((s.completed, s.cancelled), (2, 2));
+    assert_eq!(g.async_stats().mt_queued, 3);
     g.destroy().unwrap();
 }

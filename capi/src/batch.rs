@@ -220,6 +220,17 @@ unsafe fn class_of(c: *const xtc_sched_class_t) -> Option<xtc::rt::SchedClass> {
     unsafe { c.as_ref() }.map(|c| c.class.clone())
 }
 
+/// Members of the largest vector, for the C views allocated with the group
+/// (B-017); 0 for limits that create refuses anyway, so its `Inval` comes
+/// first (B-010, B-011).
+fn view_len(capacity: usize, max_active: usize, resource_capacity: u64) -> usize {
+    if max_active <= capacity && resource_capacity > 0 {
+        max_active
+    } else {
+        0
+    }
+}
+
 /// Boxes a created group and writes it to `out` (checked non-NULL earlier).
 ///
 /// # Safety
@@ -278,10 +289,11 @@ pub unsafe extern "C" fn xtc_batch_create(
             // SAFETY: caller contract (a live class handle or NULL).
             sched_class: unsafe { class_of(o.sched_class) },
         };
+        let views = view_len(o.capacity, o.max_active, o.resource_capacity);
         let g = Group::create(
             &lp.lp,
             sync,
-            CStep::new(step, o.user),
+            CStep::new(step, o.user, views)?,
             CComplete::new(complete, o.user),
         )?;
         // SAFETY: out checked non-NULL above.
@@ -327,10 +339,11 @@ pub unsafe extern "C" fn xtc_batch_create_async(
             sched_class: unsafe { class_of(o.sched_class) },
             mt_queue_cap: o.mt_queue_cap,
         };
+        let views = view_len(o.capacity, o.max_active, o.resource_capacity);
         let g = Group::create_async(
             &lp.lp,
             opts,
-            CAsync::new(submit, collect, o.cancel_hint, o.user),
+            CAsync::new(submit, collect, o.cancel_hint, o.user, views)?,
             CComplete::new(complete, o.user),
         )?;
         let remote = if o.mt_queue_cap > 0 {

@@ -4,8 +4,8 @@
 //! (`xtc_batch_exec_t`).
 //!
 //! The item and result arrays handed to C are buffers owned by the adapter
-//! and reused across iterations: they grow to the largest vector seen (at
-//! most `max_active`), so steady-state iterations allocate nothing.
+//! and reused across iterations, allocated at create for the largest vector
+//! (`max_active` members): iterations never allocate them (B-017).
 
 use std::ffi::c_void;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
@@ -147,12 +147,30 @@ struct Views {
     results: Vec<xtc_batch_result_t>,
 }
 
+/// An empty vector with room for `n` elements, allocated now.
+///
+/// # Errors
+/// `Range` when `n` elements cannot be addressed (B-018); `Nomem` when the
+/// allocation fails.
+fn reserved<T>(n: usize) -> Result<Vec<T>> {
+    let bytes = n.checked_mul(size_of::<T>()).ok_or(Error::Range)?;
+    if bytes > isize::MAX as usize {
+        return Err(Error::Range);
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Nomem)?;
+    Ok(v)
+}
+
 impl Views {
-    fn new() -> Views {
-        Views {
-            items: Vec::new(),
-            results: Vec::new(),
-        }
+    /// Views with room for the largest vector, `max_active` members,
+    /// allocated at create like the rest of the group's storage: an
+    /// iteration never allocates them (B-017).
+    fn with_capacity(max_active: usize) -> Result<Views> {
+        Ok(Views {
+            items: reserved(max_active)?,
+            results: reserved(max_active)?,
+        })
     }
 
     fn load(&mut self, items: &[Item<'_, CRequest>]) {
@@ -180,12 +198,20 @@ pub(crate) struct CStep {
 }
 
 impl CStep {
-    pub(crate) fn new(step: Fn<xtc_batch_step_fn>, user: *mut c_void) -> CStep {
-        CStep {
+    /// The adapter of a group whose vectors hold at most `max_active` members.
+    ///
+    /// # Errors
+    /// As [`Views::with_capacity`].
+    pub(crate) fn new(
+        step: Fn<xtc_batch_step_fn>,
+        user: *mut c_void,
+        max_active: usize,
+    ) -> Result<CStep> {
+        Ok(CStep {
             step,
             user,
-            views: Views::new(),
-        }
+            views: Views::with_capacity(max_active)?,
+        })
     }
 }
 
@@ -321,19 +347,24 @@ pub(crate) struct CAsync {
 }
 
 impl CAsync {
+    /// The adapter of a group whose vectors hold at most `max_active` members.
+    ///
+    /// # Errors
+    /// As [`Views::with_capacity`].
     pub(crate) fn new(
         submit: Fn<xtc_batch_submit_fn>,
         collect: Fn<xtc_batch_collect_fn>,
         cancel_hint: xtc_batch_cancel_hint_fn,
         user: *mut c_void,
-    ) -> CAsync {
-        CAsync {
+        max_active: usize,
+    ) -> Result<CAsync> {
+        Ok(CAsync {
             submit,
             collect,
             cancel_hint,
             user,
-            views: Views::new(),
-        }
+            views: Views::with_capacity(max_active)?,
+        })
     }
 }
 
@@ -388,5 +419,55 @@ impl AsyncStep<CRequest> for CAsync {
             // SAFETY: the application's optional hint (B-094).
             unsafe { hint(handle.get(), self.user) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe extern "C" fn step(
+        _: *const xtc_batch_item_t,
+        _: *mut xtc_batch_result_t,
+        _: usize,
+        _: *mut c_void,
+    ) -> c_int {
+        XTC_OK
+    }
+
+    /// B-017: the C views of the largest vector are allocated when the
+    /// adapter is made (at create, before the driver is published); loading
+    /// a vector of `max_active` members moves nothing. They used to start
+    /// empty and grow on the driver during the first iterations.
+    #[test]
+    fn views_are_allocated_at_create_for_the_largest_vector() {
+        let s = CStep::new(step, std::ptr::null_mut(), 64).unwrap();
+        let mut v = s.views;
+        assert!(v.items.capacity() >= 64 && v.results.capacity() >= 64);
+        let (pi, pr) = (v.items.as_ptr(), v.results.as_ptr());
+        let mut reqs: Vec<CRequest> = (0..64).map(|_| CRequest(std::ptr::null_mut())).collect();
+        let items: Vec<Item<'_, CRequest>> = reqs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, r)| Item {
+                handle: Handle::new(i as u64 + 1).unwrap(),
+                request: r,
+            })
+            .collect();
+        v.load(&items);
+        assert_eq!((v.items.as_ptr(), v.results.as_ptr()), (pi, pr));
+        assert_eq!(v.items.len(), 64);
+    }
+
+    /// B-018: a `max_active` whose views cannot be addressed is `Range`,
+    /// before anything is allocated.
+    #[test]
+    fn views_too_large_to_address_are_range() {
+        let r = CStep::new(step, std::ptr::null_mut(), usize::MAX / 4);
+        assert!(matches!(r, Err(Error::Range)));
+        assert_eq!(
+            reserved::<xtc_batch_item_t>(usize::MAX / 8).err(),
+            Some(Error::Range)
+        );
     }
 }

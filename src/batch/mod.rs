@@ -266,8 +266,9 @@ pub struct AsyncStats {
     pub offload_timeouts: u64,
     /// Operations that could not be awaited (negative status).
     pub offload_errors: u64,
-    /// Cross-loop submit hand-ins drained from the ring so far (cumulative,
-    /// saturating; a hand-in accepted but not yet drained is not counted).
+    /// Cross-loop submit hand-ins the driver has taken into the group at an
+    /// iteration boundary so far (cumulative, saturating; a hand-in accepted
+    /// but not yet handed in is not counted).
     pub mt_queued: u64,
     /// Cross-loop calls refused (maintained by the ring): every refused
     /// submit_mt (`Again` or `Range`) and every `Again` control (B-177).

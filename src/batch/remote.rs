@@ -20,7 +20,11 @@
 //!    The driver also drains during an operation wait (so a hint fires) and
 //!    at the operation's completion boundary, before collect
 //!    ([`drain_at_completion`]): a cancel accepted while the operation was
-//!    outstanding is never lost to the operation finishing first.
+//!    outstanding is never lost to the operation finishing first. A submit
+//!    popped there is set aside ([`MtState::drain_deferring`]) and handed in
+//!    first at the next boundary: until then it is, for everyone else, still
+//!    on the ring (no slot, not `queued`, not `mt_queued`; an owner cancel
+//!    finds it), as B-117 says of every hand-in.
 //!
 //! Only the driver (and, after it, the finalizer) drains: a drain disarms
 //! the doorbell the parked driver armed, so an owner-loop cancel of a handle
@@ -43,6 +47,7 @@
 //! when calls are meaningful).
 #![deny(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::task::Waker;
@@ -113,20 +118,34 @@ pub(crate) struct MtState<R> {
     /// is a distinct undrained SUBMIT record, so at most `mt_queue_cap`
     /// (allocated at create, never grown).
     precancelled: Vec<NonZeroU64>,
+    /// Submits popped during an operation wait, in ring order, handed in at
+    /// the next boundary (B-117). Each holds a SUBMIT record, so at most
+    /// `mt_queue_cap` (allocated at create, never grown).
+    deferred: VecDeque<Deferred<R>>,
+    /// Submit hand-ins handed into the group so far (`mt_queued`).
+    handed_in: u64,
+}
+
+/// A submit popped from the ring during an operation wait, not handed in yet.
+#[derive(Debug)]
+struct Deferred<R> {
+    handle: NonZeroU64,
+    request: R,
+    charge: u64,
 }
 
 impl<R> MtState<R> {
-    /// Bytes charged for the ring, both record pools and the owner-cancel
-    /// list (B-109); the held queue is part of the core's storage.
+    /// Bytes charged for the ring, both record pools, the owner-cancel list
+    /// and the deferred submits (B-109); the held queue is part of the
+    /// core's storage.
     ///
     /// # Errors
     /// `Range` on arithmetic overflow.
     pub(crate) fn bytes_for(cap: usize) -> Result<u64> {
-        let list = (cap as u64)
-            .checked_mul(size_of::<NonZeroU64>() as u64)
-            .ok_or(Error::Range)?;
+        let per_record = size_of::<NonZeroU64>() as u64 + size_of::<Deferred<R>>() as u64;
+        let lists = (cap as u64).checked_mul(per_record).ok_or(Error::Range)?;
         Admission::<R>::bytes_for(cap)?
-            .checked_add(list)
+            .checked_add(lists)
             .ok_or(Error::Range)
     }
 
@@ -144,11 +163,15 @@ impl<R> MtState<R> {
         precancelled
             .try_reserve_exact(cap)
             .map_err(|_| Error::Nomem)?;
+        let mut deferred = VecDeque::new();
+        deferred.try_reserve_exact(cap).map_err(|_| Error::Nomem)?;
         Ok(MtState {
             inbox,
             unreleased: 0,
             resource_capacity,
             precancelled,
+            deferred,
+            handed_in: 0,
         })
     }
 
@@ -160,12 +183,38 @@ impl<R> MtState<R> {
         }
     }
 
-    /// Pops everything ready, in reservation order, into `m` (B-117, B-122).
+    /// The boundary's drain: hands in the submits set aside during the
+    /// operation wait, then pops everything ready, in reservation order, into
+    /// `m` (B-117, B-122).
     ///
-    /// The driver's alone (its boundary, its operation wait, its completion
-    /// boundary) and the finalizer's after the driver ended: it disarms the
-    /// doorbell, which only the process that parks on it may do (issue 12).
+    /// The driver's alone (its boundary) and the finalizer's after the driver
+    /// ended: it disarms the doorbell, which only the process that parks on
+    /// it may do (issue 12).
     pub(crate) fn drain(&mut self, m: &mut impl Members<R>) -> DrainEnd {
+        while let Some(d) = self.deferred.pop_front() {
+            self.hand_in(m, d.handle, d.request, d.charge);
+        }
+        self.pop_ring(m, false)
+    }
+
+    /// The drain of an operation wait and of its completion boundary: pops
+    /// everything ready so that cancels and resumes reach the core (a cancel
+    /// of an in-flight member is recorded, so its hint fires, B-094), but
+    /// sets every submit aside for the next boundary's [`drain`]: a waiting
+    /// slot is made only at an iteration boundary (B-117), so an owner
+    /// submit meanwhile sees the slots as if the hand-in were still on the
+    /// ring. A control for a set-aside submit applies to it as the boundary
+    /// would: a cancel is noted (it ends `Aborted` and never runs), a resume
+    /// is dropped (a waiting request is not resumable).
+    ///
+    /// The driver's alone, as [`drain`].
+    ///
+    /// [`drain`]: MtState::drain
+    pub(crate) fn drain_deferring(&mut self, m: &mut impl Members<R>) -> DrainEnd {
+        self.pop_ring(m, true)
+    }
+
+    fn pop_ring(&mut self, m: &mut impl Members<R>, defer: bool) -> DrainEnd {
         self.inbox.disarm();
         loop {
             match self.inbox.pop() {
@@ -175,12 +224,20 @@ impl<R> MtState<R> {
                     charge,
                 }) => {
                     self.unreleased += 1;
-                    m.hand_in(handle, request, charge);
-                    let owner_cancelled = self.take_precancel(handle);
-                    if owner_cancelled || m.cancelling() {
-                        // An owner cancel while it was on the ring (B-052), or
-                        // close(CANCEL) (B-142): it ends Aborted, never runs.
-                        m.cancel(handle);
+                    if defer {
+                        debug_assert!(self.deferred.len() < self.deferred.capacity());
+                        self.deferred.push_back(Deferred {
+                            handle,
+                            request,
+                            charge,
+                        });
+                    } else {
+                        self.hand_in(m, handle, request, charge);
+                    }
+                }
+                Pop::Item(HandIn::Control { op, handle }) if self.is_deferred(handle) => {
+                    if op == ControlOp::Cancel {
+                        self.note_precancel(handle);
                     }
                 }
                 Pop::Item(HandIn::Control { op, handle }) => {
@@ -196,9 +253,38 @@ impl<R> MtState<R> {
         }
     }
 
+    /// A drained submit enters the group: a waiting slot or held (B-118).
+    fn hand_in(&mut self, m: &mut impl Members<R>, handle: NonZeroU64, request: R, charge: u64) {
+        self.handed_in = self.handed_in.saturating_add(1);
+        m.hand_in(handle, request, charge);
+        let owner_cancelled = self.take_precancel(handle);
+        if owner_cancelled || m.cancelling() {
+            // An owner cancel or a cancel_mt while it was on the ring (or set
+            // aside, B-052, B-122), or close(CANCEL) (B-142): it ends
+            // Aborted, never runs.
+            m.cancel(handle);
+        }
+    }
+
+    /// Whether `handle` is a submit set aside during an operation wait.
+    fn is_deferred(&self, handle: NonZeroU64) -> bool {
+        self.deferred.iter().any(|d| d.handle == handle)
+    }
+
+    /// Notes a cancel for a hand-in not handed in yet (on the ring or set
+    /// aside); harmless twice.
+    fn note_precancel(&mut self, handle: NonZeroU64) {
+        if !self.precancelled.contains(&handle) {
+            debug_assert!(self.precancelled.len() < self.precancelled.capacity());
+            self.precancelled.push(handle);
+        }
+    }
+
     /// Returns the SUBMIT records of drained hand-ins no longer held.
     pub(crate) fn settle(&mut self, m: &impl Members<R>) {
-        let gone = self.unreleased.saturating_sub(m.held_len());
+        // Held and set-aside hand-ins keep their records (B-111).
+        let kept = m.held_len() + self.deferred.len();
+        let gone = self.unreleased.saturating_sub(kept);
         self.inbox.release_submits(gone);
         self.unreleased -= gone;
     }
@@ -232,14 +318,15 @@ impl<R> MtState<R> {
         if !self.inbox.shared().handles().is_issued(handle) {
             return Err(Error::Inval);
         }
+        if self.is_deferred(handle) {
+            self.note_precancel(handle); // set aside during a wait: as on the ring
+            return Ok(());
+        }
         match self.inbox.find_submit(handle) {
             // Behind a hand-in still being written: retry (B-053).
             Some(true) => Err(Error::Again),
             Some(false) => {
-                if !self.precancelled.contains(&handle) {
-                    debug_assert!(self.precancelled.len() < self.precancelled.capacity());
-                    self.precancelled.push(handle);
-                }
+                self.note_precancel(handle);
                 Ok(())
             }
             // Completed (or an issued number whose push lost a close race):
@@ -259,9 +346,10 @@ impl<R> MtState<R> {
         self.inbox.close();
     }
 
-    /// Whether every submit that raced close has been drained (B-143).
+    /// Whether every submit that raced close has been drained and handed in
+    /// (B-143).
     pub(crate) fn may_finish(&self) -> bool {
-        self.inbox.submits_drained()
+        self.deferred.is_empty() && self.inbox.submits_drained()
     }
 
     /// The driver has finished: later `cancel_mt`/`resume_mt` get `Inval`.
@@ -275,9 +363,10 @@ impl<R> MtState<R> {
         self.inbox.arm(waker)
     }
 
-    /// Submit hand-ins drained so far (`mt_queued`).
+    /// Submit hand-ins handed into the group so far (`mt_queued`): one set
+    /// aside during an operation wait counts at the boundary that hands it in.
     pub(crate) fn mt_queued(&self) -> u64 {
-        self.inbox.submits_popped()
+        self.handed_in
     }
 
     /// Refused mt calls so far (`mt_rejections`).
@@ -479,7 +568,7 @@ pub(crate) fn drain_at_completion<R>(sh: &Shared<R>, in_flight: &[Item<'_, R>]) 
         return false;
     };
     let mut mt = mt.borrow_mut();
-    match mt.drain(&mut *sh.core.borrow_mut()) {
+    match mt.drain_deferring(&mut *sh.core.borrow_mut()) {
         DrainEnd::Empty => false,
         DrainEnd::Busy => {
             mt.cancel_stuck(|h| in_flight.iter().any(|it| it.handle.get() == h.get()))
@@ -513,14 +602,17 @@ pub(crate) fn arm<R>(sh: &Shared<R>, waker: &Waker) -> bool {
 
 /// During an operation wait: arms the doorbell with the wait's `waker`; if
 /// hand-ins are ready, drains them (a cancel_mt of an in-flight member is
-/// recorded at once, so its hint fires, B-094) and re-arms. Returns `true`
-/// when the drain recorded a cancel (the wait then fires hints).
+/// recorded at once, so its hint fires, B-094; a submit is set aside for the
+/// next boundary, B-117) and re-arms. Returns `true` when the drain recorded
+/// a cancel (the wait then fires hints).
 pub(crate) fn drain_while_waiting<R>(sh: &Shared<R>, waker: &Waker) -> bool {
     if !arm(sh, waker) {
         return false;
     }
     let seq = sh.core.borrow().cancel_seq;
-    drain(sh);
+    if let Some(mt) = &sh.mt {
+        mt.borrow_mut().drain_deferring(&mut *sh.core.borrow_mut());
+    }
     if arm(sh, waker) {
         waker.wake_by_ref(); // more landed meanwhile: poll again
     }

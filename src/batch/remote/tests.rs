@@ -324,3 +324,29 @@ mod on_a_loop {
         g.destroy().unwrap();
     }
 }
+
+/// B-111, B-117, B-143: a submit popped by an operation wait is set aside:
+/// no slot, not `mt_queued`, its SUBMIT record still claimed across a
+/// settle, and the driver may not finish; the next boundary hands it in.
+#[test]
+fn submits_set_aside_by_a_wait_wait_for_the_boundary() {
+    let (mut mt, remote, mut c) = setup(2, 2);
+    let h = remote.submit(1, 1).unwrap();
+    assert_eq!(mt.drain_deferring(&mut c), DrainEnd::Empty);
+    assert_eq!(c.snapshot().queued, 0, "no waiting slot before a boundary");
+    assert_eq!(
+        c.check_submit(1),
+        Ok(()),
+        "an owner submit sees a free slot"
+    );
+    mt.settle(&c);
+    assert_eq!(free(&remote), 1, "the record stays claimed (B-111)");
+    assert_eq!(mt.mt_queued(), 0);
+    mt.close();
+    assert!(!mt.may_finish(), "not handed in yet (B-143)");
+    assert!(boundary(&mut mt, &mut c).is_empty());
+    assert_eq!(c.snapshot().ready, 1);
+    assert_eq!((mt.mt_queued(), free(&remote)), (1, 2));
+    assert!(mt.may_finish());
+    assert_eq!(run_all(&mut mt, &mut c), vec![(h.get(), 1, Ok(()))]);
+}

@@ -316,7 +316,6 @@ impl<R> Admission<R> {
             shared: Arc::clone(&shared),
             key,
             close_pos: None,
-            drained: 0,
         };
         Ok((shared, inbox))
     }
@@ -478,7 +477,6 @@ pub(crate) struct Inbox<R> {
     shared: Arc<Admission<R>>,
     key: ConsumerKey,
     close_pos: Option<u64>,
-    drained: u64,
 }
 
 impl<R> Inbox<R> {
@@ -492,10 +490,8 @@ impl<R> Inbox<R> {
     /// [`release_submit`](Inbox::release_submit).
     pub(crate) fn pop(&mut self) -> Pop<HandIn<R>> {
         let popped = self.shared.ring.pop(&mut self.key);
-        match &popped {
-            Pop::Item(HandIn::Control { .. }) => self.shared.controls.release(),
-            Pop::Item(HandIn::Submit { .. }) => self.drained = self.drained.saturating_add(1),
-            Pop::Empty | Pop::Busy => {}
+        if let Pop::Item(HandIn::Control { .. }) = &popped {
+            self.shared.controls.release();
         }
         popped
     }
@@ -553,11 +549,6 @@ impl<R> Inbox<R> {
                 matches!(r, HandIn::Control { op: ControlOp::Cancel, handle } if handles(*handle))
             })
             .is_some()
-    }
-
-    /// Submit hand-ins drained so far (`mt_queued`).
-    pub(crate) fn submits_popped(&self) -> u64 {
-        self.drained
     }
 
     /// Refuses later submits (B-141). Idempotent.

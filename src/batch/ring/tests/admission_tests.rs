@@ -98,7 +98,6 @@ fn submit_returns_a_handle_and_the_record_stays_claimed_until_released() {
     inbox.release_submit();
     assert!(shared.submit(12, 1).is_ok());
     assert_eq!(shared.rejections(), 2);
-    assert_eq!(inbox.submits_popped(), 1);
 }
 
 #[test]
