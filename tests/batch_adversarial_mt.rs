@@ -141,13 +141,8 @@ fn b122_cancel_mt_applies_held_waiting_active_and_in_flight() {
     );
     c.promises.borrow_mut().remove(0).set(Ok(()));
     // X and H2 run (FUTURE each time): resolve as they come.
-    for _ in 0..10 {
-        settle(&sim);
-        let p: Vec<_> = c.promises.borrow_mut().drain(..).collect();
-        for p in p {
-            p.set(Ok(()));
-        }
-    }
+    settle(&sim);
+    resolve_rounds(&sim, &c, 10);
     let g2 = g.clone();
     on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
     run(&sim);
@@ -770,13 +765,7 @@ fn b117_a_hand_in_landing_during_an_operation_wait_takes_no_slot_before_the_boun
     });
     let y = y.expect("the free slot: x has not reached a boundary");
     assert_eq!(g.stats().rejections, 0);
-    for _ in 0..4 {
-        c.promises
-            .borrow_mut()
-            .drain(..)
-            .for_each(|p| p.set(Ok(())));
-        settle(&sim);
-    }
+    resolve_rounds(&sim, &c, 4);
     let g2 = g.clone();
     on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
     run(&sim);
@@ -816,13 +805,7 @@ fn b052_b122_hand_ins_set_aside_by_a_wait_are_cancelled_as_on_the_ring() {
     settle(&sim);
     let g2 = g.clone();
     on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
-    for _ in 0..4 {
-        c.promises
-            .borrow_mut()
-            .drain(..)
-            .for_each(|p| p.set(Ok(())));
-        settle(&sim);
-    }
+    resolve_rounds(&sim, &c, 4);
     run(&sim);
     assert_eq!(c.outcome(a), vec![Ok(())]);
     assert_eq!(c.outcome(x), vec![Err(Error::Aborted)]);
@@ -833,4 +816,16 @@ fn b052_b122_hand_ins_set_aside_by_a_wait_are_cancelled_as_on_the_ring() {
     assert_eq!((s.completed, s.cancelled), (2, 2));
     assert_eq!(g.async_stats().mt_queued, 3);
     g.destroy().unwrap();
+}
+
+/// `rounds` times: every outstanding FUTURE operation succeeds, then the
+/// loop settles (the driver collects and starts the next iteration).
+fn resolve_rounds(sim: &Sim, c: &Ctl, rounds: usize) {
+    for _ in 0..rounds {
+        c.promises
+            .borrow_mut()
+            .drain(..)
+            .for_each(|p| p.set(Ok(())));
+        settle(sim);
+    }
 }

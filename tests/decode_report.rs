@@ -127,11 +127,19 @@ fn every_report_field_is_documented_and_every_documented_field_is_reported() {
         ]);
         assert_eq!(code, 0, "{out}");
         let m: Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(v["samples"], Value::Array(vec![]), "the synthetic model has no text");
+        assert_eq!(
+            v["samples"],
+            Value::Array(vec![]),
+            "the synthetic model has no text"
+        );
         assert!(!m["samples"].as_array().unwrap().is_empty(), "{m}");
         let mut with_samples = BTreeSet::new();
         paths(&m, "", &mut with_samples);
-        real.extend(with_samples.into_iter().filter(|p| p.starts_with("samples")));
+        real.extend(
+            with_samples
+                .into_iter()
+                .filter(|p| p.starts_with("samples")),
+        );
     } else {
         doc.retain(|p| !p.starts_with("samples["));
     }

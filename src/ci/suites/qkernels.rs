@@ -633,14 +633,27 @@ fn rope_tab(ctx: &mut Ctx, heads: usize, kv_heads: usize, hs: usize) -> CaseResu
         tab_off: b.f32_base as u32,
     };
     b.run(|o, _, _, rec| Ok(o.run(rec, &op)?))?;
-    let (mut wq, mut wk) = (q.clone(), k.clone());
-    for (i, &p) in pos.iter().enumerate() {
-        reference_rope(&table, hs, &mut wq[i * d..(i + 1) * d], p as usize);
-        reference_rope(&table, hs, &mut wk[i * kvd..(i + 1) * kvd], p as usize);
-    }
+    let (wq, wk) = rope_rows(&table, hs, (&q, &k), (d, kvd), &pos);
     let e1 = check::close("q", &b.get(1, q_at, q.len())?, &wq, NMSE_Q)?;
     let e2 = check::close("k", &b.get(1, k_at, k.len())?, &wk, NMSE_Q)?;
     ok(format!("NMSE {:.2e}", e1.max(e2)))
+}
+
+/// The reference's q and k rows of `pos.len()` tokens (widths `d` and
+/// `kvd`), each turned at its position.
+fn rope_rows(
+    table: &[f32],
+    hs: usize,
+    (q, k): (&[f32], &[f32]),
+    (d, kvd): (usize, usize),
+    pos: &[u32],
+) -> (Vec<f32>, Vec<f32>) {
+    let (mut wq, mut wk) = (q.to_vec(), k.to_vec());
+    for (i, &p) in pos.iter().enumerate() {
+        reference_rope(table, hs, &mut wq[i * d..(i + 1) * d], p as usize);
+        reference_rope(table, hs, &mut wk[i * kvd..(i + 1) * kvd], p as usize);
+    }
+    (wq, wk)
 }
 
 /// `rope_kv` / `rope_kv_img`: rows at positions 0, 5, 13 of a sequence whose
@@ -662,11 +675,7 @@ fn rope_kv(ctx: &mut Ctx, (heads, kv_heads, hs): (usize, usize, usize), image: b
     let q = rand_vec(&mut rng, pos.len() * d, 1.0);
     let k = rand_vec(&mut rng, pos.len() * kvd, 1.0);
     let v = rand_vec(&mut rng, pos.len() * kvd, 1.0);
-    let (mut wq, mut wk) = (q.clone(), k.clone());
-    for (i, &p) in pos.iter().enumerate() {
-        reference_rope(&table, hs, &mut wq[i * d..(i + 1) * d], p as usize);
-        reference_rope(&table, hs, &mut wk[i * kvd..(i + 1) * kvd], p as usize);
-    }
+    let (wq, wk) = rope_rows(&table, hs, (&q, &k), (d, kvd), &pos);
     let layer = n_blocks * bs * kvd;
     let extent = [(bs * kvd / 4) as u32, n_blocks as u32, 2];
     let (q_at, k_at, v_at) = (X_OFF, X_OFF + q.len(), X_OFF + q.len() + k.len());

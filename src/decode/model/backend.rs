@@ -356,7 +356,7 @@ impl Model for CpuModel {
 /// ONE command buffer for the plan and completes with its fence fd (owned).
 pub struct VulkanModel {
     gpu: GpuModel,
-    in_flight: Option<InFlight>,
+    in_flight: FenceSlot,
 }
 
 impl std::fmt::Debug for VulkanModel {
@@ -391,7 +391,7 @@ impl VulkanModel {
             .map_err(|e| DeviceError(format!("cannot load the model on the device: {e}")))?;
         Ok(VulkanModel {
             gpu,
-            in_flight: None,
+            in_flight: FenceSlot::default(),
         })
     }
 }
@@ -407,26 +407,54 @@ impl Model for VulkanModel {
     }
 
     fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
-        let f = self
-            .gpu
-            .submit(plan)
-            .map_err(|e| DeviceError(format!("submit: {e}")))?;
-        // The completion shares the submission (its fence fd stays open
-        // until the last clone drops, however long the driver keeps it);
-        // `finish` consumes ours. No duplicate fd is made.
-        let fence = f.fence();
-        self.in_flight = Some(f);
-        Ok(Completion::Fence(fence))
+        self.in_flight.launch(self.gpu.submit(plan))
     }
 
     fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
-        let f = self
-            .in_flight
-            .take()
-            .ok_or_else(|| DeviceError("finish without a launched plan".into()))?;
+        let f = self.in_flight.take()?;
         self.gpu
             .finish(f)
             .map_err(|e| DeviceError(format!("finish: {e}")))
+    }
+}
+
+/// The submission a Vulkan model has in flight between [`Model::launch`] and
+/// [`Model::finish`] (at most one: the serving loop finishes a plan before it
+/// launches the next).
+#[derive(Default)]
+pub(crate) struct FenceSlot(Option<InFlight>);
+
+impl FenceSlot {
+    /// Keeps the submission `submitted` and completes with its fence: the
+    /// completion shares the submission, so its fence fd stays open until
+    /// the last clone drops, however long the driver keeps it; no fd is
+    /// duplicated.
+    ///
+    /// # Errors
+    /// A failed submission, as `submit: {error}`.
+    pub(crate) fn launch<E: std::fmt::Display>(
+        &mut self,
+        submitted: Result<InFlight, E>,
+    ) -> Result<Completion, DeviceError> {
+        let f = submitted.map_err(|e| DeviceError(format!("submit: {e}")))?;
+        let fence = f.fence();
+        self.0 = Some(f);
+        Ok(Completion::Fence(fence))
+    }
+
+    /// The submission to finish.
+    ///
+    /// # Errors
+    /// `finish without a launched plan` when none is in flight.
+    pub(crate) fn take(&mut self) -> Result<InFlight, DeviceError> {
+        self.0
+            .take()
+            .ok_or_else(|| DeviceError("finish without a launched plan".into()))
+    }
+
+    /// Whether a submission is in flight.
+    pub(crate) fn is_some(&self) -> bool {
+        self.0.is_some()
     }
 }
 

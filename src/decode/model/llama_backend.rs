@@ -20,8 +20,7 @@
 
 use std::sync::Arc;
 
-use super::backend::HostCompute;
-use super::gpu::InFlight;
+use super::backend::{FenceSlot, HostCompute};
 use super::gpu_llama::{GpuLlama, GpuLlamaOptions};
 use super::llama::{Llama, PagedKv};
 use super::sampling::argmax;
@@ -99,7 +98,7 @@ impl Model for LlamaCpuModel {
 pub struct LlamaVulkanModel {
     gpu: GpuLlama,
     name: String,
-    in_flight: Option<InFlight>,
+    in_flight: FenceSlot,
 }
 
 impl std::fmt::Debug for LlamaVulkanModel {
@@ -131,7 +130,7 @@ impl LlamaVulkanModel {
         Ok(LlamaVulkanModel {
             gpu,
             name: name.to_string(),
-            in_flight: None,
+            in_flight: FenceSlot::default(),
         })
     }
 
@@ -152,22 +151,11 @@ impl Model for LlamaVulkanModel {
     }
 
     fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
-        let f = self
-            .gpu
-            .submit(plan)
-            .map_err(|e| DeviceError(format!("submit: {e}")))?;
-        // As VulkanModel: the completion shares the submission, so its fence
-        // fd stays open however long the driver keeps it; no fd is duplicated.
-        let fence = f.fence();
-        self.in_flight = Some(f);
-        Ok(Completion::Fence(fence))
+        self.in_flight.launch(self.gpu.submit(plan))
     }
 
     fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
-        let f = self
-            .in_flight
-            .take()
-            .ok_or_else(|| DeviceError("finish without a launched plan".into()))?;
+        let f = self.in_flight.take()?;
         self.gpu
             .finish(f)
             .map_err(|e| DeviceError(format!("finish: {e}")))
