@@ -1,5 +1,5 @@
 //! The quantized kernels (`kernels/qmatmul.wgsl`, `rope_tab`) against their
-//! CPU references (`decode::qops`), in both forms: the CPU-device form
+//! CPU references (`decode::model::qops`), in both forms: the CPU-device form
 //! (weights in the weight image, x through the uniform window, chunked) and
 //! the GPU form (weights in the storage buffer, workgroup tiles), on the
 //! default device (lavapipe in CI; with `CI` set a missing device fails).

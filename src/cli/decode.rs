@@ -43,7 +43,8 @@ pub const DEFAULT_REQUESTS: usize = 512;
 
 /// Length scaling on CPU devices: prompt / 32 (the trace's median prompt of
 /// ~1,000 tokens becomes ~32), output / 4 (median ~240 becomes ~60), each
-/// capped at 128 tokens (half the default model's 256 positions).
+/// capped at 128 tokens (half the synthetic model's 256 positions,
+/// [`Config::tiny`]; the GGUF model on a CPU device gets the same caps).
 pub const CPU_SCALING: Scaling = Scaling {
     time_scale: DEFAULT_TIME_SCALE,
     prompt_div: 32,

@@ -35,8 +35,9 @@
 //! - `decode::model` may import `crate::vk`, `crate::Error` / `crate::Result`
 //!   and this module's join items; never `crate::batch`, `crate::rt`,
 //!   `crate::accel`, `crate::dispatch` or `decode::serve`.
-//! - `decode::serve` may import `crate::batch`, `crate::rt`, `crate::Error` /
-//!   `crate::Result` and this module's join items; never `crate::vk`,
+//! - `decode::serve` may import `crate::batch`, `crate::rt`,
+//!   `crate::trace_event`, `crate::Error` / `crate::Result` and this module's
+//!   join items; never `crate::vk`,
 //!   `crate::accel`, `crate::dispatch` or `decode::model` (it reaches a model
 //!   only through [`Model`]).
 //! - The composition root is the command (`cli::decode`): it builds a model

@@ -44,7 +44,8 @@
 //!   synthetic weights, or a llama2.c checkpoint through
 //!   [`checkpoint`]), [`BatchPlan`] and [`KvGeometry`].
 //!   Every matrix is row-major `[out, in]` f32 and a matmul is
-//!   `y[o] = sum_i W[o*in + i] * x[i]`. `xtc decode`, the Vulkan model and
+//!   `y[o] = sum_i W[o*in + i] * x[i]`. `xtc decode --synthetic` (and a
+//!   llama2.c `--model`), the Vulkan model [`gpu::GpuModel`] and
 //!   [`mod@reference`] use these.
 //! - **A real model in a GGUF file** (the submodules): SmolLM2-135M-Instruct
 //!   in Q4_1 is the one the project ships a fetch script for
@@ -62,7 +63,10 @@
 //!     plan's block tables ([`llama::Llama::forward_paged`], the same pass):
 //!     the oracle of the Vulkan kernels and `--device cpu`.
 //!   - [`gpu_llama`]: [`gpu_llama::GpuLlama`], the model on a Vulkan device
-//!     (quantized weights in device memory, ONE command buffer per plan).
+//!     (quantized weights in device memory, ONE command buffer per plan);
+//!     [`qops`]: the quantized kernels' push constants, forms and CPU
+//!     references; [`qweights`]: the texel stream the matrices are repacked
+//!     into at upload.
 //!   - [`llama_backend`]: the GGUF model as a [`crate::decode::Model`] both
 //!     ways ([`llama_backend::LlamaVulkanModel`],
 //!     [`llama_backend::LlamaCpuModel`]); [`stream`]: one sequence of it on

@@ -38,7 +38,8 @@
 //!   per-request records, `--compare`, Chrome trace).
 //!
 //! # Import rule
-//! `crate::batch`, `crate::rt`, `crate::Error` and the join items of
+//! `crate::batch`, `crate::rt`, `crate::trace_event` (the Chrome trace
+//! writer), `crate::Error` and the join items of
 //! [`crate::decode`] ([`Model`], `Completion`, `BatchPlan`, `SeqWork`,
 //! `Config`, `DeviceError`); never `crate::vk` or `decode::model`
 //! (`tests/decode_layout.rs`).
