@@ -5,7 +5,7 @@
 //! ```text
 //! LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom -C debug-assertions" \
 //!     CARGO_TARGET_DIR=target/loom \
-//!     cargo test --lib --release batch::ring
+//!     cargo test --release -p xtc --lib batch::ring
 //! ```
 //!
 //! Capacities are tiny (2 slots) so the models reach wrap-around. Loom's
