@@ -55,7 +55,8 @@ pub const MODELS: &[ModelEntry] = &[ModelEntry {
     n_tokens: 24,
 }];
 
-/// `Config::tiny()` with seed 1: the default model of `xtc decode`.
+/// `Config::tiny()` with seed 1: the model of `xtc decode --synthetic` (and
+/// `--device toy`); `xtc decode`'s default is the GGUF model.
 fn synthetic(_: &Ctx) -> Result<Weights, CaseError> {
     Ok(Weights::synthetic(Config::tiny(), 1))
 }
