@@ -73,7 +73,7 @@ async fn submit(remote: &xtc::batch::Remote<Ask>, mut ask: Ask) -> xtc::Result<H
     }
 }
 
-fn main() -> xtc::Result<()> {
+pub fn main() -> xtc::Result<()> {
     let exec = Executor::new(2)?;
     let (to_submitter, from_owner) = crossbeam_channel::bounded(1);
     exec.setup(0, move |lp| {

@@ -30,7 +30,7 @@ const TOKEN_BUDGET: usize = 6;
 /// (arrival iteration, prompt length, output length)
 const REQUESTS: [(usize, usize, usize); 4] = [(0, 9, 3), (0, 3, 6), (1, 5, 2), (2, 12, 4)];
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut kv = KvLedger::new(KV_BLOCKS, BLOCK_SIZE)?;
     let mut model = ToyModel::new(VOCAB, KV_BLOCKS, BLOCK_SIZE);
     let specs: Vec<RequestSpec> = REQUESTS

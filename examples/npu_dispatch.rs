@@ -238,7 +238,7 @@ fn group() -> xtc::Result<()> {
     Ok(())
 }
 
-fn main() -> xtc::Result<()> {
+pub fn main() -> xtc::Result<()> {
     let args = Args::parse();
     publication(&args)?;
     stress()?;
