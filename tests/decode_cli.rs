@@ -932,3 +932,24 @@ fn the_nosys_suite_builds_apart_and_readme_matches_ci() {
     );
     assert!(nosys.contains("--test decode_nosys"), "{nosys}");
 }
+
+/// A `--model` file that is neither GGUF nor a llama2.c checkpoint (a text
+/// file here) is an error naming the file and both formats tried.
+#[test]
+fn a_model_file_in_neither_format_names_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("notes.txt");
+    std::fs::write(
+        &p,
+        "these are not weights, just some words of text\n".repeat(4),
+    )
+    .unwrap();
+    let p = p.to_str().unwrap();
+    let (code, out, err) = xtc_bin(&["--model", p, "--device", "cpu", "--requests", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(p) && err.contains("not a GGUF file") && err.contains("llama2.c checkpoint"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+}

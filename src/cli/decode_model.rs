@@ -131,7 +131,12 @@ impl Source {
             && p.exists()
             && !is_gguf(p)?
         {
-            let w = checkpoint::load(p).map_err(|e| e.to_string())?;
+            let w = checkpoint::load(p).map_err(|e| {
+                format!(
+                    "{}: not a GGUF file (no GGUF magic), and not a llama2.c checkpoint: {e}",
+                    p.display()
+                )
+            })?;
             let tok = args
                 .tokenizer
                 .as_ref()

@@ -42,8 +42,9 @@ pub enum Command {
     /// KV-cache continuous batching of a replayed production trace (the main
     /// job): a llama-style model on the default Vulkan device.
     Decode(decode::DecodeArgs),
-    /// One chat turn with the GGUF model (SmolLM2-135M-Instruct) on the CPU
-    /// reference, streamed as tokens come; tokens/s on stderr.
+    /// One chat turn with the GGUF model (SmolLM2-135M-Instruct) on the
+    /// default Vulkan device (or the CPU reference), streamed as tokens come;
+    /// tokens/s on stderr.
     Generate(generate::GenerateArgs),
     /// Mean negative log-likelihood and perplexity of the GGUF model over a
     /// text file.
