@@ -241,3 +241,29 @@ fn perplexity_refuses_unreadable_and_non_utf8_files() {
         text(&o.stderr)
     );
 }
+
+/// `xtc generate -` reads the question from standard input (a pipe), with
+/// the answer of the same question given as an argument.
+#[test]
+fn generate_reads_a_dash_prompt_from_stdin() {
+    if model_support::model_path().is_none() {
+        return;
+    }
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .args(["generate", "--device", "cpu", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim(), "The capital of France is Paris.");
+}

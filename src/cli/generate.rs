@@ -51,9 +51,11 @@ prompt too long).
 Examples:
   xtc generate \"What is the capital of France?\"
   xtc generate --temperature 0.7 --top-p 0.9 --seed 3 \"Write a haiku about rust\"
+  echo \"What is the capital of France?\" | xtc generate -
   xtc generate --raw \"<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n\"")]
 pub struct GenerateArgs {
-    /// The user's message (with --raw: the whole prompt text).
+    /// The user's message (with --raw: the whole prompt text); `-` reads it
+    /// from standard input (UTF-8).
     pub prompt: String,
     /// GGUF model file (default: the fetched SmolLM2-135M-Instruct in the cache directory).
     #[arg(long, value_name = "PATH")]
@@ -257,6 +259,34 @@ pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> i32 {
     }
 }
 
+/// The prompt's text: `arg` itself, or for `-` all of `stdin` (one trailing
+/// newline dropped, as a shell's `echo` adds it).
+///
+/// # Errors
+/// An unreadable or non-UTF-8 standard input (exit 1).
+fn prompt_text(arg: &str, stdin: &mut dyn std::io::Read) -> Result<String, Failure> {
+    if arg != "-" {
+        return Ok(arg.to_string());
+    }
+    let mut bytes = Vec::new();
+    stdin
+        .read_to_end(&mut bytes)
+        .map_err(|e| Failure::error(format!("cannot read the prompt from standard input: {e}")))?;
+    let mut text = String::from_utf8(bytes).map_err(|e| {
+        Failure::error(format!(
+            "the prompt on standard input is not UTF-8 (byte {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    Ok(text)
+}
+
 fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let params = SamplingParams {
         temperature: args.temperature,
@@ -267,11 +297,12 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     };
     let mut sampler = Sampler::new(params)
         .map_err(|e| Failure::usage(format!("--{}", e.to_string().replace('_', "-"))))?;
+    let text = prompt_text(&args.prompt, &mut std::io::stdin().lock())?;
     let t_load = Instant::now();
     let (model, tok, path, pool) = load(args.model.as_deref(), &args.device, args.threads)?;
     let runner = open_device(&args.device, "xtc generate")?;
     let prompt = if args.raw {
-        tok.encode_with_specials(&args.prompt)
+        tok.encode_with_specials(&text)
     } else {
         let mut msgs = Vec::new();
         if let Some(s) = &args.system {
@@ -282,11 +313,11 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         }
         msgs.push(Message {
             role: "user",
-            content: &args.prompt,
+            content: &text,
         });
         chat::chatml(&tok, &msgs, true).map_err(Failure::error)?
     };
-    let dropped = tok.uncovered_in(&args.prompt);
+    let dropped = tok.uncovered_in(&text);
     if !dropped.is_empty() {
         eprintln!(
             "xtc generate: warning: {} byte(s) of the prompt have no token in the vocabulary and were dropped: {:02x?}",
@@ -404,4 +435,21 @@ fn summary(s: &GenerateStats) -> String {
         s.prompt_tokens,
         s.prefill.as_secs_f64()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_text;
+
+    #[test]
+    fn a_dash_reads_the_prompt_from_stdin_without_its_last_newline() {
+        let mut none: &[u8] = b"unused";
+        assert_eq!(prompt_text("Hi there", &mut none).unwrap(), "Hi there");
+        let mut input: &[u8] = b"line one\nline two\r\n";
+        assert_eq!(prompt_text("-", &mut input).unwrap(), "line one\nline two");
+        let mut bad: &[u8] = b"ok \xff no";
+        let e = prompt_text("-", &mut bad).unwrap_err();
+        assert_eq!(e.code, 1);
+        assert!(e.msg.contains("not UTF-8 (byte 3)"), "{}", e.msg);
+    }
 }
