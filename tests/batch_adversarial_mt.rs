@@ -829,3 +829,47 @@ fn resolve_rounds(sim: &Sim, c: &Ctl, rounds: usize) {
         settle(sim);
     }
 }
+
+/// B-039, B-024, B-141: an unexpected driver exit closes the group on every
+/// path at once. With the finalizer still parked on the in-flight vector's
+/// BLOCKING closure (teardown), an owner-loop submit is `Again`, and so is a
+/// submit_mt (counted in `mt_rejections`, no handle issued). The ring used
+/// to stay open until the finalizer's teardown ended: submit_mt kept
+/// issuing handles for the dead group (each then failed `Internal`).
+#[test]
+fn b039_b024_driver_exit_closes_the_ring_to_submit_mt_at_once() {
+    let sim = Sim::new(1039);
+    let lp = sim.new_loop();
+    let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Blocking);
+    let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
+    let (ran_tx, ran_rx) = crossbeam_channel::bounded::<()>(1);
+    *c.gate.borrow_mut() = Some(gate_rx);
+    *c.ran.borrow_mut() = Some(ran_tx);
+    let a = g.submit(rq(1, 1), 1).unwrap();
+    settle(&sim);
+    ran_rx.recv().unwrap(); // a's closure runs on a pool thread
+    let x = submit_mt(&r, 2, 1).unwrap(); // before the exit: runs its course
+    lp.kill(g.driver_pid()).unwrap();
+    settle(&sim);
+    assert!(!lp.is_alive(g.driver_pid()), "the driver exited");
+    assert!(
+        lp.is_alive(g.finalizer_pid()),
+        "teardown awaits the closure"
+    );
+    let g2 = g.clone();
+    let owner = on_owner(&sim, &lp, move || {
+        g2.submit(rq(3, 1), 1).map_err(|e| e.error)
+    });
+    assert_eq!(owner.unwrap_err(), Error::Again, "owner path: closed");
+    let refused = g.async_stats().mt_rejections;
+    assert_eq!(submit_mt(&r, 4, 1), Err(Error::Again), "mt path: closed");
+    assert_eq!(g.async_stats().mt_rejections, refused + 1);
+    gate_tx.send(()).unwrap();
+    run_with_pool(&sim, &lp);
+    assert_eq!(c.outcome(a), vec![Err(Error::Aborted)]);
+    assert_eq!(c.outcome(x), vec![Err(Error::Internal)]);
+    let s = g.stats();
+    assert_eq!((s.cancelled, s.failed, s.completed), (1, 1, 0));
+    assert_eq!(c.done.borrow().len(), 2, "nothing else was accepted");
+    g.destroy().unwrap();
+}

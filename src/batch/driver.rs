@@ -263,6 +263,12 @@ impl<R: 'static, E, C> Drop for Driver<R, E, C> {
             c.driver_gone = true;
             c.closed = Some(c.closed.unwrap_or(super::CloseMode::Drain)); // exit closes (B-039)
         }
+        // The exit closes the group on every path at once: submit_mt answers
+        // `Again` from here on, as the owner-loop submit does (B-024, B-039,
+        // B-141). Hand-ins that reserved before are drained by the finalizer
+        // (B-119), which may first spend a while in teardown (a BLOCKING
+        // closure, yielding hints).
+        remote::close(&self.sh);
         let exit = match (self.normal, self.parts.take()) {
             (false, Some(p)) => Exit::Killed(p),
             _ => Exit::Normal,
