@@ -873,3 +873,94 @@ fn b039_b024_driver_exit_closes_the_ring_to_submit_mt_at_once() {
     assert_eq!(c.done.borrow().len(), 2, "nothing else was accepted");
     g.destroy().unwrap();
 }
+
+/// B-041, B-106, B-122: the `_mt` calls are not refused during the group's
+/// own callbacks (they only push onto the ring; the driver applies them at
+/// its next drain), while every owner-loop mutator is `Deadlk` there. A
+/// cancel_mt from the submit callback of an in-flight member is consumed at
+/// that operation's completion boundary (hint, then `Aborted`, though collect
+/// says DONE); a submit_mt from a complete callback (a follow-up request) is
+/// accepted, runs and completes once.
+#[test]
+fn b041_b122_mt_calls_from_the_groups_own_callbacks_apply_at_the_next_drain() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use xtc::batch::{AsyncOpts, AsyncStep, Exec, Item, Remote};
+
+    type Slot = Rc<RefCell<Option<(Group<u32>, Remote<u32>)>>>;
+    type Log = Rc<RefCell<Vec<String>>>;
+    struct St(Slot, Log);
+    impl AsyncStep<u32> for St {
+        async fn submit(&mut self, items: &mut [Item<'_, u32>]) -> xtc::Result<Exec> {
+            let (g, r) = self.0.borrow().clone().expect("set after create");
+            for it in items.iter().filter(|it| *it.request == 1) {
+                let mut log = self.1.borrow_mut();
+                log.push(format!("submit: cancel_mt {:?}", r.cancel(it.handle)));
+                log.push(format!("submit: cancel {:?}", g.cancel(it.handle)));
+            }
+            Ok(Exec::Inline)
+        }
+        async fn collect(
+            &mut self,
+            _: &mut [Item<'_, u32>],
+            res: &mut [StepResult],
+            _: ExecStatus,
+        ) -> xtc::Result<()> {
+            res.fill(StepResult::Done);
+            Ok(())
+        }
+        async fn cancel_hint(&mut self, h: Handle) {
+            self.1.borrow_mut().push(format!("hint {}", h.get()));
+        }
+    }
+
+    let sim = Sim::new(1041);
+    let lp = sim.new_loop();
+    let slot: Slot = Rc::default();
+    let log: Log = Rc::default();
+    let outs = Rc::new(RefCell::new(Vec::new()));
+    let (s2, o2, l2) = (slot.clone(), outs.clone(), log.clone());
+    let opts = AsyncOpts {
+        mt_queue_cap: 2,
+        ..async_opts(2, 2, None)
+    };
+    let complete = move |h: Handle, rq: u32, out: xtc::Result<()>| {
+        o2.borrow_mut().push((h, rq, out));
+        if rq == 2 {
+            let (g, r) = s2.borrow().clone().expect("set after create");
+            let mut log = l2.borrow_mut();
+            log.push(format!(
+                "complete: submit {:?}",
+                g.submit(9, 1).err().map(|e| e.error)
+            ));
+            log.push(format!("complete: submit_mt ok {}", r.submit(3, 1).is_ok()));
+        }
+    };
+    let g = Group::create_async(&lp, opts, St(slot.clone(), log.clone()), complete).unwrap();
+    *slot.borrow_mut() = Some((g.clone(), g.remote().unwrap()));
+    let a = g.submit(1, 1).unwrap();
+    let b = g.submit(2, 1).unwrap();
+    settle(&sim);
+    let g2 = g.clone();
+    on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+    run(&sim);
+    assert_eq!(
+        *log.borrow(),
+        vec![
+            "submit: cancel_mt Ok(())".to_string(),
+            "submit: cancel Err(Deadlk)".into(),
+            format!("hint {}", a.get()),
+            "complete: submit Some(Deadlk)".into(),
+            "complete: submit_mt ok true".into(),
+        ]
+    );
+    let outs = outs.borrow();
+    assert_eq!(outs.len(), 3, "a, b and the follow-up, once each");
+    assert_eq!(outs[0], (a, 1, Err(Error::Aborted)));
+    assert_eq!(outs[1], (b, 2, Ok(())));
+    assert_eq!((outs[2].1, outs[2].2), (3, Ok(())));
+    assert!(outs[2].0 > b);
+    assert_eq!(g.async_stats().mt_queued, 1);
+    *slot.borrow_mut() = None;
+    g.destroy().unwrap();
+}
