@@ -964,3 +964,97 @@ fn b041_b122_mt_calls_from_the_groups_own_callbacks_apply_at_the_next_drain() {
     *slot.borrow_mut() = None;
     g.destroy().unwrap();
 }
+
+/// B-119, B-122, B-039: a kill while hand-ins are set aside by the
+/// operation wait (one of them cancelled by a cancel_mt drained in that
+/// wait) and one more is on the ring: the finalizer hands each in once, the
+/// cancelled one ends `Aborted`, the others `Internal`, the in-flight member
+/// `Aborted` (teardown); a submit_mt after the exit is `Again` and the
+/// counters add up to the accepted handles.
+#[test]
+fn b119_b122_kill_with_hand_ins_set_aside_by_the_wait() {
+    for seed in 0..20 {
+        let sim = Sim::new(1190 + seed);
+        let lp = sim.new_loop();
+        let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 3), Kind::Future);
+        let a = g.submit(rq(1, 3), 1).unwrap();
+        settle(&sim);
+        let x = submit_mt(&r, 2, 1).unwrap();
+        let y = submit_mt(&r, 3, 1).unwrap();
+        settle(&sim); // both set aside by a's wait
+        r.cancel(y).unwrap();
+        settle(&sim); // drained by the wait too: noted for y
+        let z = submit_mt(&r, 4, 1).unwrap(); // on the ring
+        lp.kill(g.driver_pid()).unwrap();
+        run(&sim);
+        assert_eq!(c.outcome(a), vec![Err(Error::Aborted)], "seed {seed}");
+        assert_eq!(c.outcome(x), vec![Err(Error::Internal)], "seed {seed}");
+        assert_eq!(c.outcome(y), vec![Err(Error::Aborted)], "seed {seed}");
+        assert_eq!(c.outcome(z), vec![Err(Error::Internal)], "seed {seed}");
+        assert_eq!(c.in_vectors(x) + c.in_vectors(y) + c.in_vectors(z), 0);
+        assert_eq!(submit_mt(&r, 5, 1), Err(Error::Again), "the exit closed it");
+        assert_eq!(r.cancel(x), Err(Error::Inval), "finished");
+        let s = g.stats();
+        assert_eq!((s.cancelled, s.failed, s.completed), (2, 2, 0));
+        assert_eq!((s.reserved_units, s.queued, s.ready), (0, 0, 0));
+        assert_eq!(g.async_stats().mt_queued, 3);
+        g.destroy().unwrap();
+    }
+}
+
+/// B-078, B-094, B-097, B-122, B-142: a BLOCKING operation (not in the
+/// randomized cross-loop model) with cross-loop controls: a cancel_mt of an
+/// in-flight member fires its hint while the closure runs, a resume_mt of
+/// the other in-flight member is harmless, and neither close(CANCEL) nor a
+/// kill ends the wait; collect runs once after the closure returns, both
+/// in-flight members end `Aborted`, and a hand-in accepted meanwhile never
+/// runs (`Aborted` by the close, `Internal` after the kill).
+#[test]
+fn b078_b122_blocking_wait_with_cross_loop_controls_close_and_kill() {
+    for kill in [false, true] {
+        let sim = Sim::new(1078);
+        let lp = sim.new_loop();
+        let (g, c, r) = mt_group(&lp, mt_opts(3, 2, 2), Kind::Blocking);
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
+        let (ran_tx, ran_rx) = crossbeam_channel::bounded::<()>(1);
+        *c.gate.borrow_mut() = Some(gate_rx);
+        *c.ran.borrow_mut() = Some(ran_tx);
+        let a = g.submit(rq(1, 1), 1).unwrap();
+        let b = g.submit(rq(2, 1), 1).unwrap();
+        settle(&sim);
+        ran_rx.recv().unwrap(); // the closure runs on a pool thread
+        let x = submit_mt(&r, 3, 1).unwrap();
+        r.cancel(a).unwrap();
+        r.resume(b).unwrap();
+        settle(&sim);
+        assert_eq!(
+            c.hints.borrow().as_slice(),
+            &[a],
+            "{kill}: hint during the closure"
+        );
+        if kill {
+            lp.kill(g.driver_pid()).unwrap();
+        } else {
+            let g2 = g.clone();
+            on_owner(&sim, &lp, move || g2.close(CloseMode::Cancel)).unwrap();
+        }
+        settle(&sim);
+        assert!(c.collects.borrow().is_empty(), "{kill}: the wait lasts");
+        gate_tx.send(()).unwrap();
+        run_with_pool(&sim, &lp);
+        assert_eq!(c.outcome(a), vec![Err(Error::Aborted)], "{kill}");
+        assert_eq!(c.outcome(b), vec![Err(Error::Aborted)], "{kill}");
+        let x_out = if kill {
+            Error::Internal
+        } else {
+            Error::Aborted
+        };
+        assert_eq!(c.outcome(x), vec![Err(x_out)], "{kill}");
+        assert_eq!(c.in_vectors(x), 0, "{kill}");
+        assert_eq!(c.collects.borrow().len(), 1, "{kill}: collect once");
+        let hints_a = c.hints.borrow().iter().filter(|h| **h == a).count();
+        assert_eq!(hints_a, 1, "{kill}: once per member");
+        g.destroy().unwrap();
+        assert_eq!(submit_mt(&r, 4, 1), Err(Error::Again));
+    }
+}
