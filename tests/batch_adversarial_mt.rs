@@ -829,3 +829,232 @@ fn resolve_rounds(sim: &Sim, c: &Ctl, rounds: usize) {
         settle(sim);
     }
 }
+
+/// B-039, B-024, B-141: an unexpected driver exit closes the group on every
+/// path at once. With the finalizer still parked on the in-flight vector's
+/// BLOCKING closure (teardown), an owner-loop submit is `Again`, and so is a
+/// submit_mt (counted in `mt_rejections`, no handle issued). The ring used
+/// to stay open until the finalizer's teardown ended: submit_mt kept
+/// issuing handles for the dead group (each then failed `Internal`).
+#[test]
+fn b039_b024_driver_exit_closes_the_ring_to_submit_mt_at_once() {
+    let sim = Sim::new(1039);
+    let lp = sim.new_loop();
+    let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Blocking);
+    let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
+    let (ran_tx, ran_rx) = crossbeam_channel::bounded::<()>(1);
+    *c.gate.borrow_mut() = Some(gate_rx);
+    *c.ran.borrow_mut() = Some(ran_tx);
+    let a = g.submit(rq(1, 1), 1).unwrap();
+    settle(&sim);
+    ran_rx.recv().unwrap(); // a's closure runs on a pool thread
+    let x = submit_mt(&r, 2, 1).unwrap(); // before the exit: runs its course
+    lp.kill(g.driver_pid()).unwrap();
+    settle(&sim);
+    assert!(!lp.is_alive(g.driver_pid()), "the driver exited");
+    assert!(
+        lp.is_alive(g.finalizer_pid()),
+        "teardown awaits the closure"
+    );
+    let g2 = g.clone();
+    let owner = on_owner(&sim, &lp, move || {
+        g2.submit(rq(3, 1), 1).map_err(|e| e.error)
+    });
+    assert_eq!(owner.unwrap_err(), Error::Again, "owner path: closed");
+    let refused = g.async_stats().mt_rejections;
+    assert_eq!(submit_mt(&r, 4, 1), Err(Error::Again), "mt path: closed");
+    assert_eq!(g.async_stats().mt_rejections, refused + 1);
+    gate_tx.send(()).unwrap();
+    run_with_pool(&sim, &lp);
+    assert_eq!(c.outcome(a), vec![Err(Error::Aborted)]);
+    assert_eq!(c.outcome(x), vec![Err(Error::Internal)]);
+    let s = g.stats();
+    assert_eq!((s.cancelled, s.failed, s.completed), (1, 1, 0));
+    assert_eq!(c.done.borrow().len(), 2, "nothing else was accepted");
+    g.destroy().unwrap();
+}
+
+/// B-041, B-106, B-122: the `_mt` calls are not refused during the group's
+/// own callbacks (they only push onto the ring; the driver applies them at
+/// its next drain), while every owner-loop mutator is `Deadlk` there. A
+/// cancel_mt from the submit callback of an in-flight member is consumed at
+/// that operation's completion boundary (hint, then `Aborted`, though collect
+/// says DONE); a submit_mt from a complete callback (a follow-up request) is
+/// accepted, runs and completes once.
+#[test]
+fn b041_b122_mt_calls_from_the_groups_own_callbacks_apply_at_the_next_drain() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use xtc::batch::{AsyncOpts, AsyncStep, Exec, Item, Remote};
+
+    type Slot = Rc<RefCell<Option<(Group<u32>, Remote<u32>)>>>;
+    type Log = Rc<RefCell<Vec<String>>>;
+    struct St(Slot, Log);
+    impl AsyncStep<u32> for St {
+        async fn submit(&mut self, items: &mut [Item<'_, u32>]) -> xtc::Result<Exec> {
+            let (g, r) = self.0.borrow().clone().expect("set after create");
+            for it in items.iter().filter(|it| *it.request == 1) {
+                let mut log = self.1.borrow_mut();
+                log.push(format!("submit: cancel_mt {:?}", r.cancel(it.handle)));
+                log.push(format!("submit: cancel {:?}", g.cancel(it.handle)));
+            }
+            Ok(Exec::Inline)
+        }
+        async fn collect(
+            &mut self,
+            _: &mut [Item<'_, u32>],
+            res: &mut [StepResult],
+            _: ExecStatus,
+        ) -> xtc::Result<()> {
+            res.fill(StepResult::Done);
+            Ok(())
+        }
+        async fn cancel_hint(&mut self, h: Handle) {
+            self.1.borrow_mut().push(format!("hint {}", h.get()));
+        }
+    }
+
+    let sim = Sim::new(1041);
+    let lp = sim.new_loop();
+    let slot: Slot = Rc::default();
+    let log: Log = Rc::default();
+    let outs = Rc::new(RefCell::new(Vec::new()));
+    let (s2, o2, l2) = (slot.clone(), outs.clone(), log.clone());
+    let opts = AsyncOpts {
+        mt_queue_cap: 2,
+        ..async_opts(2, 2, None)
+    };
+    let complete = move |h: Handle, rq: u32, out: xtc::Result<()>| {
+        o2.borrow_mut().push((h, rq, out));
+        if rq == 2 {
+            let (g, r) = s2.borrow().clone().expect("set after create");
+            let mut log = l2.borrow_mut();
+            log.push(format!(
+                "complete: submit {:?}",
+                g.submit(9, 1).err().map(|e| e.error)
+            ));
+            log.push(format!("complete: submit_mt ok {}", r.submit(3, 1).is_ok()));
+        }
+    };
+    let g = Group::create_async(&lp, opts, St(slot.clone(), log.clone()), complete).unwrap();
+    *slot.borrow_mut() = Some((g.clone(), g.remote().unwrap()));
+    let a = g.submit(1, 1).unwrap();
+    let b = g.submit(2, 1).unwrap();
+    settle(&sim);
+    let g2 = g.clone();
+    on_owner(&sim, &lp, move || g2.close(CloseMode::Drain)).unwrap();
+    run(&sim);
+    assert_eq!(
+        *log.borrow(),
+        vec![
+            "submit: cancel_mt Ok(())".to_string(),
+            "submit: cancel Err(Deadlk)".into(),
+            format!("hint {}", a.get()),
+            "complete: submit Some(Deadlk)".into(),
+            "complete: submit_mt ok true".into(),
+        ]
+    );
+    let outs = outs.borrow();
+    assert_eq!(outs.len(), 3, "a, b and the follow-up, once each");
+    assert_eq!(outs[0], (a, 1, Err(Error::Aborted)));
+    assert_eq!(outs[1], (b, 2, Ok(())));
+    assert_eq!((outs[2].1, outs[2].2), (3, Ok(())));
+    assert!(outs[2].0 > b);
+    assert_eq!(g.async_stats().mt_queued, 1);
+    *slot.borrow_mut() = None;
+    g.destroy().unwrap();
+}
+
+/// B-119, B-122, B-039: a kill while hand-ins are set aside by the
+/// operation wait (one of them cancelled by a cancel_mt drained in that
+/// wait) and one more is on the ring: the finalizer hands each in once, the
+/// cancelled one ends `Aborted`, the others `Internal`, the in-flight member
+/// `Aborted` (teardown); a submit_mt after the exit is `Again` and the
+/// counters add up to the accepted handles.
+#[test]
+fn b119_b122_kill_with_hand_ins_set_aside_by_the_wait() {
+    for seed in 0..20 {
+        let sim = Sim::new(1190 + seed);
+        let lp = sim.new_loop();
+        let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 3), Kind::Future);
+        let a = g.submit(rq(1, 3), 1).unwrap();
+        settle(&sim);
+        let x = submit_mt(&r, 2, 1).unwrap();
+        let y = submit_mt(&r, 3, 1).unwrap();
+        settle(&sim); // both set aside by a's wait
+        r.cancel(y).unwrap();
+        settle(&sim); // drained by the wait too: noted for y
+        let z = submit_mt(&r, 4, 1).unwrap(); // on the ring
+        lp.kill(g.driver_pid()).unwrap();
+        run(&sim);
+        assert_eq!(c.outcome(a), vec![Err(Error::Aborted)], "seed {seed}");
+        assert_eq!(c.outcome(x), vec![Err(Error::Internal)], "seed {seed}");
+        assert_eq!(c.outcome(y), vec![Err(Error::Aborted)], "seed {seed}");
+        assert_eq!(c.outcome(z), vec![Err(Error::Internal)], "seed {seed}");
+        assert_eq!(c.in_vectors(x) + c.in_vectors(y) + c.in_vectors(z), 0);
+        assert_eq!(submit_mt(&r, 5, 1), Err(Error::Again), "the exit closed it");
+        assert_eq!(r.cancel(x), Err(Error::Inval), "finished");
+        let s = g.stats();
+        assert_eq!((s.cancelled, s.failed, s.completed), (2, 2, 0));
+        assert_eq!((s.reserved_units, s.queued, s.ready), (0, 0, 0));
+        assert_eq!(g.async_stats().mt_queued, 3);
+        g.destroy().unwrap();
+    }
+}
+
+/// B-078, B-094, B-097, B-122, B-142: a BLOCKING operation (not in the
+/// randomized cross-loop model) with cross-loop controls: a cancel_mt of an
+/// in-flight member fires its hint while the closure runs, a resume_mt of
+/// the other in-flight member is harmless, and neither close(CANCEL) nor a
+/// kill ends the wait; collect runs once after the closure returns, both
+/// in-flight members end `Aborted`, and a hand-in accepted meanwhile never
+/// runs (`Aborted` by the close, `Internal` after the kill).
+#[test]
+fn b078_b122_blocking_wait_with_cross_loop_controls_close_and_kill() {
+    for kill in [false, true] {
+        let sim = Sim::new(1078);
+        let lp = sim.new_loop();
+        let (g, c, r) = mt_group(&lp, mt_opts(3, 2, 2), Kind::Blocking);
+        let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
+        let (ran_tx, ran_rx) = crossbeam_channel::bounded::<()>(1);
+        *c.gate.borrow_mut() = Some(gate_rx);
+        *c.ran.borrow_mut() = Some(ran_tx);
+        let a = g.submit(rq(1, 1), 1).unwrap();
+        let b = g.submit(rq(2, 1), 1).unwrap();
+        settle(&sim);
+        ran_rx.recv().unwrap(); // the closure runs on a pool thread
+        let x = submit_mt(&r, 3, 1).unwrap();
+        r.cancel(a).unwrap();
+        r.resume(b).unwrap();
+        settle(&sim);
+        assert_eq!(
+            c.hints.borrow().as_slice(),
+            &[a],
+            "{kill}: hint during the closure"
+        );
+        if kill {
+            lp.kill(g.driver_pid()).unwrap();
+        } else {
+            let g2 = g.clone();
+            on_owner(&sim, &lp, move || g2.close(CloseMode::Cancel)).unwrap();
+        }
+        settle(&sim);
+        assert!(c.collects.borrow().is_empty(), "{kill}: the wait lasts");
+        gate_tx.send(()).unwrap();
+        run_with_pool(&sim, &lp);
+        assert_eq!(c.outcome(a), vec![Err(Error::Aborted)], "{kill}");
+        assert_eq!(c.outcome(b), vec![Err(Error::Aborted)], "{kill}");
+        let x_out = if kill {
+            Error::Internal
+        } else {
+            Error::Aborted
+        };
+        assert_eq!(c.outcome(x), vec![Err(x_out)], "{kill}");
+        assert_eq!(c.in_vectors(x), 0, "{kill}");
+        assert_eq!(c.collects.borrow().len(), 1, "{kill}: collect once");
+        let hints_a = c.hints.borrow().iter().filter(|h| **h == a).count();
+        assert_eq!(hints_a, 1, "{kill}: once per member");
+        g.destroy().unwrap();
+        assert_eq!(submit_mt(&r, 4, 1), Err(Error::Again));
+    }
+}

@@ -404,3 +404,169 @@ fn b122_cancel_mt_from_a_thread_racing_the_completion_always_aborts() {
         g.destroy().unwrap();
     }
 }
+
+/// A FUTURE operation a resolver thread ends at a random moment: `Ok`, a
+/// failed status, or a dropped promise.
+struct ThreadOp {
+    tx: crossbeam_channel::Sender<rt::Promise<()>>,
+    rng: fastrand::Rng,
+}
+
+impl xtc::batch::AsyncStep<u64> for ThreadOp {
+    async fn submit(
+        &mut self,
+        _: &mut [xtc::batch::Item<'_, u64>],
+    ) -> xtc::Result<xtc::batch::Exec> {
+        if self.rng.u32(0..20) == 0 {
+            return Ok(xtc::batch::Exec::Inline);
+        }
+        let (f, p) = rt::future_pair();
+        self.tx.send(p).expect("resolver alive");
+        Ok(xtc::batch::Exec::Future(f))
+    }
+
+    async fn collect(
+        &mut self,
+        items: &mut [xtc::batch::Item<'_, u64>],
+        res: &mut [xtc::batch::StepResult],
+        _: ExecStatus,
+    ) -> xtc::Result<()> {
+        use xtc::batch::StepResult;
+        for (it, r) in items.iter_mut().zip(res.iter_mut()) {
+            *it.request = it.request.saturating_sub(1);
+            *r = if *it.request == 0 {
+                StepResult::Done
+            } else {
+                StepResult::Continue
+            };
+        }
+        if self.rng.u32(0..4) == 0 {
+            rt::yield_now().await;
+        }
+        Ok(())
+    }
+
+    async fn cancel_hint(&mut self, _: Handle) {
+        if self.rng.bool() {
+            rt::yield_now().await;
+        }
+    }
+}
+
+/// B-119, B-141, B-039, B-089: producer threads (submit_mt, cancel_mt,
+/// resume_mt of their own handles) race FUTURE operations that a resolver
+/// thread ends at random moments (some failed, some dropped), an optional
+/// exec timeout, and one owner action at a random moment: close(DRAIN),
+/// close(CANCEL) or a kill of the driver. Every `Ok` handle gets exactly one
+/// completion, the counters add up, nothing stays reserved, and after
+/// destroy submit_mt is `Again`.
+#[test]
+fn b119_b141_producer_threads_race_operations_timeouts_close_and_kill() {
+    use std::collections::HashMap;
+    for round in 0..30u64 {
+        let mut rng = fastrand::Rng::with_seed(round);
+        let lp = Loop::new().unwrap();
+        let (ptx, prx) = crossbeam_channel::unbounded::<rt::Promise<()>>();
+        let mut rrng = fastrand::Rng::with_seed(round ^ 99);
+        // Ends when the group's step (the sender) is gone and all is resolved.
+        let resolver = thread::spawn(move || {
+            for p in prx.iter() {
+                thread::sleep(Duration::from_micros(rrng.u64(0..300)));
+                match rrng.u32(0..10) {
+                    0 => drop(p),
+                    1 => p.set(Err(Error::Range)),
+                    _ => p.set(Ok(())),
+                }
+            }
+        });
+        let started: Rc<std::cell::RefCell<HashMap<Handle, usize>>> = Rc::default();
+        let st = started.clone();
+        let capacity = 1 + rng.usize(0..4);
+        let o = AsyncOpts {
+            capacity,
+            max_active: 1 + rng.usize(0..capacity),
+            resource_capacity: 4,
+            exec_timeout: rng.bool().then(|| Duration::from_micros(rng.u64(50..400))),
+            sched_class: None,
+            mt_queue_cap: 1 + rng.usize(0..4),
+        };
+        let step = ThreadOp {
+            tx: ptx,
+            rng: fastrand::Rng::with_seed(round ^ 7),
+        };
+        let complete = move |h: Handle, _: u64, _: xtc::Result<()>| {
+            *st.borrow_mut().entry(h).or_default() += 1;
+        };
+        let g = xtc::batch::Group::create_async(&lp, o, step, complete).unwrap();
+        let r = g.remote().unwrap();
+        let (go_tx, go_rx) = crossbeam_channel::unbounded::<()>();
+        let producers: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (r, go_rx) = (r.clone(), go_rx.clone());
+                let mut rng = fastrand::Rng::with_seed(round * 31 + t);
+                thread::spawn(move || {
+                    let _ = go_rx.recv();
+                    let mut ok: Vec<Handle> = Vec::new();
+                    for _ in 0..400 {
+                        let pick = ok.get(rng.usize(0..ok.len().max(1))).copied();
+                        match (rng.u32(0..10), pick) {
+                            (0..6, _) => match r.submit(1 + rng.u64(0..4), 1 + rng.u64(0..4)) {
+                                Ok(h) => ok.push(h),
+                                Err(e) => assert_eq!(e.error, Error::Again),
+                            },
+                            (6..8, Some(h)) => {
+                                let e = r.cancel(h);
+                                assert!(matches!(e, Ok(()) | Err(Error::Again | Error::Inval)));
+                            }
+                            (8, Some(h)) => {
+                                let e = r.resume(h);
+                                assert!(matches!(e, Ok(()) | Err(Error::Again | Error::Inval)));
+                            }
+                            _ => thread::yield_now(),
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        let action = rng.u32(0..3);
+        let delay = rng.u32(0..300);
+        let g2 = g.clone();
+        lp.spawn(async move {
+            for _ in 0..3 {
+                go_tx.send(()).unwrap();
+            }
+            for _ in 0..delay {
+                rt::sleep(Duration::from_micros(20)).await;
+            }
+            let mode = match action {
+                0 => CloseMode::Drain,
+                1 => CloseMode::Cancel,
+                _ => return g2.owner_loop().kill(g2.driver_pid()).unwrap(),
+            };
+            while g2.close(mode).is_err() {
+                rt::yield_now().await; // Deadlk during a callback
+            }
+        })
+        .unwrap();
+        lp.run().unwrap();
+        let ok: Vec<Handle> = producers
+            .into_iter()
+            .flat_map(|p| p.join().unwrap())
+            .collect();
+        let started = started.borrow();
+        for h in &ok {
+            let n = started.get(h).copied();
+            assert_eq!(n, Some(1), "round {round} action {action}: {h}");
+        }
+        assert_eq!(started.len(), ok.len(), "round {round}: only Ok handles");
+        let s = g.stats();
+        assert_eq!(s.completed + s.cancelled + s.failed, ok.len() as u64);
+        let gauges = (s.queued, s.ready, s.blocked, s.reserved_units);
+        assert_eq!(gauges, (0, 0, 0, 0), "round {round}");
+        g.destroy().unwrap();
+        assert_eq!(r.submit(1, 1).map_err(|e| e.error), Err(Error::Again));
+        drop((g, lp));
+        resolver.join().unwrap();
+    }
+}

@@ -263,6 +263,12 @@ impl<R: 'static, E, C> Drop for Driver<R, E, C> {
             c.driver_gone = true;
             c.closed = Some(c.closed.unwrap_or(super::CloseMode::Drain)); // exit closes (B-039)
         }
+        // The exit closes the group on every path at once: submit_mt answers
+        // `Again` from here on, as the owner-loop submit does (B-024, B-039,
+        // B-141). Hand-ins that reserved before are drained by the finalizer
+        // (B-119), which may first spend a while in teardown (a BLOCKING
+        // closure, yielding hints).
+        remote::close(&self.sh);
         let exit = match (self.normal, self.parts.take()) {
             (false, Some(p)) => Exit::Killed(p),
             _ => Exit::Normal,
@@ -338,6 +344,14 @@ async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
     remote::finish(&sh);
 }
 
+/// An empty vector with room for `n` elements, allocated now and fallibly:
+/// `Nomem` rather than an abort when the allocator refuses (B-017, B-185).
+fn try_vec<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| crate::Error::Nomem)?;
+    Ok(v)
+}
+
 /// Spawns the driver and its finalizer (B-001) as one unit
 /// ([`Loop::spawn_pair`](crate::rt::Loop::spawn_pair)): on failure neither
 /// process was published, both futures (and their `Rc<Shared>`: class
@@ -351,11 +365,11 @@ pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
 ) -> Result<(Pid, Pid)> {
     let max = sh.core.borrow().limits.max_active;
     let bufs = Bufs {
-        results: Vec::with_capacity(max),
-        items: Vec::with_capacity(max),
+        results: try_vec(max)?,
+        items: try_vec(max)?,
     };
     let fl = InFlight {
-        members: Vec::with_capacity(max),
+        members: try_vec(max)?,
         phase: Phase::Idle,
         blocking: None,
         fence: None,

@@ -39,7 +39,10 @@
 //!
 //! `close` closes the ring to submits at once ([`MtState::close`]); hand-ins
 //! that reserved before it are drained and then run (DRAIN) or end `Aborted`
-//! (CANCEL). The driver finishes only when [`MtState::may_finish`] (every
+//! (CANCEL). An unexpected driver exit closes it too, in the driver's exit
+//! hook ([`close`]): the exit closes the group (B-039), so a submit_mt after
+//! it answers `Again` as an owner-loop submit does, even while the finalizer
+//! is still tearing down the in-flight vector. The driver finishes only when [`MtState::may_finish`] (every
 //! racing hand-in drained), then [`MtState::finish`] makes `cancel_mt` and
 //! `resume_mt` answer `Inval`. The ring's memory is reference-counted: a
 //! [`Remote`] used after destroy gets `Again`/`Inval`, never a freed-memory

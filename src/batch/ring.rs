@@ -216,15 +216,25 @@ impl<T> Ring<T> {
     /// of two, at least 2), and the key of its single consumer.
     ///
     /// # Errors
-    /// `Range` when the slot count overflows (more than 2^31 slots).
+    /// `Range` when the slot count overflows (more than 2^31 slots) or the
+    /// slots' bytes exceed `isize::MAX` (B-018); `Nomem` when the allocator
+    /// refuses them (B-185): the slots are allocated fallibly, never with an
+    /// abort.
     pub(crate) fn with_capacity(min_slots: usize) -> Result<(Ring<T>, ConsumerKey)> {
         let n = slot_count(min_slots)?;
-        let slots = (0..n as u64)
-            .map(|i| Slot {
-                stamp: AtomicU64::new(i),
-                value: UnsafeCell::new(MaybeUninit::uninit()),
-            })
-            .collect();
+        let bytes = n
+            .checked_mul(std::mem::size_of::<Slot<T>>())
+            .ok_or(Error::Range)?;
+        if bytes > isize::MAX as usize {
+            return Err(Error::Range);
+        }
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(n).map_err(|_| Error::Nomem)?;
+        slots.extend((0..n as u64).map(|i| Slot {
+            stamp: AtomicU64::new(i),
+            value: UnsafeCell::new(MaybeUninit::uninit()),
+        }));
+        let slots = slots.into_boxed_slice();
         let id = NEXT_RING_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ring = Ring {
             tail: CachePadded::new(AtomicU64::new(0)),

@@ -235,3 +235,17 @@ fn threaded_close_race_drains_every_accepted_push() {
         assert_eq!(got, expected);
     }
 }
+
+/// B-017, B-018, B-185: a ring whose slots cannot be allocated is a typed
+/// error from create, never a process abort. 2^31 slots of 256 MiB (2^59
+/// bytes) fit `isize` but no address space (`Nomem`); 2^31 slots of 8 GiB
+/// overflow it (`Range`). The slots used to be collected infallibly: an
+/// `mt_queue_cap` too large for memory aborted the whole process from
+/// `xtc_batch_create_async` on an unlimited-budget loop.
+#[test]
+fn b185_a_ring_that_cannot_be_allocated_is_nomem_not_an_abort() {
+    let huge = Ring::<[u8; 1 << 28]>::with_capacity(1 << 31);
+    assert_eq!(huge.err(), Some(Error::Nomem));
+    let overflow = Ring::<[u8; 1 << 33]>::with_capacity(1 << 31);
+    assert_eq!(overflow.err(), Some(Error::Range));
+}
