@@ -183,6 +183,11 @@ fn devices_that_run_no_model_are_usage_errors_and_unknown_ones_errors() {
         err.contains("--device no-such-gpu-name") && err.contains("xtc probe"),
         "{err}"
     );
+    // Only the words generate takes: `toy` runs no model.
+    assert!(
+        err.contains("`auto`, `cpu`;") && !err.contains("`toy`"),
+        "{err}"
+    );
 }
 
 #[test]

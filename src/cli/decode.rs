@@ -743,7 +743,8 @@ impl DeviceChoice {
             "toy" => Ok(DeviceChoice::Toy),
             sel => {
                 let sel: vk::Selector = sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
-                let dev = vk::Device::open(&sel).map_err(|e| device_error(s, &e))?;
+                let dev = vk::Device::open(&sel)
+                    .map_err(|e| device_error(s, &e, "`auto`, `cpu`, `toy`"))?;
                 Ok(DeviceChoice::Vulkan(dev))
             }
         }
@@ -1003,8 +1004,9 @@ fn compare(
 }
 
 /// The `--device` error as the user wrote the selector, with the Vulkan
-/// devices that exist and a pointer to `xtc probe`.
-pub(crate) fn device_error(sel: &str, e: &vk::VkError) -> String {
+/// devices that exist, the selector words the command takes (`keywords`,
+/// e.g. "`auto`, `cpu`") and a pointer to `xtc probe`.
+pub(crate) fn device_error(sel: &str, e: &vk::VkError, keywords: &str) -> String {
     let reason = match e {
         vk::VkError::NoMatch(_) => format!("no usable Vulkan device matches `{sel}`"),
         other => other.to_string(),
@@ -1028,7 +1030,7 @@ pub(crate) fn device_error(sel: &str, e: &vk::VkError) -> String {
     };
     format!(
         "--device {sel}: {reason}\n{list}\n\
-         (use an index, part of a name, a render node, or `auto`, `cpu`, `toy`; \
+         (use an index, part of a name, a render node, or {keywords}; \
          `xtc probe` shows the details)"
     )
 }

@@ -213,7 +213,7 @@ pub(crate) fn open_device(sel: &str, what: &str) -> Result<Runner, Failure> {
                 .map_err(|e| Failure::usage(format!("--device {s}: {e}")))?;
             vk::Device::open(&parsed)
                 .map(Runner::Vulkan)
-                .map_err(|e| Failure::error(super::decode::device_error(s, &e)))
+                .map_err(|e| Failure::error(super::decode::device_error(s, &e, "`auto`, `cpu`")))
         }
     }
 }
