@@ -6,7 +6,7 @@
 //!
 //! `cargo bench --bench llama` (prints a table; needs the model file, see
 //! `scripts/fetch-model.sh`, and a Vulkan device; skips with a line without
-//! them). `XTC_BENCH_QUICK=1` runs shorter loops.
+//! them, or fails when `CI` is set). `XTC_BENCH_QUICK=1` runs shorter loops.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -212,17 +212,21 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize) {
 fn main() {
     let path = match find_model(None) {
         Ok(p) => p,
-        Err(e) => {
-            println!("llama bench skipped: {e}");
+        Err(e) if std::env::var_os("CI").is_none() => {
+            println!("llama bench skipped: {e} (set CI=1 to make this a failure)");
             return;
         }
+        Err(e) => panic!("CI is set but the model file is missing: {e}"),
     };
     let dev = match Device::open(&Selector::Auto) {
         Ok(d) => d,
-        Err(e) => {
-            println!("llama bench skipped: no Vulkan device ({e})");
+        Err(e) if std::env::var_os("CI").is_none() => {
+            println!(
+                "llama bench skipped: no Vulkan device ({e}) (set CI=1 to make this a failure)"
+            );
             return;
         }
+        Err(e) => panic!("CI is set but no Vulkan device opened: {e}"),
     };
     let quick = std::env::var_os("XTC_BENCH_QUICK").is_some();
     let model = Llama::load(&path).unwrap();
