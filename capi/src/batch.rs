@@ -430,6 +430,46 @@ fn handle(h: u64) -> Result<Handle, Error> {
     Handle::new(h).ok_or(Error::Inval)
 }
 
+/// A control of one handle on the owner loop (`xtc_batch_cancel`,
+/// `xtc_batch_resume`): the NOSYS gate, NULL, another loop or a callback
+/// (`owner`), handle 0, then `op`.
+///
+/// # Safety
+/// `group` is NULL or a live group.
+unsafe fn owner_control(
+    group: *mut xtc_batch_t,
+    handle: u64,
+    op: impl FnOnce(&Group<CRequest>, Handle) -> Result<(), Error>,
+) -> c_int {
+    call(|| {
+        gate()?;
+        // SAFETY: caller contract.
+        let g = unsafe { self::group(group)? };
+        g.home.owner()?;
+        op(&g.group, self::handle(handle)?)
+    })
+}
+
+/// A cross-loop control of one handle (`xtc_batch_cancel_mt`,
+/// `xtc_batch_resume_mt`): the NOSYS gate, NULL, a group without
+/// `mt_queue_cap` (`Nosys`), handle 0, then `op`.
+///
+/// # Safety
+/// As `xtc_batch_submit_mt`.
+unsafe fn mt_control(
+    group: *mut xtc_batch_t,
+    handle: u64,
+    op: impl FnOnce(&Remote<CRequest>, Handle) -> Result<(), Error>,
+) -> c_int {
+    call(|| {
+        gate()?;
+        // SAFETY: caller contract.
+        let g = unsafe { self::group(group)? };
+        let r = g.remote.as_ref().ok_or(Error::Nosys)?;
+        op(r, self::handle(handle)?)
+    })
+}
+
 /// `xtc_batch_cancel`: records a cancel consumed at the next boundary
 /// (B-047..B-053). Owner loop only.
 ///
@@ -442,13 +482,8 @@ fn handle(h: u64) -> Result<Handle, Error> {
 /// `group` is NULL or a live group.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xtc_batch_cancel(group: *mut xtc_batch_t, handle: u64) -> c_int {
-    call(|| {
-        gate()?;
-        // SAFETY: caller contract.
-        let g = unsafe { self::group(group)? };
-        g.home.owner()?;
-        g.group.cancel(self::handle(handle)?)
-    })
+    // SAFETY: the caller's contract, passed on.
+    unsafe { owner_control(group, handle, |g, h| g.cancel(h)) }
 }
 
 /// `xtc_batch_cancel_mt`: a cancel from any loop or thread, drained at the
@@ -463,13 +498,8 @@ pub unsafe extern "C" fn xtc_batch_cancel(group: *mut xtc_batch_t, handle: u64) 
 /// As `xtc_batch_submit_mt`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xtc_batch_cancel_mt(group: *mut xtc_batch_t, handle: u64) -> c_int {
-    call(|| {
-        gate()?;
-        // SAFETY: caller contract.
-        let g = unsafe { self::group(group)? };
-        let r = g.remote.as_ref().ok_or(Error::Nosys)?;
-        r.cancel(self::handle(handle)?)
-    })
+    // SAFETY: the caller's contract, passed on.
+    unsafe { mt_control(group, handle, |r, h| r.cancel(h)) }
 }
 
 /// `xtc_batch_resume`: BLOCKED to READY, keeping the charge (B-054..B-057).
@@ -483,13 +513,8 @@ pub unsafe extern "C" fn xtc_batch_cancel_mt(group: *mut xtc_batch_t, handle: u6
 /// `group` is NULL or a live group.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xtc_batch_resume(group: *mut xtc_batch_t, handle: u64) -> c_int {
-    call(|| {
-        gate()?;
-        // SAFETY: caller contract.
-        let g = unsafe { self::group(group)? };
-        g.home.owner()?;
-        g.group.resume(self::handle(handle)?)
-    })
+    // SAFETY: the caller's contract, passed on.
+    unsafe { owner_control(group, handle, |g, h| g.resume(h)) }
 }
 
 /// `xtc_batch_resume_mt`: a resume from any loop or thread (B-122).
@@ -500,13 +525,8 @@ pub unsafe extern "C" fn xtc_batch_resume(group: *mut xtc_batch_t, handle: u64) 
 /// As `xtc_batch_submit_mt`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xtc_batch_resume_mt(group: *mut xtc_batch_t, handle: u64) -> c_int {
-    call(|| {
-        gate()?;
-        // SAFETY: caller contract.
-        let g = unsafe { self::group(group)? };
-        let r = g.remote.as_ref().ok_or(Error::Nosys)?;
-        r.resume(self::handle(handle)?)
-    })
+    // SAFETY: the caller's contract, passed on.
+    unsafe { mt_control(group, handle, |r, h| r.resume(h)) }
 }
 
 /// `xtc_batch_close`: stops admission; `XTC_BATCH_CANCEL` also cancels every

@@ -92,14 +92,46 @@ impl InFlight {
         }
     }
 
-    /// The model iteration it belongs to.
-    pub(crate) fn iteration(&self) -> u64 {
-        self.iteration
+    /// Waits for the iteration and reads its sampled tokens (`n_samples`
+    /// `u32`s at the start of `tokens`): the `finish` of both Vulkan models.
+    ///
+    /// # Errors
+    /// `Inval` when `self` is not the model's `latest` iteration, `Internal`
+    /// for a lost device.
+    pub(crate) fn read_tokens(self, latest: u64, tokens: &Buffer) -> Result<Vec<u32>> {
+        if self.iteration != latest {
+            return Err(Error::Inval);
+        }
+        if !self.sub.wait(None)? {
+            return Err(Error::Internal);
+        }
+        let mut out = vec![0u32; self.n_samples];
+        tokens.read(0, &mut out)?;
+        Ok(out)
     }
 
-    /// Waits for completion; `false` on a lost device.
-    pub(crate) fn wait(&self) -> crate::vk::VkResult<bool> {
-        self.sub.wait(None)
+    /// [`read_tokens`](Self::read_tokens), then each sampled sequence's
+    /// logits (`[vocab]`, in plan order) from `logits`.
+    ///
+    /// # Errors
+    /// As [`read_tokens`](Self::read_tokens); `Inval` without a logits
+    /// buffer (`keep_logits` off).
+    pub(crate) fn read_tokens_and_logits(
+        self,
+        latest: u64,
+        tokens: &Buffer,
+        logits: Option<&Buffer>,
+        vocab: usize,
+    ) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+        let n = self.n_samples;
+        let toks = self.read_tokens(latest, tokens)?;
+        let buf = logits.ok_or(Error::Inval)?;
+        let mut flat = vec![0f32; n * vocab];
+        buf.read(0, &mut flat)?;
+        Ok((
+            toks,
+            flat.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
+        ))
     }
 
     /// The completion fd: an eventfd or sync_file, POLLIN once the
@@ -386,15 +418,7 @@ impl GpuModel {
     /// `Inval` for an `InFlight` that is not this model's latest iteration,
     /// `Internal` for a lost device.
     pub fn finish(&mut self, f: InFlight) -> Result<Vec<u32>> {
-        if f.iteration != self.iteration {
-            return Err(Error::Inval);
-        }
-        if !f.sub.wait(None)? {
-            return Err(Error::Internal);
-        }
-        let mut out = vec![0u32; f.n_samples];
-        self.tokens.read(0, &mut out)?;
-        Ok(out)
+        f.read_tokens(self.iteration, &self.tokens)
     }
 
     /// As [`finish`](Self::finish), also returning each sampled sequence's
@@ -403,13 +427,8 @@ impl GpuModel {
     /// # Errors
     /// As [`finish`](Self::finish); `Inval` if `keep_logits` is off.
     pub fn finish_with_logits(&mut self, f: InFlight) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
-        let n = f.n_samples;
-        let toks = self.finish(f)?;
-        let buf = self.logits.as_ref().ok_or(Error::Inval)?;
-        let v = self.config.vocab_size;
-        let mut flat = vec![0f32; n * v];
-        buf.read(0, &mut flat)?;
-        Ok((toks, flat.chunks(v.max(1)).map(<[f32]>::to_vec).collect()))
+        let vocab = self.config.vocab_size;
+        f.read_tokens_and_logits(self.iteration, &self.tokens, self.logits.as_ref(), vocab)
     }
 
     /// Runs `plan` and waits: `finish(submit(plan))`.

@@ -658,15 +658,7 @@ impl GpuLlama {
     /// `Inval` for an `InFlight` that is not this model's latest iteration,
     /// `Internal` for a lost device.
     pub fn finish(&mut self, f: InFlight) -> Result<Vec<u32>> {
-        if f.iteration() != self.iteration {
-            return Err(Error::Inval);
-        }
-        if !f.wait()? {
-            return Err(Error::Internal);
-        }
-        let mut out = vec![0u32; f.n_samples()];
-        self.tokens.read(0, &mut out)?;
-        Ok(out)
+        f.read_tokens(self.iteration, &self.tokens)
     }
 
     /// As [`finish`](Self::finish), also returning each sampling sequence's
@@ -675,13 +667,8 @@ impl GpuLlama {
     /// # Errors
     /// As [`finish`](Self::finish); `Inval` if `keep_logits` is off.
     pub fn finish_with_logits(&mut self, f: InFlight) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
-        let n = f.n_samples();
-        let toks = self.finish(f)?;
-        let buf = self.logits.as_ref().ok_or(Error::Inval)?;
-        let v = self.shape.vocab_size;
-        let mut flat = vec![0f32; n * v];
-        buf.read(0, &mut flat)?;
-        Ok((toks, flat.chunks(v.max(1)).map(<[f32]>::to_vec).collect()))
+        let vocab = self.shape.vocab_size;
+        f.read_tokens_and_logits(self.iteration, &self.tokens, self.logits.as_ref(), vocab)
     }
 
     /// `finish(submit(plan))`.
