@@ -906,7 +906,10 @@ fn the_nosys_suite_builds_apart_and_readme_matches_ci() {
         .find(|l| l.starts_with(".ci/ensure-deps.sh"))
         .expect("the command of .ci/run");
     assert_eq!(readme_line, ci_line);
-    let ci_cmd = ci_line.strip_suffix("# the tests").unwrap_or(ci_line).trim();
+    let ci_cmd = ci_line
+        .strip_suffix("# the tests")
+        .unwrap_or(ci_line)
+        .trim();
     assert_eq!(ci_cmd, ".ci/ensure-deps.sh && .ci/test");
     // The suites of .ci/test: one command a line, comments aside.
     let suites: Vec<&str> = test
