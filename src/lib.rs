@@ -2,22 +2,24 @@
 //!
 //! Requests are admitted first-come-first-served under a resource charge into a
 //! [`batch::Group`]; every iteration hands the whole *ready vector* to one step
-//! or one device operation; members finish independently. The layers, bottom to
-//! top (see `docs/ARCHITECTURE.md`):
+//! or one device operation; members finish independently. This crate is the
+//! engine of the manual page `xtc_batch(3)` and depends on no Vulkan, model,
+//! HTTP or command-line crate. Its modules, bottom to top (see
+//! `docs/ARCHITECTURE.md`):
 //!
 //! - [`rt`]: the runtime substrate (loops, processes, kill and exit hooks,
 //!   timers, fd readiness, futures/promises, blocking pool, executor, the
 //!   deterministic simulator [`rt::Sim`]).
+//! - [`accel`]: render/accel node discovery, sync_file and eventfd fences.
 //! - [`batch`]: the manual page `xtc_batch(3)`: synchronous and asynchronous
 //!   groups, cross-loop admission, placement helpers, router.
-//! - [`accel`]: render/accel node discovery, sync_file and eventfd fences.
-//! - [`vk`]: Vulkan compute through `ash` (lavapipe is the embedded default).
-//! - [`dispatch`]: batched doorbell publication on an emulated NPU.
-//! - [`decode`]: the KV-cache continuous-batching decode workload.
-//! - [`cli`]: the `xtc` command.
-//! - [`trace_event`]: the one Chrome trace / Perfetto JSON writer (decode and
-//!   dispatch exports).
-//! - [`ci`]: the device-in-the-loop CI runner (`xtc ci run`).
+//!
+//! The layers above it are crates of the same workspace: `xtc-trace` (the
+//! Chrome trace / Perfetto writer), `xtc-dispatch` (batched doorbell
+//! publication on an emulated NPU), `xtc-vk` (Vulkan compute through `ash`),
+//! `xtc-decode` (KV-cache continuous-batching decode of GGUF models),
+//! `xtc-ci` (the device-in-the-loop CI runner) and `xtc-cli` (the `xtc`
+//! command); `xtc-capi` is the C ABI of this crate.
 //!
 //! Clause ids (B-xxx) in these docs are sentences of the contract
 //! `xtc_batch(3)`; its C ABI as built (the `xtc-capi` workspace crate,
@@ -90,13 +92,7 @@
 
 pub mod accel;
 pub mod batch;
-pub mod ci;
-pub mod cli;
-pub mod decode;
-pub mod dispatch;
 pub mod error;
 pub mod rt;
-pub mod trace_event;
-pub mod vk;
 
 pub use error::{Error, Result};

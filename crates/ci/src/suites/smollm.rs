@@ -1,0 +1,306 @@
+//! The real model's cases (SmolLM2-135M-Instruct Q4_1, the GGUF file that
+//! `scripts/fetch-model.sh` fetches) in the `decode` and `perf` suites, on
+//! [`GpuLlama`]:
+//!
+//! - `xtc.decode.smollm2_135m_q4_1.golden.p<i>`: the greedy tokens of ChatML
+//!   prompt `i` of [`PROMPTS`] ([`N_TOKENS`], EOS not special: the ids keep
+//!   coming) on this device, compared with the golden tokens stored for it
+//!   (`--golden`) or stored (`--write-baseline`).
+//! - `xtc.decode.smollm2_135m_q4_1.reference.p<i>`: Vulkan against the CPU
+//!   reference ([`Llama::forward`]) along the device's own tokens: the
+//!   sampled row's logits within NMSE [`LOGITS_NMSE`] at every step, every
+//!   device token the reference's greedy choice up to a near-tie
+//!   ([`xtc_decode::model::reference::greedy_agrees`], gap [`TIE`]).
+//! - `xtc.decode.smollm2_135m_q4_1.batched`: every prompt in one ready
+//!   vector gives each sequence the tokens it gets alone.
+//! - `xtc.perf.decode_iter_smollm2.b<N>`: one decode iteration of the real
+//!   model with N members (one token each after a 4-token prefill), ms
+//!   (report-only in CI, as every perf figure without `--perf-baseline`).
+//!
+//! The model file absent: `Skip` outside CI, `Fail` with `CI` set (naming
+//! the fetch script).
+
+use std::sync::OnceLock;
+
+use crate::case::{Case, CaseError, Ctx, Measure, Outcome, Record, Suite, ensure};
+use crate::check;
+use xtc_decode::model::bpe::Bpe;
+use xtc_decode::model::chat;
+use xtc_decode::model::gpu_llama::{GpuLlama, GpuLlamaOptions};
+use xtc_decode::model::llama::{Chunk, Llama, Logits};
+use xtc_decode::model::reference::{self};
+use xtc_decode::model::{BatchPlan, FETCH_SCRIPT, KvGeometry, SeqWork, find_model};
+
+/// Case-name component of the model.
+pub const NAME: &str = "smollm2_135m_q4_1";
+
+/// The golden prompts (ChatML user turns).
+pub const PROMPTS: [&str; 3] = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+];
+
+/// Greedy tokens generated per prompt.
+pub const N_TOKENS: usize = 16;
+
+/// Largest NMSE of the device's logits against the CPU reference's (the
+/// kernels differ in f32 summation order; about 1e-10 is typical).
+pub const LOGITS_NMSE: f64 = 1e-6;
+
+/// Logit gap under which two tokens are a near-tie.
+pub const TIE: f32 = 1e-3;
+
+const BLOCK: usize = 16;
+const PER_SEQ: usize = 4;
+
+/// Registers the decode suite's cases of the real model.
+pub fn decode_cases(v: &mut Vec<Case>) {
+    for p in 0..PROMPTS.len() {
+        v.push(Case::new(
+            Suite::Decode,
+            format!("xtc.decode.{NAME}.golden.p{p}"),
+            move |ctx| golden(ctx, p),
+        ));
+        v.push(Case::new(
+            Suite::Decode,
+            format!("xtc.decode.{NAME}.reference.p{p}"),
+            move |ctx| against_reference(ctx, p),
+        ));
+    }
+    v.push(Case::new(
+        Suite::Decode,
+        format!("xtc.decode.{NAME}.batched"),
+        batched,
+    ));
+}
+
+/// Registers the perf suite's cases of the real model.
+pub fn perf_cases(v: &mut Vec<Case>) {
+    for b in [1usize, 8, 32] {
+        v.push(Case::new(
+            Suite::Perf,
+            format!("xtc.perf.decode_iter_smollm2.b{b}"),
+            move |ctx| decode_iter(ctx, b),
+        ));
+    }
+}
+
+/// The model and tokenizer, loaded once per child process.
+fn model(ctx: &Ctx) -> Result<&'static (Llama, Bpe), CaseError> {
+    static MODEL: OnceLock<Result<(Llama, Bpe), String>> = OnceLock::new();
+    let m = MODEL.get_or_init(|| {
+        let path = find_model(None).map_err(|e| e.to_string())?;
+        let m = Llama::load(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let t = Bpe::from_gguf(m.gguf()).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((m, t))
+    });
+    match m {
+        Ok(m) => Ok(m),
+        Err(e) if ctx.ci() => Err(CaseError::Fail(format!(
+            "CI is set but the model is missing: {e} (run {FETCH_SCRIPT})"
+        ))),
+        Err(e) => Err(CaseError::Skip(e.clone())),
+    }
+}
+
+fn prompt(t: &Bpe, p: usize) -> Result<Vec<u32>, CaseError> {
+    Ok(chat::user_prompt(t, PROMPTS[p])?)
+}
+
+fn gpu(ctx: &mut Ctx, m: &Llama, seqs: usize, keep_logits: bool) -> Result<GpuLlama, CaseError> {
+    let dev = ctx.device()?;
+    let opts = GpuLlamaOptions {
+        kv: KvGeometry {
+            block_size: BLOCK,
+            n_blocks: PER_SEQ * seqs,
+        },
+        max_tokens: 64,
+        max_seqs: seqs,
+        max_context: BLOCK * PER_SEQ,
+        keep_logits,
+        variant: None,
+    };
+    Ok(GpuLlama::new(&dev, m, opts)?)
+}
+
+fn table(i: usize) -> Vec<u32> {
+    // Scattered: backwards, interleaved with the other sequences'.
+    (0..PER_SEQ)
+        .rev()
+        .map(|b| (b * PROMPTS.len() + i) as u32)
+        .collect()
+}
+
+/// Greedy tokens of the listed prompts run together in one ready vector.
+fn greedy(g: &mut GpuLlama, prompts: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<u32>>, CaseError> {
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut pos: Vec<usize> = vec![0; prompts.len()];
+    let mut next: Vec<Vec<u32>> = prompts.iter().map(|(_, p)| p.clone()).collect();
+    while out[0].len() < N_TOKENS {
+        let plan = BatchPlan {
+            seqs: prompts
+                .iter()
+                .enumerate()
+                .map(|(j, (i, _))| SeqWork {
+                    tokens: next[j].clone(),
+                    start_pos: pos[j],
+                    block_table: table(*i),
+                    sample: true,
+                })
+                .collect(),
+        };
+        let toks = g.step(&plan)?;
+        for j in 0..prompts.len() {
+            pos[j] += next[j].len();
+            out[j].push(toks[j]);
+            next[j] = vec![toks[j]];
+        }
+    }
+    Ok(out)
+}
+
+fn golden(ctx: &mut Ctx, p: usize) -> Result<Outcome, CaseError> {
+    let (m, t) = model(ctx)?;
+    let mut g = gpu(ctx, m, PROMPTS.len(), false)?;
+    let toks = greedy(&mut g, &[(p, prompt(t, p)?)])?.remove(0);
+    let text = t.decode(&toks);
+    Ok(Outcome::record(
+        Record::Golden(toks),
+        format!("{N_TOKENS} greedy tokens: {text:?}"),
+    ))
+}
+
+fn against_reference(ctx: &mut Ctx, p: usize) -> Result<Outcome, CaseError> {
+    let (m, t) = model(ctx)?;
+    let mut g = gpu(ctx, m, PROMPTS.len(), true)?;
+    let mut seq = m.new_sequence();
+    let mut next = prompt(t, p)?;
+    let (mut worst, mut ties) = (0f64, 0);
+    for step in 0..N_TOKENS {
+        let plan = BatchPlan {
+            seqs: vec![SeqWork {
+                tokens: next.clone(),
+                start_pos: seq.len(),
+                block_table: table(p),
+                sample: true,
+            }],
+        };
+        let want = m
+            .forward(&mut [Chunk {
+                seq: &mut seq,
+                tokens: &next,
+                logits: Logits::Last,
+            }])?
+            .remove(0);
+        let f = g.submit(&plan)?;
+        let (toks, logits) = g.finish_with_logits(f)?;
+        ensure(toks.len() == 1 && logits.len() == 1, || {
+            format!(
+                "step {step}: {} tokens, {} logits rows",
+                toks.len(),
+                logits.len()
+            )
+        })?;
+        worst = worst.max(check::close(
+            &format!("step {step} logits"),
+            &logits[0],
+            &want,
+            LOGITS_NMSE,
+        )?);
+        let tok = toks[0];
+        if let Err(gap) = reference::greedy_agrees(tok, &want, TIE) {
+            return Err(CaseError::Fail(format!(
+                "step {step}: device token {tok}, reference {} (logit gap {gap})",
+                reference::argmax(&want)
+            )));
+        }
+        if tok != reference::argmax(&want) {
+            ties += 1;
+        }
+        next = vec![tok];
+    }
+    Ok(Outcome::pass_with(format!(
+        "{N_TOKENS} steps, logits NMSE <= {worst:.2e}, {ties} near-ties"
+    )))
+}
+
+fn batched(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
+    let (m, t) = model(ctx)?;
+    let mut g = gpu(ctx, m, PROMPTS.len(), false)?;
+    let all: Vec<(usize, Vec<u32>)> = (0..PROMPTS.len())
+        .map(|p| Ok((p, prompt(t, p)?)))
+        .collect::<Result<_, CaseError>>()?;
+    let together = greedy(&mut g, &all)?;
+    for (p, toks) in together.iter().enumerate() {
+        let alone = greedy(&mut g, &all[p..=p])?.remove(0);
+        check::exact(&format!("prompt {p} batched vs alone"), toks, &alone)?;
+    }
+    Ok(Outcome::pass_with(format!(
+        "{} sequences in one vector: the tokens each gets alone",
+        PROMPTS.len()
+    )))
+}
+
+fn decode_iter(ctx: &mut Ctx, members: usize) -> Result<Outcome, CaseError> {
+    const PROMPT: usize = 4;
+    let (m, _) = model(ctx)?;
+    let dev = ctx.device()?;
+    let per_seq = 4; // blocks of 16: 64 positions
+    let opts = GpuLlamaOptions {
+        kv: KvGeometry {
+            block_size: 16,
+            n_blocks: per_seq * members,
+        },
+        max_tokens: (members * PROMPT).max(16),
+        max_seqs: members,
+        max_context: 64,
+        keep_logits: false,
+        variant: None,
+    };
+    let mut g = GpuLlama::new(&dev, m, opts)?;
+    let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();
+    let prefill = BatchPlan {
+        seqs: (0..members)
+            .map(|i| SeqWork {
+                tokens: (0..PROMPT as u32).map(|t| 100 + t * 7 + i as u32).collect(),
+                start_pos: 0,
+                block_table: table(i),
+                sample: true,
+            })
+            .collect(),
+    };
+    let mut toks = g.step(&prefill)?;
+    let runs = if members >= 32 { 5 } else { 9 };
+    let mut times = Vec::with_capacity(runs);
+    for (r, pos) in (0..runs + 2).zip(PROMPT..) {
+        let plan = BatchPlan {
+            seqs: (0..members)
+                .map(|i| SeqWork {
+                    tokens: vec![toks[i]],
+                    start_pos: pos,
+                    block_table: table(i),
+                    sample: true,
+                })
+                .collect(),
+        };
+        let t0 = std::time::Instant::now();
+        toks = g.step(&plan)?;
+        if r >= 2 {
+            times.push(t0.elapsed());
+        }
+    }
+    times.sort_unstable();
+    let ms = times[times.len() / 2].as_secs_f64() * 1e3;
+    Ok(Outcome::record(
+        Record::Perf(Measure {
+            value: ms,
+            unit: "ms".into(),
+            higher_is_better: false,
+        }),
+        format!(
+            "{ms:.1} ms per iteration of {members} members of SmolLM2-135M (median of {runs}; {:.1} tokens/s)",
+            members as f64 * 1e3 / ms
+        ),
+    ))
+}

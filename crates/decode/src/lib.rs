@@ -1,0 +1,128 @@
+//! `decode` layer: a llama-style decoder, served with KV-cache continuous
+//! batching (`xtc decode`).
+//!
+//! Two halves, joined by one trait:
+//!
+//! - [`model`]: what computes the tokens. The formats (llama2.c checkpoints
+//!   and `tokenizer.bin`, GGUF), the weights and configs, the CPU references,
+//!   the tokenizers and sampling, the models on a Vulkan device (kernel push
+//!   constants, buffer layout, ONE command buffer per iteration), and the
+//!   models that implement [`Model`] (the GGUF model on Vulkan or the CPU
+//!   reference, the synthetic model on Vulkan or the CPU reference, toy). It runs
+//!   whatever [`BatchPlan`] it is handed and knows nothing of batching.
+//! - [`serve`]: what decides which tokens are computed. Trace replay
+//!   (arrivals), each member's sequence state and the packing of one
+//!   iteration, the ONE KV ledger (charge, grow, free), the step on an async
+//!   batch group, the local driver, the job and its report. It drives any
+//!   [`Model`] and knows nothing of Vulkan.
+//!
+//! # The join
+//! - [`Model`]: `launch(&BatchPlan)` starts one iteration (the whole ready
+//!   vector) and returns an owned [`Completion`]; `finish()` then returns the
+//!   sampled tokens. `config()` and `describe()` say what the model is.
+//! - [`Completion`]: how the launched iteration completes — ready now, a fence
+//!   fd the completion owns (`Rc<dyn AsFd>`), or host work for the blocking
+//!   pool. It is the only "how to wait" type on the model side; the serving
+//!   side maps it onto the batch engine's `Exec` in one place
+//!   (`serve::grouped`) and the local driver waits on it in the calling
+//!   thread ([`Completion::wait_here`]).
+//! - The vocabulary both sides speak, defined in [`model`] and re-exported
+//!   here: [`BatchPlan`] / [`SeqWork`] (one iteration's token rows, positions
+//!   and block tables) and [`Config`] (the model's shape: `vocab_size`,
+//!   `seq_len`, ...). [`DeviceError`] is a launch or finish failure.
+//!
+//! # Import rule (checked by `tests/decode_layout.rs`)
+//! - `decode::model` may import `xtc_vk`, `xtc::Error` / `xtc::Result`
+//!   and this module's join items; never `xtc::batch`, `xtc::rt`,
+//!   `xtc::accel`, `xtc_dispatch` or `decode::serve`.
+//! - `decode::serve` may import `xtc::batch`, `xtc::rt`,
+//!   `xtc_trace`, `xtc::Error` / `xtc::Result` and this module's
+//!   join items; never `xtc_vk`,
+//!   `xtc::accel`, `xtc_dispatch` or `decode::model` (it reaches a model
+//!   only through [`Model`]).
+//! - The composition root is the command (`cli::decode`): it builds a model
+//!   and hands it to `serve::run`.
+//!
+//! # Invariants of the join
+//! - One plan in flight per model: `launch`, then `finish` (which blocks
+//!   until the device is done if the completion has not fired yet), then the
+//!   next `launch`. `finish` always ends the iteration: after a timeout or an
+//!   abort the serving side still calls it, because the device may be running
+//!   and owns the plan's buffers.
+//! - A [`Completion::Fence`] fd stays open as long as the completion (or a
+//!   clone of its `Rc`) lives, whatever the model does meanwhile; the model
+//!   keeps its own handle on the submission for `finish`.
+//! - A [`Completion::Host`] job's failure is not lost: the job stores it and
+//!   `finish` returns it.
+
+use std::os::fd::AsFd;
+use std::rc::Rc;
+
+pub mod model;
+pub mod serve;
+
+pub use model::{BatchPlan, Config, SeqWork};
+
+/// How a launched iteration completes (see the module doc): what a driver
+/// waits on before calling [`Model::finish`].
+#[must_use = "a launched iteration must be waited for, then finished"]
+pub enum Completion {
+    /// Nothing to wait for: the result is already there.
+    Ready,
+    /// A pollable fd (sync_file or eventfd) that becomes readable when the
+    /// device has run the plan (B-066). The completion owns it: it stays open
+    /// as long as this `Rc` (or a clone) lives.
+    Fence(Rc<dyn AsFd>),
+    /// Host compute to run off the caller's loop, on the blocking pool (B-078),
+    /// then `finish`; a failure inside is returned by `finish`.
+    Host(Box<dyn FnOnce() + Send>),
+}
+
+impl Completion {
+    /// Waits in the calling thread, for drivers without a loop: runs a
+    /// [`Host`](Completion::Host) job here; [`Ready`](Completion::Ready) and
+    /// [`Fence`](Completion::Fence) need nothing, since [`Model::finish`]
+    /// blocks until the device is done.
+    pub fn wait_here(self) {
+        if let Completion::Host(job) = self {
+            job();
+        }
+    }
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Completion::Ready => f.write_str("Ready"),
+            Completion::Fence(fd) => write!(f, "Fence({:?})", fd.as_fd()),
+            Completion::Host(_) => f.write_str("Host(..)"),
+        }
+    }
+}
+
+/// A model's launch or finish failure, with the model's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("device model: {0}")]
+pub struct DeviceError(pub String);
+
+/// A model that runs one packed iteration at a time: the one trait between
+/// [`model`] and [`serve`] (see the module doc for its contract).
+pub trait Model {
+    /// The model's shape (`vocab_size` bounds prompt tokens, `seq_len` the
+    /// positions of a request).
+    fn config(&self) -> Config;
+    /// One line naming the device and model (for the report).
+    fn describe(&self) -> String;
+    /// Starts the forward pass of `plan` (KV writes for every row, then the
+    /// greedy next token of every sequence whose `sample` flag is set).
+    ///
+    /// # Errors
+    /// The model's failure; nothing is in flight then.
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError>;
+    /// The sampled tokens of the launched plan, in plan order. Called after the
+    /// completion fired, or earlier: then it blocks until the device is done.
+    ///
+    /// # Errors
+    /// The model's failure, or no plan in flight.
+    fn finish(&mut self) -> Result<Vec<u32>, DeviceError>;
+}

@@ -1,0 +1,416 @@
+//! Capacity under an SLO (`xtc decode --sweep`): how the serving literature
+//! compares batching policies (vLLM's paper, Orca, DistServe), instead of
+//! throughput at one arrival rate, where every policy that keeps up is bound
+//! by the arrivals.
+//!
+//! Each policy runs the same workload at each request rate (a `--time-scale`
+//! of the trace's arrival clock). A [`SweepPoint`] keeps what that run
+//! reports: throughput, normalized latency (mean end-to-end / output
+//! tokens), TTFT and TPOT p99, SLO attainment and goodput. A policy's
+//! **capacity** ([`capacity`]) is the highest rate up to which its SLO
+//! attainment stays at or above the target (90%, DistServe's): going up the
+//! rates, the last one before the first miss. [`Sweep`] puts the points, the
+//! capacities and the capacity ratios (continuous / static, continuous /
+//! one-at-a-time) together, renders them as a table or CSV, and
+//! [`Sweep::plot_svg`] draws normalized latency and attainment against the
+//! request rate, one line per policy (`plotters`, SVG backend).
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::serve::latency::Slo;
+use crate::serve::report::{Report, SCHEMA_VERSION, XTC_VERSION, slo_bounds};
+use crate::serve::run_config::RunConfig;
+
+/// The share of requests that must meet the SLO at a rate the policy
+/// sustains (DistServe's 90%).
+pub const ATTAINMENT_TARGET: f64 = 0.9;
+
+/// One policy at one rate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SweepPoint {
+    /// `continuous`, `static` or `one-at-a-time`.
+    pub mode: &'static str,
+    /// Speed-up of the trace's arrival clock.
+    pub time_scale: f64,
+    /// Offered load: requests / their arrival span, per second.
+    pub request_rate_per_s: f64,
+    /// Wall time of the run, s.
+    pub duration_s: f64,
+    /// Requests completed.
+    pub completed: usize,
+    /// Completed requests per second.
+    pub requests_per_s: f64,
+    /// Generated tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Mean end-to-end latency / output tokens over completed requests, ms.
+    pub normalized_latency_ms_per_token: f64,
+    /// 99th percentile of the time to first token, ms.
+    pub ttft_p99_ms: f64,
+    /// 99th percentile of the time per output token, ms.
+    pub tpot_p99_ms: f64,
+    /// Mean ready-vector members per iteration.
+    pub mean_ready_members: f64,
+    /// Share of the requests that met the SLO (0 to 1).
+    pub attainment: f64,
+    /// Requests that met the SLO, per second.
+    pub goodput_requests_per_s: f64,
+}
+
+impl SweepPoint {
+    /// The point of `report`, a run at `time_scale` offering
+    /// `request_rate_per_s`. A report without an SLO counts as attainment 0.
+    pub fn of(report: &Report, time_scale: f64, request_rate_per_s: f64) -> Self {
+        let slo = report.slo.as_ref();
+        SweepPoint {
+            mode: report.mode,
+            time_scale,
+            request_rate_per_s,
+            duration_s: report.duration_s,
+            completed: report.requests.completed,
+            requests_per_s: report.throughput.requests_per_s,
+            output_tokens_per_s: report.throughput.output_tokens_per_s,
+            normalized_latency_ms_per_token: report.normalized_latency_ms_per_token,
+            ttft_p99_ms: report.latency.ttft.p99_ms,
+            tpot_p99_ms: report.latency.tpot.p99_ms,
+            mean_ready_members: report.iterations.mean_ready_members,
+            attainment: slo.map_or(0.0, |s| s.attainment),
+            goodput_requests_per_s: slo.map_or(0.0, |s| s.goodput_requests_per_s),
+        }
+    }
+}
+
+/// `(rate, attainment)` pairs of one policy → its capacity: going up the
+/// rates, the last rate whose attainment is at least `target` before the
+/// first that is not (`None`: missed already at the lowest rate).
+pub fn capacity(points: &[(f64, f64)], target: f64) -> Option<f64> {
+    let mut sorted = points.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    sorted
+        .iter()
+        .take_while(|(_, att)| *att >= target)
+        .last()
+        .map(|(rate, _)| *rate)
+}
+
+/// One policy's capacity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModeCapacity {
+    /// `continuous`, `static` or `one-at-a-time`.
+    pub mode: &'static str,
+    /// The highest time scale it sustains (`null`: not even the lowest).
+    pub capacity_time_scale: Option<f64>,
+    /// The request rate at that time scale, per second (`null` as above).
+    pub capacity_request_rate_per_s: Option<f64>,
+    /// It met the target at every rate swept: the capacity is at least this.
+    pub met_at_every_rate: bool,
+}
+
+/// A whole sweep (see the module doc; `docs/decode-report.md` documents the
+/// JSON).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sweep {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// [`XTC_VERSION`].
+    pub xtc_version: &'static str,
+    /// The configuration (its `time_scale` is the lowest rate swept).
+    pub config: RunConfig,
+    /// The SLO attainment is measured against.
+    pub slo: Slo,
+    /// Attainment a sustained rate needs (0 to 1).
+    pub attainment_target: f64,
+    /// The time scales swept, ascending.
+    pub time_scales: Vec<f64>,
+    /// Every policy at every rate, by rate then policy.
+    pub points: Vec<SweepPoint>,
+    /// Each policy's capacity.
+    pub capacity: Vec<ModeCapacity>,
+    /// Capacity of continuous / static batching (`null` when static
+    /// sustains no rate swept; a lower bound when continuous met every rate).
+    pub capacity_ratio_continuous_vs_static: Option<f64>,
+    /// Capacity of continuous batching / one request at a time (as above).
+    pub capacity_ratio_continuous_vs_one_at_a_time: Option<f64>,
+    /// Wall time of the whole sweep, s.
+    pub sweep_duration_s: f64,
+}
+
+/// The policies in the order a sweep runs and shows them.
+pub const MODES: [&str; 3] = ["continuous", "static", "one-at-a-time"];
+
+impl Sweep {
+    /// The sweep of `points` measured under `config` (its SLO).
+    pub fn new(config: RunConfig, points: Vec<SweepPoint>, sweep_duration_s: f64) -> Self {
+        let mut time_scales: Vec<f64> = points.iter().map(|p| p.time_scale).collect();
+        time_scales.sort_by(f64::total_cmp);
+        time_scales.dedup();
+        let capacity: Vec<ModeCapacity> = MODES
+            .iter()
+            .map(|&mode| {
+                let mine: Vec<&SweepPoint> = points.iter().filter(|p| p.mode == mode).collect();
+                let pairs: Vec<(f64, f64)> =
+                    mine.iter().map(|p| (p.time_scale, p.attainment)).collect();
+                let cap = capacity(&pairs, ATTAINMENT_TARGET);
+                let rate = cap.and_then(|c| {
+                    mine.iter()
+                        .find(|p| p.time_scale == c)
+                        .map(|p| p.request_rate_per_s)
+                });
+                ModeCapacity {
+                    mode,
+                    capacity_time_scale: cap,
+                    capacity_request_rate_per_s: rate,
+                    met_at_every_rate: !mine.is_empty()
+                        && mine.iter().all(|p| p.attainment >= ATTAINMENT_TARGET),
+                }
+            })
+            .collect();
+        let ratio = |a: usize, b: usize| -> Option<f64> {
+            Some(capacity[a].capacity_time_scale? / capacity[b].capacity_time_scale?)
+        };
+        Sweep {
+            schema_version: SCHEMA_VERSION,
+            xtc_version: XTC_VERSION,
+            slo: config.slo,
+            config,
+            attainment_target: ATTAINMENT_TARGET,
+            time_scales,
+            capacity_ratio_continuous_vs_static: ratio(0, 1),
+            capacity_ratio_continuous_vs_one_at_a_time: ratio(0, 2),
+            capacity,
+            points,
+            sweep_duration_s,
+        }
+    }
+
+    /// The per-rate table, the capacities and the ratios.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "SLO {}; a rate is sustained when at least {:.0}% of requests meet it",
+            slo_bounds(self.slo.ttft_ms, self.slo.tpot_ms),
+            self.attainment_target * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "{:>6} {:>9}  {:<14} {:>9} {:>11} {:>11} {:>11} {:>8} {:>8}",
+            "rate",
+            "req/s",
+            "mode",
+            "tokens/s",
+            "norm ms/tok",
+            "TTFT p99 ms",
+            "TPOT p99 ms",
+            "ready",
+            "SLO met"
+        );
+        for p in &self.points {
+            let _ = writeln!(
+                s,
+                "{:>5}x {:>9.2}  {:<14} {:>9.1} {:>11.2} {:>11.1} {:>11.1} {:>8.1} {:>7.1}%",
+                p.time_scale,
+                p.request_rate_per_s,
+                p.mode,
+                p.output_tokens_per_s,
+                p.normalized_latency_ms_per_token,
+                p.ttft_p99_ms,
+                p.tpot_p99_ms,
+                p.mean_ready_members,
+                p.attainment * 100.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n{:<14} {:>20} {:>18}",
+            "mode", "capacity (rate)", "capacity (req/s)"
+        );
+        let lowest = self.time_scales.first().copied().unwrap_or(0.0);
+        for c in &self.capacity {
+            let (rate, rps) = match (c.capacity_time_scale, c.capacity_request_rate_per_s) {
+                (Some(t), Some(r)) if c.met_at_every_rate => {
+                    (format!(">= {t}x"), format!(">= {r:.2}"))
+                }
+                (Some(t), Some(r)) => (format!("{t}x"), format!("{r:.2}")),
+                _ => (format!("< {lowest}x"), "-".to_string()),
+            };
+            let _ = writeln!(s, "{:<14} {rate:>20} {rps:>18}", c.mode);
+        }
+        let ratio = |r: Option<f64>| {
+            let cont_open = self.capacity.first().is_some_and(|c| c.met_at_every_rate);
+            match r {
+                Some(r) if cont_open => format!(">= {r:.2}x"),
+                Some(r) => format!("{r:.2}x"),
+                None => "n/a (the other policy sustains no rate swept)".to_string(),
+            }
+        };
+        let _ = writeln!(
+            s,
+            "capacity ratio: continuous / static {}, continuous / one-at-a-time {}",
+            ratio(self.capacity_ratio_continuous_vs_static),
+            ratio(self.capacity_ratio_continuous_vs_one_at_a_time)
+        );
+        let _ = writeln!(
+            s,
+            "(sweep of {} runs in {:.1} s)",
+            self.points.len(),
+            self.sweep_duration_s
+        );
+        s
+    }
+
+    /// The points as CSV: a header, then one row per policy and rate.
+    ///
+    /// # Errors
+    /// The CSV writer's (it writes to memory: none in practice).
+    pub fn csv(&self) -> Result<String, String> {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        for p in &self.points {
+            w.serialize(p).map_err(|e| e.to_string())?;
+        }
+        let bytes = w.into_inner().map_err(|e| e.to_string())?;
+        String::from_utf8(bytes).map_err(|e| e.to_string())
+    }
+
+    /// Normalized latency (left) and SLO attainment (right) against the
+    /// request rate, one line per policy, as an SVG document.
+    ///
+    /// # Errors
+    /// The plotting library's message.
+    pub fn plot_svg(&self) -> Result<String, String> {
+        plot::svg(self).map_err(|e| format!("plotting the sweep: {e}"))
+    }
+}
+
+mod plot {
+    use plotters::prelude::*;
+
+    use super::{MODES, Sweep};
+
+    const COLORS: [RGBColor; 3] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+    ];
+
+    pub(super) fn svg(sw: &Sweep) -> Result<String, Box<dyn std::error::Error>> {
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, (1200, 480)).into_drawing_area();
+            root.fill(&WHITE)?;
+            let (left, right) = root.split_horizontally(600);
+            let rates: Vec<f64> = sw.points.iter().map(|p| p.request_rate_per_s).collect();
+            let lo = rates
+                .iter()
+                .copied()
+                .fold(f64::INFINITY, f64::min)
+                .max(1e-6);
+            let hi = rates.iter().copied().fold(0.0, f64::max).max(lo * 1.01);
+            let x_range = (lo / 1.2..hi * 1.2).log_scale();
+            let lat: Vec<f64> = sw
+                .points
+                .iter()
+                .map(|p| p.normalized_latency_ms_per_token)
+                .filter(|v| *v > 0.0)
+                .collect();
+            let ylo = lat
+                .iter()
+                .copied()
+                .fold(f64::INFINITY, f64::min)
+                .clamp(1e-3, 1.0);
+            let yhi = lat.iter().copied().fold(0.0, f64::max).max(ylo * 10.0);
+            let mut a = ChartBuilder::on(&left)
+                .caption("normalized latency", ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(x_range.clone(), (ylo / 1.5..yhi * 1.5).log_scale())?;
+            a.configure_mesh()
+                .x_desc("request rate (requests/s)")
+                .y_desc("mean e2e / output tokens (ms)")
+                .draw()?;
+            let mut b = ChartBuilder::on(&right)
+                .caption(
+                    format!(
+                        "SLO attainment (target {:.0}%)",
+                        sw.attainment_target * 100.0
+                    ),
+                    ("sans-serif", 20),
+                )
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(x_range, 0.0..1.05)?;
+            b.configure_mesh()
+                .x_desc("request rate (requests/s)")
+                .y_desc("share of requests meeting the SLO")
+                .draw()?;
+            b.draw_series(LineSeries::new(
+                [
+                    (lo / 1.2, sw.attainment_target),
+                    (hi * 1.2, sw.attainment_target),
+                ],
+                BLACK.mix(0.4),
+            ))?;
+            for (mode, color) in MODES.iter().zip(COLORS) {
+                let pts: Vec<_> = sw.points.iter().filter(|p| p.mode == *mode).collect();
+                let l: Vec<(f64, f64)> = pts
+                    .iter()
+                    .filter(|p| p.normalized_latency_ms_per_token > 0.0)
+                    .map(|p| (p.request_rate_per_s, p.normalized_latency_ms_per_token))
+                    .collect();
+                a.draw_series(LineSeries::new(l.clone(), color.stroke_width(2)))?
+                    .label(*mode)
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                a.draw_series(l.into_iter().map(|xy| Circle::new(xy, 3, color.filled())))?;
+                let t: Vec<(f64, f64)> = pts
+                    .iter()
+                    .map(|p| (p.request_rate_per_s, p.attainment))
+                    .collect();
+                b.draw_series(LineSeries::new(t.clone(), color.stroke_width(2)))?
+                    .label(*mode)
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                b.draw_series(t.into_iter().map(|xy| Circle::new(xy, 3, color.filled())))?;
+            }
+            a.configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+            b.configure_series_labels()
+                .position(SeriesLabelPosition::LowerLeft)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+            root.present()?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_is_the_last_rate_before_the_first_miss() {
+        let t = ATTAINMENT_TARGET;
+        assert_eq!(
+            capacity(&[(4.0, 0.95), (1.0, 1.0), (2.0, 0.9), (8.0, 0.5)], t),
+            Some(4.0)
+        );
+        // A noisy pass above a miss does not count.
+        assert_eq!(
+            capacity(&[(1.0, 1.0), (2.0, 0.89), (4.0, 0.95)], t),
+            Some(1.0)
+        );
+        assert_eq!(capacity(&[(1.0, 0.2), (2.0, 0.1)], t), None);
+        assert_eq!(capacity(&[(1.0, 1.0), (2.0, 1.0)], t), Some(2.0));
+        assert_eq!(capacity(&[], t), None);
+    }
+}

@@ -1,0 +1,803 @@
+//! Physical-device discovery and choice, and the logical [`Device`].
+//!
+//! # Safety
+//! This file calls the Vulkan API through `ash`. The invariants every `unsafe`
+//! block relies on: the `ash::Entry` outlives the instance, the instance
+//! outlives every physical-device query and the device, create-info structs
+//! (and the arrays they point to) live across the call that reads them, and
+//! `Inner`'s `Drop` destroys children before parents after the queue is idle.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString, c_void};
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ash::{ext, khr, vk};
+use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
+
+use super::queue::QueueState;
+use super::{VkError, VkResult, call};
+
+const VALIDATION: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// Validation-layer errors reported since process start (all devices).
+static VALIDATION_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// Number of validation-layer errors reported so far in this process (0 when
+/// validation is off). Tests assert it stays 0.
+pub fn validation_errors() -> u64 {
+    VALIDATION_ERRORS.load(Ordering::Relaxed)
+}
+
+/// Kind of physical device, in preference order for [`Selector::Auto`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum DeviceKind {
+    /// A discrete GPU (preferred).
+    Discrete,
+    /// An integrated GPU.
+    Integrated,
+    /// A virtual GPU.
+    Virtual,
+    /// A CPU implementation (Mesa's lavapipe).
+    Cpu,
+    /// Anything else.
+    Other,
+}
+
+impl DeviceKind {
+    fn from_vk(t: vk::PhysicalDeviceType) -> DeviceKind {
+        match t {
+            vk::PhysicalDeviceType::DISCRETE_GPU => DeviceKind::Discrete,
+            vk::PhysicalDeviceType::INTEGRATED_GPU => DeviceKind::Integrated,
+            vk::PhysicalDeviceType::VIRTUAL_GPU => DeviceKind::Virtual,
+            vk::PhysicalDeviceType::CPU => DeviceKind::Cpu,
+            _ => DeviceKind::Other,
+        }
+    }
+}
+
+/// The DRM render node of a physical device, from `VK_EXT_physical_device_drm`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RenderNode {
+    /// Character-device major number.
+    pub major: i64,
+    /// Character-device minor number.
+    pub minor: i64,
+    /// `/dev/dri/renderD<minor>` (the kernel's naming).
+    pub path: PathBuf,
+}
+
+/// What discovery learned about one physical device.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PhysicalDeviceInfo {
+    /// Position in `vkEnumeratePhysicalDevices` order ([`Selector::Index`]).
+    pub index: usize,
+    /// `deviceName` (e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`).
+    pub name: String,
+    /// Device type.
+    pub kind: DeviceKind,
+    /// PCI vendor id.
+    pub vendor_id: u32,
+    /// PCI device id.
+    pub device_id: u32,
+    /// Vulkan version the driver supports, (major, minor, patch).
+    pub api_version: (u32, u32, u32),
+    /// The driver: `driverName` and `driverInfo` of
+    /// `VkPhysicalDeviceDriverProperties` (Vulkan 1.2), e.g. `llvmpipe Mesa
+    /// 22.3.6 (LLVM 15.0.6)`; empty for a driver below 1.2. With `name`, the
+    /// key of a device's baselines (`xtc ci`).
+    pub driver: String,
+    /// `driverVersion` (vendor-specific encoding).
+    pub driver_version: u32,
+    /// Render node, where the driver has `VK_EXT_physical_device_drm`.
+    pub render_node: Option<RenderNode>,
+    /// Whether fences can be exported as `SYNC_FD` (`VK_KHR_external_fence_fd`).
+    pub sync_fd_export: bool,
+    /// Whether timeline semaphores are supported (required).
+    pub timeline_semaphore: bool,
+    /// Queue family with compute, if any (required).
+    pub compute_family: Option<u32>,
+}
+
+impl PhysicalDeviceInfo {
+    fn usable(&self) -> bool {
+        self.timeline_semaphore && self.compute_family.is_some()
+    }
+
+    /// The vendor's name for [`vendor_id`](Self::vendor_id): a PCI vendor
+    /// (NVIDIA, AMD, Intel, ARM, Qualcomm, Imagination, Apple, Microsoft) or
+    /// a Khronos vendor id (Mesa, ...); `None` when unknown.
+    pub fn vendor_name(&self) -> Option<&'static str> {
+        Some(match self.vendor_id {
+            0x10de => "NVIDIA",
+            0x1002 | 0x1022 => "AMD",
+            0x8086 => "Intel",
+            0x13b5 => "ARM",
+            0x5143 => "Qualcomm",
+            0x1010 => "Imagination Technologies",
+            0x106b => "Apple",
+            0x1414 => "Microsoft",
+            0x10005 => "Mesa",
+            0x10001 => "Vivante",
+            0x10002 => "VeriSilicon",
+            0x10003 => "Kazan",
+            0x10004 => "Codeplay",
+            0x10006 => "PoCL",
+            0x10007 => "MoltenVK",
+            _ => return None,
+        })
+    }
+
+    /// [`driver_version`](Self::driver_version) decoded by the vendor's
+    /// convention: NVIDIA `10.8.8.6` bits, Intel on Windows is not a case
+    /// here (Linux drivers use Vulkan's `major.minor.patch` packing, as Mesa
+    /// does).
+    pub fn driver_version_string(&self) -> String {
+        let v = self.driver_version;
+        if self.vendor_id == 0x10de {
+            format!(
+                "{}.{}.{}.{}",
+                v >> 22,
+                (v >> 14) & 0xff,
+                (v >> 6) & 0xff,
+                v & 0x3f
+            )
+        } else {
+            format!(
+                "{}.{}.{}",
+                vk::api_version_major(v),
+                vk::api_version_minor(v),
+                vk::api_version_patch(v)
+            )
+        }
+    }
+}
+
+/// Which physical device [`Device::open`] takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    /// The best usable one: discrete > integrated > virtual > CPU, then index.
+    Auto,
+    /// By [`PhysicalDeviceInfo::index`].
+    Index(usize),
+    /// The first whose name contains this text (case-insensitive).
+    Name(String),
+    /// The one whose render node is this path (or the same device number).
+    RenderNode(PathBuf),
+}
+
+impl std::str::FromStr for Selector {
+    type Err = VkError;
+    /// `auto` or empty, a decimal index, a path starting with `/`, else a name.
+    fn from_str(s: &str) -> VkResult<Selector> {
+        Ok(match s.trim() {
+            "" | "auto" => Selector::Auto,
+            t if t.starts_with('/') => Selector::RenderNode(PathBuf::from(t)),
+            t => match t.parse::<usize>() {
+                Ok(i) => Selector::Index(i),
+                Err(_) => Selector::Name(t.to_owned()),
+            },
+        })
+    }
+}
+
+impl Selector {
+    /// Picks one of `devs` (only usable ones count).
+    ///
+    /// # Errors
+    /// [`VkError::NoDevice`] when none is usable, [`VkError::NoMatch`] when the
+    /// selector matches no usable device.
+    pub fn choose<'a>(&self, devs: &'a [PhysicalDeviceInfo]) -> VkResult<&'a PhysicalDeviceInfo> {
+        let mut usable = devs.iter().filter(|d| d.usable()).peekable();
+        if usable.peek().is_none() {
+            return Err(VkError::NoDevice);
+        }
+        let found = match self {
+            Selector::Auto => usable.min_by_key(|d| (d.kind, d.index)),
+            Selector::Index(i) => usable.find(|d| d.index == *i),
+            Selector::Name(n) => {
+                let n = n.to_lowercase();
+                usable.find(|d| d.name.to_lowercase().contains(&n))
+            }
+            Selector::RenderNode(p) => {
+                let rdev = device_number(p);
+                usable.find(|d| {
+                    d.render_node
+                        .as_ref()
+                        .is_some_and(|r| r.path == *p || rdev == Some((r.major, r.minor)))
+                })
+            }
+        };
+        found.ok_or_else(|| VkError::NoMatch(format!("{self:?}")))
+    }
+}
+
+/// (major, minor) of a character device path, if it exists.
+fn device_number(p: &Path) -> Option<(i64, i64)> {
+    let st = rustix::fs::stat(p).ok()?;
+    let (ma, mi) = (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev));
+    Some((ma.into(), mi.into()))
+}
+
+fn load_entry() -> VkResult<ash::Entry> {
+    // SAFETY: loading libvulkan runs its initialisers; the Vulkan loader is
+    // designed to be loaded this way and the Entry keeps the library open.
+    unsafe { ash::Entry::load() }.map_err(|e| VkError::Loader(e.to_string()))
+}
+
+/// Whether validation layers are wanted: `XTC_VK_VALIDATION=1/0` forces, else
+/// debug builds enable them when installed.
+fn want_validation(entry: &ash::Entry) -> bool {
+    let wanted = match std::env::var("XTC_VK_VALIDATION").as_deref() {
+        Ok("0") => false,
+        Ok(_) => true,
+        Err(_) => cfg!(debug_assertions),
+    };
+    // SAFETY: a global query with no inputs; the entry is loaded.
+    let layers = unsafe { entry.enumerate_instance_layer_properties() }.unwrap_or_default();
+    wanted
+        && layers
+            .iter()
+            .any(|l| l.layer_name_as_c_str() == Ok(VALIDATION))
+}
+
+unsafe extern "system" fn on_validation_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    _user: *mut c_void,
+) -> vk::Bool32 {
+    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
+        VALIDATION_ERRORS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the layer passes a valid callback-data struct whose message is
+        // a NUL-terminated string (or null) for the duration of the call.
+        let msg = unsafe { data.as_ref().and_then(|d| d.message_as_c_str()) };
+        eprintln!(
+            "vulkan validation: {}",
+            msg.map(|m| m.to_string_lossy()).unwrap_or_default()
+        );
+    }
+    vk::FALSE
+}
+
+struct Instance {
+    entry: ash::Entry,
+    instance: ash::Instance,
+    debug: Option<(ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+}
+
+impl Instance {
+    fn new(validation: bool) -> VkResult<Instance> {
+        let entry = load_entry()?;
+        let validation = validation && want_validation(&entry);
+        let app = vk::ApplicationInfo::default()
+            .application_name(c"xtc")
+            .api_version(vk::API_VERSION_1_2);
+        let layers = if validation {
+            vec![VALIDATION.as_ptr()]
+        } else {
+            vec![]
+        };
+        let exts = if validation {
+            vec![ext::debug_utils::NAME.as_ptr()]
+        } else {
+            vec![]
+        };
+        let info = vk::InstanceCreateInfo::default()
+            .application_info(&app)
+            .enabled_layer_names(&layers)
+            .enabled_extension_names(&exts);
+        // SAFETY: `info` and the arrays it points to live across the call.
+        let instance =
+            unsafe { entry.create_instance(&info, None) }.map_err(call("vkCreateInstance"))?;
+        let mut me = Instance {
+            entry,
+            instance,
+            debug: None,
+        };
+        if validation {
+            me.debug = Some(me.messenger()?);
+        }
+        Ok(me)
+    }
+
+    fn messenger(&self) -> VkResult<(ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)> {
+        let du = ext::debug_utils::Instance::new(&self.entry, &self.instance);
+        let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+            .message_severity(
+                vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
+                    | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+            )
+            .message_type(
+                vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                    | vk::DebugUtilsMessageTypeFlagsEXT::GENERAL,
+            )
+            .pfn_user_callback(Some(on_validation_message));
+        // SAFETY: the instance was created with VK_EXT_debug_utils enabled; the
+        // callback is a plain function valid for the program's lifetime.
+        let m = unsafe { du.create_debug_utils_messenger(&info, None) }
+            .map_err(call("vkCreateDebugUtilsMessengerEXT"))?;
+        Ok((du, m))
+    }
+
+    fn describe_all(&self) -> VkResult<Vec<(vk::PhysicalDevice, PhysicalDeviceInfo)>> {
+        // SAFETY: the instance is valid.
+        let pds = unsafe { self.instance.enumerate_physical_devices() }
+            .map_err(call("vkEnumeratePhysicalDevices"))?;
+        Ok(pds
+            .into_iter()
+            .enumerate()
+            .map(|(i, pd)| (pd, self.describe(i, pd)))
+            .collect())
+    }
+
+    fn describe(&self, index: usize, pd: vk::PhysicalDevice) -> PhysicalDeviceInfo {
+        let inst = &self.instance;
+        // SAFETY: `pd` came from this instance; the queries only fill outputs.
+        let (exts, props, families) = unsafe {
+            (
+                inst.enumerate_device_extension_properties(pd)
+                    .unwrap_or_default(),
+                inst.get_physical_device_properties(pd),
+                inst.get_physical_device_queue_family_properties(pd),
+            )
+        };
+        let has = |n: &CStr| exts.iter().any(|e| e.extension_name_as_c_str() == Ok(n));
+        let render_node = if has(ext::physical_device_drm::NAME) {
+            self.drm_node(pd)
+        } else {
+            None
+        };
+        let compute_family = families
+            .iter()
+            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            .map(|i| i as u32);
+        let v = props.api_version;
+        let driver = if vk::api_version_minor(v) >= 2 || vk::api_version_major(v) > 1 {
+            self.driver(pd)
+        } else {
+            String::new()
+        };
+        PhysicalDeviceInfo {
+            index,
+            name: props
+                .device_name_as_c_str()
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            kind: DeviceKind::from_vk(props.device_type),
+            vendor_id: props.vendor_id,
+            device_id: props.device_id,
+            api_version: (
+                vk::api_version_major(v),
+                vk::api_version_minor(v),
+                vk::api_version_patch(v),
+            ),
+            driver,
+            driver_version: props.driver_version,
+            render_node,
+            sync_fd_export: has(khr::external_fence_fd::NAME) && self.fence_exports_sync_fd(pd),
+            timeline_semaphore: self.has_timeline(pd),
+            compute_family,
+        }
+    }
+
+    /// `driverName driverInfo` of a Vulkan 1.2 device.
+    fn driver(&self, pd: vk::PhysicalDevice) -> String {
+        let mut drv = vk::PhysicalDeviceDriverProperties::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut drv);
+        // SAFETY: a core 1.2 query on a device of API version 1.2 or later;
+        // `p2` chains `drv`, both live here.
+        unsafe { self.instance.get_physical_device_properties2(pd, &mut p2) };
+        let text = |c: Result<&CStr, _>| c.map(|c| c.to_string_lossy().into_owned());
+        let name = text(drv.driver_name_as_c_str()).unwrap_or_default();
+        let info = text(drv.driver_info_as_c_str()).unwrap_or_default();
+        format!("{name} {info}").trim().to_owned()
+    }
+
+    fn drm_node(&self, pd: vk::PhysicalDevice) -> Option<RenderNode> {
+        let mut drm = vk::PhysicalDeviceDrmPropertiesEXT::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut drm);
+        // SAFETY: the extension is present; `p2` chains `drm`, both live here.
+        unsafe { self.instance.get_physical_device_properties2(pd, &mut p2) };
+        (drm.has_render == vk::TRUE).then(|| RenderNode {
+            major: drm.render_major,
+            minor: drm.render_minor,
+            path: PathBuf::from(format!("/dev/dri/renderD{}", drm.render_minor)),
+        })
+    }
+
+    fn fence_exports_sync_fd(&self, pd: vk::PhysicalDevice) -> bool {
+        let info = vk::PhysicalDeviceExternalFenceInfo::default()
+            .handle_type(vk::ExternalFenceHandleTypeFlags::SYNC_FD);
+        let mut props = vk::ExternalFenceProperties::default();
+        // SAFETY: a Vulkan 1.1 core query filling `props`.
+        unsafe {
+            self.instance
+                .get_physical_device_external_fence_properties(pd, &info, &mut props)
+        };
+        props
+            .external_fence_features
+            .contains(vk::ExternalFenceFeatureFlags::EXPORTABLE)
+    }
+
+    fn has_timeline(&self, pd: vk::PhysicalDevice) -> bool {
+        let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut f12);
+        // SAFETY: core 1.1 query; the chain lives here.
+        unsafe { self.instance.get_physical_device_features2(pd, &mut f2) };
+        f12.timeline_semaphore == vk::TRUE
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // SAFETY: every child object (device, messenger) is destroyed before
+        // this runs (Inner drops the device first); nothing uses them after.
+        unsafe {
+            if let Some((du, m)) = self.debug.take() {
+                du.destroy_debug_utils_messenger(m, None);
+            }
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// Lists the physical devices (a short-lived instance, no validation).
+///
+/// # Errors
+/// [`VkError::Loader`] without a Vulkan loader; a failed instance creation.
+pub fn enumerate() -> VkResult<Vec<PhysicalDeviceInfo>> {
+    let inst = Instance::new(false)?;
+    Ok(inst.describe_all()?.into_iter().map(|(_, d)| d).collect())
+}
+
+/// A logical device with one compute queue. Cheap to clone (shared); `Send +
+/// Sync`. Submissions go through [`Device::submit`] (see [`super::queue`]).
+#[derive(Clone)]
+pub struct Device(pub(crate) Arc<Inner>);
+
+pub(crate) struct Inner {
+    pub(crate) device: ash::Device,
+    pub(crate) info: PhysicalDeviceInfo,
+    pub(crate) family: u32,
+    pub(crate) queue: QueueState,
+    pub(crate) allocator: Mutex<ManuallyDrop<Allocator>>,
+    pub(crate) fence_fd: Option<khr::external_fence_fd::Device>,
+    pub(crate) limits: vk::PhysicalDeviceLimits,
+    /// `(subgroupSize, compute stage supports subgroup ops with ballot and
+    /// arithmetic)` from `VkPhysicalDeviceSubgroupProperties`.
+    pub(crate) subgroup: (u32, bool),
+    validation: bool,
+    instance: ManuallyDrop<Instance>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("info", &self.0.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    /// Opens the device `sel` picks, with one compute queue, timeline
+    /// semaphores and (where supported) `VK_KHR_external_fence_fd`. Validation
+    /// layers are on in debug builds when installed (`XTC_VK_VALIDATION=0/1`
+    /// overrides).
+    ///
+    /// # Errors
+    /// [`VkError::Loader`] / [`VkError::NoDevice`] (no Vulkan here),
+    /// [`VkError::NoMatch`] (selector), a failed `vkCreateDevice`.
+    pub fn open(sel: &Selector) -> VkResult<Device> {
+        let instance = Instance::new(true)?;
+        let all = instance.describe_all()?;
+        let infos: Vec<_> = all.iter().map(|(_, d)| d.clone()).collect();
+        let info = sel.choose(&infos)?.clone();
+        let physical = all[info.index].0;
+        let family = info.compute_family.ok_or(VkError::NoDevice)?;
+        let device = create_device(&instance.instance, physical, family, info.sync_fd_export)?;
+        let allocator = new_allocator(&instance.instance, &device, physical);
+        let allocator = match allocator {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: the device has no children yet.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        // SAFETY: `physical` belongs to the instance.
+        let limits = unsafe { instance.instance.get_physical_device_properties(physical) }.limits;
+        let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+        // SAFETY: `physical` belongs to the instance (Vulkan 1.2); `props`
+        // chains one live struct that outlives the call.
+        unsafe {
+            instance
+                .instance
+                .get_physical_device_properties2(physical, &mut props)
+        };
+        let needed = vk::SubgroupFeatureFlags::BASIC
+            | vk::SubgroupFeatureFlags::BALLOT
+            | vk::SubgroupFeatureFlags::ARITHMETIC;
+        let subgroup = (
+            sub.subgroup_size,
+            sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
+                && sub.supported_operations.contains(needed),
+        );
+        let fence_fd = info
+            .sync_fd_export
+            .then(|| khr::external_fence_fd::Device::new(&instance.instance, &device));
+        let queue = match QueueState::new(&device, family) {
+            Ok(q) => q,
+            Err(e) => {
+                drop(allocator);
+                // SAFETY: the allocator (the only child) is gone; the queue state
+                // created nothing that outlives its error.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        Ok(Device(Arc::new(Inner {
+            validation: instance.debug.is_some(),
+            device,
+            info,
+            family,
+            queue,
+            allocator: Mutex::new(ManuallyDrop::new(allocator)),
+            fence_fd,
+            limits,
+            subgroup,
+            instance: ManuallyDrop::new(instance),
+        })))
+    }
+
+    /// The physical device this was opened on.
+    pub fn info(&self) -> &PhysicalDeviceInfo {
+        &self.0.info
+    }
+
+    /// A process-unique identity of this logical device (while it lives).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    /// Whether `self` and `other` are the same logical device.
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Whether the validation layer is active on this device.
+    pub fn validation(&self) -> bool {
+        self.0.validation
+    }
+
+    /// The raw `ash` device (for callers recording their own commands).
+    pub fn raw(&self) -> &ash::Device {
+        &self.0.device
+    }
+
+    /// Queue family index of the compute queue.
+    pub fn queue_family(&self) -> u32 {
+        self.0.family
+    }
+
+    /// `maxStorageBufferRange` in bytes.
+    pub fn max_storage_buffer_range(&self) -> u64 {
+        self.0.limits.max_storage_buffer_range.into()
+    }
+
+    /// `maxComputeWorkGroupCount`: the largest dispatch grid in x, y, z
+    /// ([`super::Recorder::dispatch`] refuses larger ones).
+    pub fn max_compute_work_group_count(&self) -> [u32; 3] {
+        self.0.limits.max_compute_work_group_count
+    }
+
+    /// `(maxUniformBufferRange, minUniformBufferOffsetAlignment)` in bytes:
+    /// the most a uniform window ([`super::Window`]) may cover, and the
+    /// multiple its dynamic offsets must be.
+    pub fn uniform_limits(&self) -> (u64, u64) {
+        let l = &self.0.limits;
+        (
+            l.max_uniform_buffer_range.into(),
+            l.min_uniform_buffer_offset_alignment.max(1),
+        )
+    }
+
+    /// The compute stage's subgroup size when it supports the subgroup
+    /// operations the quantized kernels' CPU form uses (basic, ballot:
+    /// `subgroupBroadcast`, arithmetic: `subgroupAdd` / `Max` / `Min`), else
+    /// `None`.
+    pub fn subgroup_size(&self) -> Option<u32> {
+        let (size, ops) = self.0.subgroup;
+        ops.then_some(size)
+    }
+
+    /// Nanoseconds per timestamp tick (`timestampPeriod`), or `None` when
+    /// compute queues cannot write timestamps
+    /// (`timestampComputeAndGraphics`).
+    pub fn timestamp_period(&self) -> Option<f64> {
+        let l = &self.0.limits;
+        (l.timestamp_compute_and_graphics == vk::TRUE).then_some(f64::from(l.timestamp_period))
+    }
+
+    /// `(maxImageDimension2D, maxImageArrayLayers)`: the largest
+    /// [`super::StorageImage`] side and layer count.
+    pub fn image_limits(&self) -> (u32, u32) {
+        let l = &self.0.limits;
+        (l.max_image_dimension2_d, l.max_image_array_layers)
+    }
+
+    /// Allocates memory from the device's allocator.
+    pub(crate) fn allocate(
+        &self,
+        desc: &gpu_allocator::vulkan::AllocationCreateDesc<'_>,
+    ) -> VkResult<gpu_allocator::vulkan::Allocation> {
+        self.0
+            .allocator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allocate(desc)
+            .map_err(|e| VkError::Alloc(e.to_string()))
+    }
+
+    /// Returns memory to the device's allocator.
+    pub(crate) fn free(&self, a: gpu_allocator::vulkan::Allocation) {
+        let _ = self
+            .0
+            .allocator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .free(a);
+    }
+
+    /// Waits until the queue is idle.
+    ///
+    /// # Errors
+    /// A failed `vkQueueWaitIdle` (device lost).
+    pub fn wait_idle(&self) -> VkResult<()> {
+        self.0.queue.wait_idle(&self.0.device)
+    }
+}
+
+fn create_device(
+    inst: &ash::Instance,
+    pd: vk::PhysicalDevice,
+    family: u32,
+    fence_fd: bool,
+) -> VkResult<ash::Device> {
+    let prio = [1.0f32];
+    let queues = [vk::DeviceQueueCreateInfo::default()
+        .queue_family_index(family)
+        .queue_priorities(&prio)];
+    let exts = if fence_fd {
+        vec![khr::external_fence_fd::NAME.as_ptr()]
+    } else {
+        vec![]
+    };
+    let mut f12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+    let info = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&queues)
+        .enabled_extension_names(&exts)
+        .push_next(&mut f12);
+    // SAFETY: `pd` belongs to `inst`; `info` and its arrays/chain live across the call.
+    unsafe { inst.create_device(pd, &info, None) }.map_err(call("vkCreateDevice"))
+}
+
+fn new_allocator(
+    inst: &ash::Instance,
+    dev: &ash::Device,
+    pd: vk::PhysicalDevice,
+) -> VkResult<Allocator> {
+    const MB: u64 = 1 << 20;
+    Allocator::new(&AllocatorCreateDesc {
+        instance: inst.clone(),
+        device: dev.clone(),
+        physical_device: pd,
+        debug_settings: Default::default(),
+        buffer_device_address: false,
+        allocation_sizes: gpu_allocator::AllocationSizes::new(16 * MB, 16 * MB)
+            .with_max_device_memblock_size(256 * MB)
+            .with_max_host_memblock_size(64 * MB),
+    })
+    .map_err(|e| VkError::Alloc(e.to_string()))
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.queue.shutdown(&self.device);
+        // SAFETY: every Buffer/Kernels/CommandPool holds an Arc<Inner>, so none
+        // is alive here; the queue is idle and the waiter thread has exited.
+        // Children go first: queue objects, the allocator, the device, then the
+        // instance (whose Drop destroys the messenger).
+        unsafe {
+            self.queue.destroy(&self.device);
+            ManuallyDrop::drop(self.allocator.get_mut().unwrap_or_else(|p| p.into_inner()));
+            self.device.destroy_device(None);
+            ManuallyDrop::drop(&mut self.instance);
+        }
+    }
+}
+
+/// `CString` of a kernel entry point name.
+pub(crate) fn c_name(name: &str) -> VkResult<CString> {
+    CString::new(name).map_err(|_| VkError::Inval(format!("entry point name {name:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(index: usize, name: &str, kind: DeviceKind, minor: Option<i64>) -> PhysicalDeviceInfo {
+        PhysicalDeviceInfo {
+            index,
+            name: name.into(),
+            kind,
+            vendor_id: 0,
+            device_id: 0,
+            api_version: (1, 3, 0),
+            driver: String::new(),
+            driver_version: 0,
+            render_node: minor.map(|m| RenderNode {
+                major: 226,
+                minor: m,
+                path: PathBuf::from(format!("/dev/dri/renderD{m}")),
+            }),
+            sync_fd_export: false,
+            timeline_semaphore: true,
+            compute_family: Some(0),
+        }
+    }
+
+    #[test]
+    fn auto_prefers_discrete_then_integrated_then_virtual_then_cpu() {
+        let mut all = vec![
+            dev(0, "llvmpipe", DeviceKind::Cpu, None),
+            dev(1, "virgl", DeviceKind::Virtual, Some(130)),
+            dev(2, "igpu", DeviceKind::Integrated, Some(129)),
+            dev(3, "dgpu", DeviceKind::Discrete, Some(128)),
+        ];
+        assert_eq!(Selector::Auto.choose(&all).unwrap().index, 3);
+        all[3].compute_family = None; // unusable devices are skipped
+        assert_eq!(Selector::Auto.choose(&all).unwrap().index, 2);
+        all.truncate(2);
+        assert_eq!(Selector::Auto.choose(&all).unwrap().index, 1);
+        all.truncate(1);
+        assert_eq!(Selector::Auto.choose(&all).unwrap().name, "llvmpipe");
+    }
+
+    #[test]
+    fn selectors_match_index_name_and_render_node_or_fail() {
+        let all = [
+            dev(0, "llvmpipe (LLVM 15)", DeviceKind::Cpu, None),
+            dev(1, "AMD Radeon", DeviceKind::Discrete, Some(129)),
+        ];
+        assert_eq!(Selector::Index(0).choose(&all).unwrap().index, 0);
+        assert_eq!(
+            Selector::Name("radeon".into()).choose(&all).unwrap().index,
+            1
+        );
+        let node = Selector::RenderNode("/dev/dri/renderD129".into());
+        assert_eq!(node.choose(&all).unwrap().index, 1);
+        let missing = Selector::RenderNode("/dev/dri/renderD128".into());
+        assert!(matches!(missing.choose(&all), Err(VkError::NoMatch(_))));
+        assert!(matches!(
+            Selector::Index(2).choose(&all),
+            Err(VkError::NoMatch(_))
+        ));
+        let e: xtc::Error = Selector::Index(2).choose(&all).unwrap_err().into();
+        assert_eq!(e, xtc::Error::Inval);
+    }
+
+    #[test]
+    fn no_usable_device_is_nosys() {
+        let mut d = dev(0, "old", DeviceKind::Discrete, None);
+        d.timeline_semaphore = false;
+        let err = Selector::Auto.choose(&[d]).unwrap_err();
+        assert!(matches!(err, VkError::NoDevice));
+        assert_eq!(xtc::Error::from(err), xtc::Error::Nosys);
+        let e: xtc::Error = Selector::Auto.choose(&[]).unwrap_err().into();
+        assert_eq!(e, xtc::Error::Nosys);
+    }
+}

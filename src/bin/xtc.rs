@@ -1,4 +1,0 @@
-//! The `xtc` command: see `xtc --help`.
-fn main() {
-    std::process::exit(xtc::cli::main());
-}
