@@ -70,6 +70,8 @@
 //!   `Outcome::record(Record::Perf(Measure { .. }), note)`; the runner
 //!   compares it with `--perf-baseline` (keyed by device and driver) and
 //!   `--write-baseline` stores it.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod baseline;
 pub mod case;

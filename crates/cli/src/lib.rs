@@ -3,6 +3,8 @@
 //! One file per subcommand; this file only declares the subcommands and
 //! dispatches. To add one (e.g. `xtc decode`): a module with an `Args` struct
 //! and `run(&Args, &mut dyn Write) -> i32`, a variant below, and its match arm.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::ffi::OsString;
 use std::io::Write;

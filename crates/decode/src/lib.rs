@@ -54,6 +54,8 @@
 //!   keeps its own handle on the submission for `finish`.
 //! - A [`Completion::Host`] job's failure is not lost: the job stores it and
 //!   `finish` returns it.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::os::fd::AsFd;
 use std::rc::Rc;

@@ -49,6 +49,8 @@
 //!
 //! **Not modelled**: the pending (pre-loaded second) slot of a core, early
 //! dispatch, multiple rings, the overflow spill of per-thread local buffers.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod drain;
 pub mod emu;

@@ -26,6 +26,8 @@
 //!   whose root slice has one name show as one group, a row per concurrent
 //!   request, instead of a track each; nested events of the same id (other
 //!   names) stack under the root slice.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -20,6 +20,8 @@
 //!   the fallback path.
 //!
 //! Errors are [`VkError`], which converts into [`xtc::Error`].
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod device;
 pub mod image;
