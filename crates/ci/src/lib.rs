@@ -44,7 +44,7 @@
 //!   `fence`, `batch`, `dispatch`, `decode` (the synthetic model and
 //!   SmolLM2), `perf`, and the hidden `selftest` (a crash, a hang, a flake, a failure,
 //!   a pass listed as failing, a child that stops early) that the runner's
-//!   own tests (`tests/ci_runner.rs`) run.
+//!   own tests (`crates/cli/tests/ci_runner.rs`) run.
 //!
 //! # Adding cases
 //! Each suite module has a `cases(&mut Vec<Case>)` function; a case is one

@@ -892,7 +892,7 @@ fn help_lists_the_exit_statuses() {
 /// `.ci/run` run the same command.
 #[test]
 fn the_nosys_suite_builds_apart_and_readme_matches_ci() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
     let ci = std::fs::read_to_string(format!("{root}/.ci/run")).unwrap();
     let test = std::fs::read_to_string(format!("{root}/.ci/test")).unwrap();

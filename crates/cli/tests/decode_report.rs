@@ -27,7 +27,7 @@ const FAST: [&str; 4] = ["--device", "toy", "--time-scale", "10000"];
 /// list several.
 fn documented(section: &str) -> BTreeSet<String> {
     let page = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/decode-report.md"),
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("docs/decode-report.md"),
     )
     .unwrap();
     let start = page

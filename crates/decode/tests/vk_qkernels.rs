@@ -445,7 +445,7 @@ fn rope_kv_turns_q_and_writes_turned_k_and_v_to_the_cache() {
         );
         if image {
             // Copy the image's layers out through attention-free means: the
-            // KV-image layout is checked end to end by tests/vk_llama.rs; here
+            // KV-image layout is checked end to end by crates/decode/tests/vk_llama.rs; here
             // the buffer form's bits stand for both (same arithmetic).
             continue;
         }

@@ -81,7 +81,7 @@ pub fn retry_aba(clusters: usize) -> Graph {
 /// K = 16, so unpublished); the scope opened at task 6 keeps the ring from
 /// draining; with a task window of 8 slots, task 8 needs a slot. Without
 /// the pressure handshake the orchestrator stalls until the backstop; with
-/// it an acknowledged publication ends the stall (`tests/dispatch_reclaim.rs`,
+/// it an acknowledged publication ends the stall (`crates/dispatch/tests/dispatch_reclaim.rs`,
 /// `xtc.dispatch.reclaim.handshake`).
 pub fn open_scope() -> Graph {
     let mut g = Graph::new();

@@ -27,7 +27,7 @@
 //! The [`Stepper`] is kept beside the Sim driver: it is the cheaper one (one
 //! poll per tick, no timers) and the original liveness proofs use its exact
 //! schedules; the Sim driver re-runs the same proofs on the crate's own
-//! simulator with injected delays (`tests/dispatch_sim.rs`).
+//! simulator with injected delays (`crates/dispatch/tests/dispatch_sim.rs`).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;

@@ -8,7 +8,7 @@
 //! - [`memory`]: [`Buffer`], storage buffers in device-local or host-visible
 //!   memory with a staging upload path.
 //! - [`pipeline`]: [`Kernels`] (one compute pipeline per entry point of
-//!   `kernels/*.wgsl`, compiled to SPIR-V by `build.rs`), [`BindingSet`],
+//!   `kernels/*.wgsl`, compiled to SPIR-V by `crates/vk/build.rs`), [`BindingSet`],
 //!   [`CommandPool`] (one per loop: pools are externally synchronized) and the
 //!   command [`Recorder`].
 //! - [`queue`]: submission of ONE command buffer per ready vector (or several in
@@ -43,7 +43,7 @@ pub use pipeline::{
 pub use queue::{FenceKind, Submission};
 
 pub mod kernels {
-    //! SPIR-V of every kernel, compiled from `kernels/*.wgsl` by `build.rs`.
+    //! SPIR-V of every kernel, compiled from `kernels/*.wgsl` by `crates/vk/build.rs`.
     //!
     //! `KERNELS` lists (entry point name, SPIR-V bytes, little-endian words).
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));

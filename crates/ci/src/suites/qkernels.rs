@@ -661,7 +661,7 @@ fn rope_rows(
 /// buffer form the cache's turned k and exact v at each slot, and nothing
 /// else of the cache written; in the image form a second submission's
 /// `attention_img`-free probe is not possible, so the image's contents are
-/// covered end to end by the model's agreement tests (`tests/vk_llama.rs`)
+/// covered end to end by the model's agreement tests (`crates/decode/tests/vk_llama.rs`)
 /// and here q and the guards.
 fn rope_kv(ctx: &mut Ctx, (heads, kv_heads, hs): (usize, usize, usize), image: bool) -> CaseResult {
     let mut rng = ctx.rng();
@@ -728,7 +728,7 @@ fn rope_kv(ctx: &mut Ctx, (heads, kv_heads, hs): (usize, usize, usize), image: b
     let e = check::close("q", &b.get(1, q_at, q.len())?, &wq, NMSE_Q)?;
     if image {
         return ok(format!(
-            "q NMSE {e:.2e} (the image's K/V: tests/vk_llama.rs)"
+            "q NMSE {e:.2e} (the image's K/V: crates/decode/tests/vk_llama.rs)"
         ));
     }
     let mut worst = e;

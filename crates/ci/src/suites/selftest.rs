@@ -1,6 +1,6 @@
 //! `xtc.selftest.*`: the runner's own test cases, each misbehaving in one
 //! way on purpose (hidden: never part of `--suite all`; run by
-//! `tests/ci_runner.rs` with `--suite selftest`).
+//! `crates/cli/tests/ci_runner.rs` with `--suite selftest`).
 //!
 //! - `crash.abort` aborts the child (`Crash`), `crash.after` then passes in
 //!   a fresh child;

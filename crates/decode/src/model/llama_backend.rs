@@ -14,7 +14,7 @@
 //! Both address their KV cache through the plan's block tables, which the
 //! serving side's ledger owns, and pick the greedy token as
 //! [`sampling::argmax`](super::sampling::argmax) does (the lowest id among
-//! equal maxima). `tests/decode_llama.rs` checks that they agree token for
+//! equal maxima). `crates/decode/tests/decode_llama.rs` checks that they agree token for
 //! token with each other and with the contiguous reference
 //! ([`Llama::forward`]) on a served workload.
 

@@ -36,8 +36,8 @@
 //!   ([`BatchPlan::validate`]: tokens in the vocabulary, positions below
 //!   `seq_len`, block tables covering every position, block ids in the cache).
 //! - The Vulkan model is checked against the CPU reference on the same plans
-//!   (`tests/vk_decode.rs`), and both, served, against
-//!   [`backend::reference_greedy`] (`tests/decode_models.rs`).
+//!   (`crates/cli/tests/vk_decode.rs`), and both, served, against
+//!   [`backend::reference_greedy`] (`crates/decode/tests/decode_models.rs`).
 //!
 //! # Two kinds of weights
 //! - **f32, llama2.c order** (this file): [`Config`], [`Weights`] (seeded

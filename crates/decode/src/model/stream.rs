@@ -13,9 +13,9 @@
 //!   rows land before any row's attention, so each row sees the rows before
 //!   it), with the logits copied back.
 //!
-//! Both give the same greedy tokens on the real model (`tests/model_cli.rs`
+//! Both give the same greedy tokens on the real model (`crates/cli/tests/model_cli.rs`
 //! runs the Paris prompt on both) and logits within the Vulkan model's
-//! tolerance (`tests/vk_llama.rs`).
+//! tolerance (`crates/decode/tests/vk_llama.rs`).
 
 use super::gpu_llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use super::llama::{Chunk, ForwardError, Llama, Logits, Sequence};

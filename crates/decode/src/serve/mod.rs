@@ -56,7 +56,7 @@
 //!   with no KV block held ([`job::RunOutput::kv_leaked`] is 0; anything else
 //!   is a bug the command reports).
 //! - Both drivers apply the same rules to the same workload and produce the
-//!   same tokens as decoding each request alone (`tests/decode_job.rs`).
+//!   same tokens as decoding each request alone (`crates/decode/tests/decode_job.rs`).
 //!
 //! [`Model`]: crate::Model
 

@@ -14,14 +14,14 @@
 //! back).
 //!
 //! The default workload is a slice of the conversation trace embedded in the
-//! binary ([`embedded`]), licensed CC-BY-4.0: see `src/decode/serve/TRACE_LICENSE.md`
+//! binary ([`embedded`]), licensed CC-BY-4.0: see `crates/decode/src/serve/TRACE_LICENSE.md`
 //! for the attribution that travels with it.
 
 use std::path::Path;
 use std::time::Duration;
 
 /// The first 1,500 requests of `AzureLLMInferenceTrace_conv.csv` (CC-BY-4.0,
-/// attribution in `src/decode/serve/TRACE_LICENSE.md`).
+/// attribution in `crates/decode/src/serve/TRACE_LICENSE.md`).
 pub const EMBEDDED_CSV: &str = include_str!("azure_conv_slice.csv");
 
 /// Name under which [`embedded`] reports the built-in slice.
