@@ -1,5 +1,5 @@
 //! `xtc.dispatch.*`: the batched-publish scheduler (design note
-//! `batched-publish-note.md`) on the emulated NPU, fixed seeds.
+//! `docs/arch/dispatch.md`) on the emulated NPU, fixed seeds.
 //!
 //! - `sync_start.stepped`: the sync_start stress scene (D-15), 20 seeds
 //!   under the deterministic stepper: no fault, exact outputs, the store
