@@ -9,9 +9,9 @@
 //! Tolerance: `TOL` = 1e-4 absolute on values of magnitude ~1 (f32, different
 //! summation order); gathers, copies and argmax are exact.
 
+mod rig_support;
 #[path = "../../decode/tests/vk_support/mod.rs"]
 mod vk_support;
-mod rig_support;
 
 use rig_support::{Rig, rand_vec};
 use vk_support::max_abs_diff;

@@ -9,9 +9,9 @@
 //! (q|k|v). Where it does not apply (K or an offset not a multiple of 4) the
 //! storage form runs instead, with the same results.
 
+mod rig_support;
 #[path = "../../decode/tests/vk_support/mod.rs"]
 mod vk_support;
-mod rig_support;
 
 use rig_support::{Rig, rand_vec};
 use vk_support::max_abs_diff;

@@ -741,7 +741,8 @@ impl DeviceChoice {
             "cpu" => Ok(DeviceChoice::Cpu),
             "toy" => Ok(DeviceChoice::Toy),
             sel => {
-                let sel: xtc_vk::Selector = sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
+                let sel: xtc_vk::Selector =
+                    sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
                 let dev = xtc_vk::Device::open(&sel)
                     .map_err(|e| device_error(s, &e, "`auto`, `cpu`, `toy`"))?;
                 Ok(DeviceChoice::Vulkan(dev))

@@ -58,7 +58,9 @@ fn selectors_by_index_name_and_render_node() {
             me.index
         );
     }
-    let e: xtc::Error = xtc_vk::Device::open(&Selector::Index(999)).unwrap_err().into();
+    let e: xtc::Error = xtc_vk::Device::open(&Selector::Index(999))
+        .unwrap_err()
+        .into();
     assert_eq!(e, xtc::Error::Inval);
 }
 

@@ -29,17 +29,17 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::case::{Case, CaseError, Ctx, Outcome, Suite, ensure};
+use crate::rig::Rig;
 use xtc::Error;
 use xtc::accel::EventFence;
 use xtc::batch::{
     AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, Step, StepResult,
     SyncOpts,
 };
-use crate::case::{Case, CaseError, Ctx, Outcome, Suite, ensure};
-use crate::rig::Rig;
+use xtc::rt::{self, Loop};
 use xtc_decode::model::ops::{Argmax, Variant};
 use xtc_decode::model::reference;
-use xtc::rt::{self, Loop};
 use xtc_vk::Submission;
 
 /// Registers the suite's cases.

@@ -28,11 +28,7 @@ impl std::ops::DerefMut for Rig {
 impl Rig {
     /// Buffers of `elems[i]` 4-byte elements each; the device's kernel variant.
     pub fn new(dev: &Device, elems: [usize; 5]) -> Rig {
-        Rig::with_variant(
-            dev,
-            elems,
-            xtc_decode::model::ops::Variant::for_device(dev),
-        )
+        Rig::with_variant(dev, elems, xtc_decode::model::ops::Variant::for_device(dev))
     }
 
     /// As [`Rig::new`] with the given kernel variant.
@@ -62,10 +58,7 @@ impl Rig {
 
     /// Records `f` into one command buffer, submits it and waits for it;
     /// asserts the validation layer (on in debug builds) reported nothing.
-    pub fn run(
-        &mut self,
-        f: impl FnOnce(&xtc_decode::model::ops::Ops, &mut xtc_vk::Recorder<'_>),
-    ) {
+    pub fn run(&mut self, f: impl FnOnce(&xtc_decode::model::ops::Ops, &mut xtc_vk::Recorder<'_>)) {
         let errors = self
             .0
             .run(|ops, rec| -> Result<(), xtc_vk::VkError> {

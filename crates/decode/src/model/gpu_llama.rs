@@ -45,11 +45,11 @@ use super::quant::{self, QMatrix};
 use super::qweights::{QTensor, RepackError, TexelStream};
 use super::record::{ActOffsets, u32_of};
 use super::{BatchPlan, Config, KvGeometry, ModelError};
+use xtc::{Error, Result};
 use xtc_vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, StorageImage,
     TexelFormat, Timestamps, VkError, VkResult,
 };
-use xtc::{Error, Result};
 
 /// Width of the weight image in texels (a power of two: the kernels address
 /// texel `i` at `(i & 4095, (i >> 12) & 16383, i >> 26)`).

@@ -11,8 +11,8 @@ use super::ops::{
 };
 use super::reference::EPS;
 use super::{Config, Weights};
-use xtc_vk::{Buffer, Device, Location, Recorder, VkResult};
 use xtc::{Error, Result};
+use xtc_vk::{Buffer, Device, Location, Recorder, VkResult};
 
 pub(crate) fn u32_of(n: u64) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::Range)
