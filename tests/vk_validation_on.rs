@@ -1,0 +1,89 @@
+//! The Khronos validation layer, when asked for, really runs and really
+//! counts: a command buffer with a deliberate write-after-write hazard (two
+//! copies into one range with no barrier between them) must be reported by
+//! synchronization validation and counted by `vk::validation_errors()`.
+//!
+//! Alone in its test binary: the error it provokes is counted process-wide,
+//! and every other Vulkan test asserts that count stays 0.
+//!
+//! Needs the layer (`.ci/ensure-deps.sh` installs `vulkan-validationlayers`):
+//! without it `Device::open_with` fails, and so does this test.
+
+mod vk_support;
+
+use xtc::vk::{self, Buffer, CommandPool, Location, Selector, Validation};
+
+#[test]
+fn synchronization_validation_reports_and_counts_a_write_after_write() {
+    // Skips (outside CI) only on a machine with no Vulkan at all.
+    if vk_support::device().is_none() {
+        return;
+    }
+    let dev = vk::Device::open_with(&Selector::Auto, Validation::Sync)
+        .expect("validation requested: the layer must be installed (.ci/ensure-deps.sh)");
+    assert_eq!(dev.validation_level(), Validation::Sync);
+    let mut src = Buffer::new(&dev, 256, Location::Upload, "src").unwrap();
+    src.write(0, &[7u32; 64]).unwrap();
+    let dst = Buffer::new(&dev, 256, Location::Readback, "dst").unwrap();
+    let before = vk::validation_errors();
+    let mut pool = CommandPool::new(&dev).unwrap();
+    let mut rec = pool.record_plain().unwrap();
+    rec.copy(&src, 0, &dst, 0, 256).unwrap();
+    // No barrier: the second copy's writes race the first's.
+    rec.copy(&src, 0, &dst, 0, 256).unwrap();
+    rec.host_barrier();
+    let done = rec.finish().unwrap();
+    pool.submit(vec![done]).unwrap().wait(None).unwrap();
+    let after = vk::validation_errors();
+    assert!(after > before, "the hazard went unreported");
+    let last = vk::last_validation_error().unwrap();
+    assert!(last.contains("SYNC-HAZARD-WRITE-AFTER-WRITE"), "{last}");
+}
+
+#[test]
+fn a_bad_xtc_vk_validation_value_is_an_error() {
+    if vk_support::device().is_none() {
+        return;
+    }
+    // Through the binary, where the variable is set for the child alone.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .args([
+            "decode",
+            "--synthetic",
+            "--requests",
+            "1",
+            "--device",
+            "auto",
+        ])
+        .env("XTC_VK_VALIDATION", "yes please")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("XTC_VK_VALIDATION"), "{err}");
+}
+
+#[test]
+fn validation_requested_without_the_layer_fails_instead_of_running_without() {
+    if vk_support::device().is_none() {
+        return;
+    }
+    // An empty layer search path hides the installed layer from the loader.
+    let empty = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
+        .args([
+            "decode",
+            "--synthetic",
+            "--requests",
+            "1",
+            "--time-scale",
+            "10000",
+        ])
+        .env("XTC_VK_VALIDATION", "1")
+        .env("VK_LAYER_PATH", empty.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not installed"), "{err}");
+}
