@@ -4,6 +4,9 @@
 # - libvulkan1: the Vulkan loader (ash opens libvulkan.so.1 at run time);
 # - mesa-vulkan-drivers: Mesa's lavapipe CPU Vulkan device, the embedded
 #   default when the machine has no GPU;
+# - vulkan-validationlayers: the Khronos validation layer
+#   (VK_LAYER_KHRONOS_validation), which .ci/test turns on for every Vulkan
+#   test, the examples and `xtc ci` (XTC_VK_VALIDATION=1);
 # - gcc: the C linker rustc needs.
 # Rust itself (edition 2024, rustc >= 1.88) must already be installed through
 # rustup: Debian 12's own rustc (1.63) is too old, and this script does not
@@ -12,6 +15,7 @@ set -euo pipefail
 need=()
 ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1 ' || need+=(libvulkan1)
 ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
+ls /usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json >/dev/null 2>&1 || need+=(vulkan-validationlayers)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "ensure-deps: installing ${need[*]}" >&2

@@ -258,7 +258,9 @@ pub struct Ctx {
     ci: bool,
     seed: u64,
     case_seed: u64,
-    device: Option<Result<Device, String>>,
+    /// The device, or why it did not open and whether that is because the
+    /// machine has no Vulkan ([`xtc_vk::VkError::is_absent`]).
+    device: Option<Result<Device, (String, bool)>>,
     kernels: Option<Arc<Kernels>>,
     pub(crate) opened: Option<DeviceId>,
 }
@@ -303,13 +305,17 @@ impl Ctx {
     /// The Vulkan device of `--device`, opened on first use.
     ///
     /// # Errors
-    /// When it cannot be opened: [`CaseError::Skip`], or with `CI` set
-    /// [`CaseError::Fail`].
+    /// When the machine has no Vulkan: [`CaseError::Skip`], or with `CI`
+    /// set [`CaseError::Fail`]; any other reason it cannot be opened (a
+    /// selector that matches nothing, validation requested and not
+    /// installed) is [`CaseError::Fail`].
     pub fn device(&mut self) -> Result<Device, CaseError> {
         let sel = &self.selector;
         let opened = self.device.get_or_insert_with(|| {
-            let s: Selector = sel.parse().map_err(|e| format!("--device {sel:?}: {e}"))?;
-            Device::open(&s).map_err(|e| format!("no Vulkan device ({e})"))
+            let s: Selector = sel
+                .parse()
+                .map_err(|e| (format!("--device {sel:?}: {e}"), false))?;
+            Device::open(&s).map_err(|e| (format!("no Vulkan device ({e})"), e.is_absent()))
         });
         match opened {
             Ok(d) => {
@@ -321,8 +327,9 @@ impl Ctx {
                 }
                 Ok(d.clone())
             }
-            Err(e) if self.ci => Err(CaseError::Fail(format!("CI is set and {e}"))),
-            Err(e) => Err(CaseError::Skip(e.clone())),
+            Err((e, true)) if !self.ci => Err(CaseError::Skip(e.clone())),
+            Err((e, true)) => Err(CaseError::Fail(format!("CI is set and {e}"))),
+            Err((e, false)) => Err(CaseError::Fail(e.clone())),
         }
     }
 

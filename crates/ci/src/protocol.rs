@@ -122,6 +122,7 @@ pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut 
         emit(out, &Event::Start { case: name.clone() });
         ctx.begin_case(name);
         let t0 = Instant::now();
+        let validation_before = xtc_vk::validation_errors();
         let result = panic::catch_unwind(AssertUnwindSafe(|| (case.run)(&mut ctx)));
         let duration_s = t0.elapsed().as_secs_f64();
         if !sent_device && let Some(id) = &ctx.opened {
@@ -148,6 +149,7 @@ pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut 
                 (Outcome::fail(note), false)
             }
         };
+        let outcome = with_validation(outcome, validation_before);
         let then_exit = outcome.then_exit;
         emit(
             out,
@@ -167,6 +169,30 @@ pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut 
         }
     }
     0
+}
+
+/// `outcome`, failed when the Vulkan validation layer reported errors since
+/// the count was `before` (a case that misused Vulkan does not pass or skip,
+/// whatever it checked); the message names the count and the last error.
+fn with_validation(outcome: Outcome, before: u64) -> Outcome {
+    let errors = xtc_vk::validation_errors().saturating_sub(before);
+    if errors == 0 {
+        return outcome;
+    }
+    let last = xtc_vk::last_validation_error().unwrap_or_default();
+    let note = format!("{errors} Vulkan validation error(s), the last: {last}");
+    match outcome.status {
+        Status::Pass | Status::Skip | Status::UnexpectedImprovement => Outcome {
+            status: Status::Fail,
+            message: note,
+            record: None,
+            ..outcome
+        },
+        _ => Outcome {
+            message: format!("{}; {note}", outcome.message),
+            ..outcome
+        },
+    }
 }
 
 #[cfg(test)]

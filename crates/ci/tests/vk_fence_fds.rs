@@ -2,7 +2,7 @@
 //! the process's fd count flat. Alone in its own test binary, so no other test
 //! opens or closes fds in the process while it counts.
 
-#[path = "../../decode/tests/vk_support/mod.rs"]
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use xtc_ci::support::empty_round_trip;

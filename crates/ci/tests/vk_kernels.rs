@@ -10,7 +10,7 @@
 //! summation order); gathers, copies and argmax are exact.
 
 mod rig_support;
-#[path = "../../decode/tests/vk_support/mod.rs"]
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use rig_support::{Rig, rand_vec};

@@ -10,7 +10,7 @@
 //! storage form runs instead, with the same results.
 
 mod rig_support;
-#[path = "../../decode/tests/vk_support/mod.rs"]
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use rig_support::{Rig, rand_vec};

@@ -193,18 +193,20 @@ pub(crate) enum Runner {
     Vulkan(xtc_vk::Device),
 }
 
-/// Opens `--device`: `cpu`; `auto`, the Vulkan device if one opens, else
-/// the CPU reference (saying why on stderr, as `what`); any other selector
-/// must open a Vulkan device.
+/// Opens `--device`: `cpu`; `auto`, the Vulkan device if one opens, else,
+/// when the machine has no Vulkan ([`vk::VkError::is_absent`]), the CPU
+/// reference (saying why on stderr, as `what`); any other selector must
+/// open a Vulkan device.
 pub(crate) fn open_device(sel: &str, what: &str) -> Result<Runner, Failure> {
     match sel.trim() {
         "cpu" => Ok(Runner::Cpu),
         "auto" => match xtc_vk::Device::open(&xtc_vk::Selector::Auto) {
             Ok(d) => Ok(Runner::Vulkan(d)),
-            Err(e) => {
+            Err(e) if e.is_absent() => {
                 eprintln!("{what}: no Vulkan device ({e}): running on the CPU reference");
                 Ok(Runner::Cpu)
             }
+            Err(e) => Err(Failure::error(format!("--device auto: {e}"))),
         },
         s => {
             let parsed: xtc_vk::Selector = s

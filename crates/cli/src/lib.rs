@@ -84,11 +84,26 @@ where
             };
         }
     };
-    match &cli.command {
+    let code = match &cli.command {
         Command::Probe(args) => probe::run(args, out),
         Command::Decode(args) => decode::run(args, out),
         Command::Generate(args) => generate::run(args, out),
         Command::Perplexity(args) => perplexity::run(args, out),
-        Command::Ci(args) => ci::run(args, out),
+        // `xtc ci` judges validation errors case by case (a case during
+        // which one was reported fails), in its children.
+        Command::Ci(args) => return ci::run(args, out),
+    };
+    validation_status(code)
+}
+
+/// `code`, or 1 in place of 0 when the Vulkan validation layer reported an
+/// error in this process (each was printed on stderr as it came): a run
+/// that misused Vulkan does not pass, whatever it printed.
+fn validation_status(code: i32) -> i32 {
+    let errors = xtc_vk::validation_errors();
+    if errors == 0 {
+        return code;
     }
+    eprintln!("xtc: the Vulkan validation layer reported {errors} error(s) (printed above)");
+    if code == 0 { 1 } else { code }
 }

@@ -5,7 +5,7 @@
 
 #[path = "../../decode/tests/model_support/mod.rs"]
 mod model_support;
-#[path = "../../decode/tests/vk_support/mod.rs"]
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use std::process::{Command, Output};

@@ -6,7 +6,7 @@
 //! `TOL` = 1e-4 absolute (observed: under 5e-6); the GPU's reduction order
 //! differs from the CPU's.
 
-#[path = "../../decode/tests/vk_support/mod.rs"]
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use xtc_decode::model::gpu::{GpuModel, GpuOptions};

@@ -10,6 +10,7 @@
 //! fails.
 
 mod model_support;
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use std::os::fd::AsFd;

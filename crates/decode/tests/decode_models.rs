@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use xtc_decode::Model;

@@ -1,6 +1,7 @@
 //! The Vulkan device layer on lavapipe (or a real GPU): discovery, choice,
 //! buffers, submission and the completion fence fd (B-066).
 
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use std::os::fd::AsRawFd;

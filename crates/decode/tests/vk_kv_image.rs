@@ -5,6 +5,7 @@
 //! sequences with scattered block tables, joining and leaving the vector; and
 //! the shapes it refuses.
 
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use xtc::Error;

@@ -6,6 +6,7 @@
 //! missing one fails.
 
 mod model_support;
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use xtc_decode::model::gguf::{GgmlType, Gguf};

@@ -4,6 +4,7 @@
 //! the GPU form (weights in the storage buffer, workgroup tiles), on the
 //! default device (lavapipe in CI; with `CI` set a missing device fails).
 
+#[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
 use xtc_decode::model::gguf::GgmlType;

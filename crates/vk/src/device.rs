@@ -25,10 +25,84 @@ const VALIDATION: &CStr = c"VK_LAYER_KHRONOS_validation";
 /// Validation-layer errors reported since process start (all devices).
 static VALIDATION_ERRORS: AtomicU64 = AtomicU64::new(0);
 
+/// The most recent validation error's text (for reports such as `xtc ci`'s).
+static LAST_VALIDATION_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Validation errors printed in full; later ones print their first line,
+/// cut to [`SHORT_MESSAGE`] characters.
+const FULL_MESSAGES: u64 = 20;
+const SHORT_MESSAGE: usize = 240;
+
 /// Number of validation-layer errors reported so far in this process (0 when
-/// validation is off). Tests assert it stays 0.
+/// validation is off). Tests assert it stays 0; `xtc` exits non-zero when it
+/// is not 0 at the end, and `xtc ci` fails a case during which it grew.
 pub fn validation_errors() -> u64 {
     VALIDATION_ERRORS.load(Ordering::Relaxed)
+}
+
+/// The text of the most recent validation error of this process, if any.
+pub fn last_validation_error() -> Option<String> {
+    LAST_VALIDATION_ERROR
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+/// What the Khronos validation layer checks, from `XTC_VK_VALIDATION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Validation {
+    /// No layer (`0`; the default of release builds).
+    Off,
+    /// Core validation only (`core`).
+    Core,
+    /// Core and synchronization validation (`1` or `sync`; the default of
+    /// debug builds, when the layer is installed).
+    Sync,
+    /// As [`Validation::Sync`], plus GPU-assisted validation: out-of-bounds
+    /// accesses in shaders (`gpu`; slow).
+    GpuAssisted,
+}
+
+impl Validation {
+    /// What `XTC_VK_VALIDATION` asks for, and whether it is required (set
+    /// explicitly: a missing layer is then an error, not a fallback). Unset:
+    /// [`Validation::Sync`] where installed in debug builds, else off.
+    ///
+    /// # Errors
+    /// [`VkError::Validation`] for a value other than `0`, `1`, `core`,
+    /// `sync` or `gpu`.
+    pub fn from_env() -> VkResult<(Validation, bool)> {
+        match std::env::var("XTC_VK_VALIDATION") {
+            Err(_) if cfg!(debug_assertions) => Ok((Validation::Sync, false)),
+            Err(_) => Ok((Validation::Off, false)),
+            Ok(v) => Ok((Validation::parse(&v)?, true)),
+        }
+    }
+
+    fn parse(v: &str) -> VkResult<Validation> {
+        Ok(match v.trim() {
+            "0" | "off" => Validation::Off,
+            "core" => Validation::Core,
+            "1" | "sync" => Validation::Sync,
+            "gpu" => Validation::GpuAssisted,
+            other => {
+                return Err(VkError::Validation(format!(
+                    "XTC_VK_VALIDATION={other:?}: expected 0, 1, core, sync or gpu"
+                )));
+            }
+        })
+    }
+
+    /// The `VkValidationFeatureEnableEXT`s this level adds to core validation.
+    fn features(self) -> &'static [vk::ValidationFeatureEnableEXT] {
+        const SYNC: vk::ValidationFeatureEnableEXT =
+            vk::ValidationFeatureEnableEXT::SYNCHRONIZATION_VALIDATION;
+        match self {
+            Validation::Off | Validation::Core => &[],
+            Validation::Sync => &[SYNC],
+            Validation::GpuAssisted => &[SYNC, vk::ValidationFeatureEnableEXT::GPU_ASSISTED],
+        }
+    }
 }
 
 /// Kind of physical device, in preference order for [`Selector::Auto`].
@@ -227,20 +301,41 @@ fn load_entry() -> VkResult<ash::Entry> {
     unsafe { ash::Entry::load() }.map_err(|e| VkError::Loader(e.to_string()))
 }
 
-/// Whether validation layers are wanted: `XTC_VK_VALIDATION=1/0` forces, else
-/// debug builds enable them when installed.
-fn want_validation(entry: &ash::Entry) -> bool {
-    let wanted = match std::env::var("XTC_VK_VALIDATION").as_deref() {
-        Ok("0") => false,
-        Ok(_) => true,
-        Err(_) => cfg!(debug_assertions),
-    };
+/// The validation level to enable: `wanted` when the layer (and, for
+/// synchronization or GPU-assisted validation, its `VK_EXT_validation_features`)
+/// is installed; otherwise [`Validation::Off`], or an error when `required`.
+fn available_validation(
+    entry: &ash::Entry,
+    wanted: Validation,
+    required: bool,
+) -> VkResult<Validation> {
+    if wanted == Validation::Off {
+        return Ok(Validation::Off);
+    }
     // SAFETY: a global query with no inputs; the entry is loaded.
     let layers = unsafe { entry.enumerate_instance_layer_properties() }.unwrap_or_default();
-    wanted
-        && layers
-            .iter()
-            .any(|l| l.layer_name_as_c_str() == Ok(VALIDATION))
+    let has_layer = layers
+        .iter()
+        .any(|l| l.layer_name_as_c_str() == Ok(VALIDATION));
+    // SAFETY: a global query of the layer's own extensions; the name is a
+    // NUL-terminated constant.
+    let layer_exts = unsafe { entry.enumerate_instance_extension_properties(Some(VALIDATION)) }
+        .unwrap_or_default();
+    let has_features = layer_exts
+        .iter()
+        .any(|e| e.extension_name_as_c_str() == Ok(ext::validation_features::NAME));
+    match (has_layer, has_features || wanted == Validation::Core) {
+        (true, true) => Ok(wanted),
+        _ if !required => Ok(Validation::Off),
+        (false, _) => Err(VkError::Validation(format!(
+            "validation {wanted:?} requested (XTC_VK_VALIDATION) but the layer \
+             {VALIDATION:?} is not installed (Debian: vulkan-validationlayers)"
+        ))),
+        (true, false) => Err(VkError::Validation(format!(
+            "validation {wanted:?} requested (XTC_VK_VALIDATION) but the installed \
+             {VALIDATION:?} lacks VK_EXT_validation_features"
+        ))),
+    }
 }
 
 unsafe extern "system" fn on_validation_message(
@@ -250,14 +345,26 @@ unsafe extern "system" fn on_validation_message(
     _user: *mut c_void,
 ) -> vk::Bool32 {
     if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
-        VALIDATION_ERRORS.fetch_add(1, Ordering::Relaxed);
+        let n = VALIDATION_ERRORS.fetch_add(1, Ordering::Relaxed) + 1;
         // SAFETY: the layer passes a valid callback-data struct whose message is
         // a NUL-terminated string (or null) for the duration of the call.
         let msg = unsafe { data.as_ref().and_then(|d| d.message_as_c_str()) };
-        eprintln!(
-            "vulkan validation: {}",
-            msg.map(|m| m.to_string_lossy()).unwrap_or_default()
-        );
+        let msg = msg.map(|m| m.to_string_lossy()).unwrap_or_default();
+        if n <= FULL_MESSAGES {
+            eprintln!("vulkan validation error {n}: {msg}");
+        } else {
+            let short: String = msg
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(SHORT_MESSAGE)
+                .collect();
+            eprintln!("vulkan validation error {n}: {short}");
+        }
+        *LAST_VALIDATION_ERROR
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(msg.into_owned());
     }
     vk::FALSE
 }
@@ -266,12 +373,17 @@ struct Instance {
     entry: ash::Entry,
     instance: ash::Instance,
     debug: Option<(ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+    /// The validation that runs (`Off` when `debug` is `None`).
+    level: Validation,
 }
 
 impl Instance {
-    fn new(validation: bool) -> VkResult<Instance> {
+    /// An instance with `validation` (when available; an error when it is
+    /// `required` and not).
+    fn new(validation: Validation, required: bool) -> VkResult<Instance> {
         let entry = load_entry()?;
-        let validation = validation && want_validation(&entry);
+        let level = available_validation(&entry, validation, required)?;
+        let validation = level != Validation::Off;
         let app = vk::ApplicationInfo::default()
             .application_name(c"xtc")
             .api_version(vk::API_VERSION_1_2);
@@ -280,22 +392,32 @@ impl Instance {
         } else {
             vec![]
         };
-        let exts = if validation {
+        let mut exts = if validation {
             vec![ext::debug_utils::NAME.as_ptr()]
         } else {
             vec![]
         };
-        let info = vk::InstanceCreateInfo::default()
+        let features = level.features();
+        if !features.is_empty() {
+            exts.push(ext::validation_features::NAME.as_ptr());
+        }
+        let mut chosen = vk::ValidationFeaturesEXT::default().enabled_validation_features(features);
+        let mut info = vk::InstanceCreateInfo::default()
             .application_info(&app)
             .enabled_layer_names(&layers)
             .enabled_extension_names(&exts);
-        // SAFETY: `info` and the arrays it points to live across the call.
+        if !features.is_empty() {
+            info = info.push_next(&mut chosen);
+        }
+        // SAFETY: `info`, the arrays it points to and its chain (`chosen`,
+        // whose extension is enabled above) live across the call.
         let instance =
             unsafe { entry.create_instance(&info, None) }.map_err(call("vkCreateInstance"))?;
         let mut me = Instance {
             entry,
             instance,
             debug: None,
+            level,
         };
         if validation {
             me.debug = Some(me.messenger()?);
@@ -449,7 +571,7 @@ impl Drop for Instance {
 /// # Errors
 /// [`VkError::Loader`] without a Vulkan loader; a failed instance creation.
 pub fn enumerate() -> VkResult<Vec<PhysicalDeviceInfo>> {
-    let inst = Instance::new(false)?;
+    let inst = Instance::new(Validation::Off, false)?;
     Ok(inst.describe_all()?.into_iter().map(|(_, d)| d).collect())
 }
 
@@ -469,7 +591,6 @@ pub(crate) struct Inner {
     /// `(subgroupSize, compute stage supports subgroup ops with ballot and
     /// arithmetic)` from `VkPhysicalDeviceSubgroupProperties`.
     pub(crate) subgroup: (u32, bool),
-    validation: bool,
     instance: ManuallyDrop<Instance>,
 }
 
@@ -483,15 +604,34 @@ impl std::fmt::Debug for Device {
 
 impl Device {
     /// Opens the device `sel` picks, with one compute queue, timeline
-    /// semaphores and (where supported) `VK_KHR_external_fence_fd`. Validation
-    /// layers are on in debug builds when installed (`XTC_VK_VALIDATION=0/1`
-    /// overrides).
+    /// semaphores and (where supported) `VK_KHR_external_fence_fd`. The
+    /// Khronos validation layer runs as [`Validation::from_env`] says: core
+    /// and synchronization validation in debug builds when installed;
+    /// `XTC_VK_VALIDATION` (`0`, `1`/`sync`, `core`, `gpu`) chooses, and then
+    /// a missing layer is an error.
     ///
     /// # Errors
     /// [`VkError::Loader`] / [`VkError::NoDevice`] (no Vulkan here),
-    /// [`VkError::NoMatch`] (selector), a failed `vkCreateDevice`.
+    /// [`VkError::NoMatch`] (selector), [`VkError::Validation`] (validation
+    /// requested and not installed, or a bad `XTC_VK_VALIDATION`), a failed
+    /// `vkCreateDevice`.
     pub fn open(sel: &Selector) -> VkResult<Device> {
-        let instance = Instance::new(true)?;
+        let (validation, required) = Validation::from_env()?;
+        Device::open_inner(sel, validation, required)
+    }
+
+    /// As [`open`](Self::open), with `validation` whatever `XTC_VK_VALIDATION`
+    /// says (tests that must run under the layer).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); [`VkError::Validation`] when `validation` is
+    /// not [`Validation::Off`] and the layer is not installed.
+    pub fn open_with(sel: &Selector, validation: Validation) -> VkResult<Device> {
+        Device::open_inner(sel, validation, true)
+    }
+
+    fn open_inner(sel: &Selector, validation: Validation, required: bool) -> VkResult<Device> {
+        let instance = Instance::new(validation, required)?;
         let all = instance.describe_all()?;
         let infos: Vec<_> = all.iter().map(|(_, d)| d.clone()).collect();
         let info = sel.choose(&infos)?.clone();
@@ -540,7 +680,6 @@ impl Device {
             }
         };
         Ok(Device(Arc::new(Inner {
-            validation: instance.debug.is_some(),
             device,
             info,
             family,
@@ -570,7 +709,12 @@ impl Device {
 
     /// Whether the validation layer is active on this device.
     pub fn validation(&self) -> bool {
-        self.0.validation
+        self.0.instance.level != Validation::Off
+    }
+
+    /// What the validation layer checks on this device.
+    pub fn validation_level(&self) -> Validation {
+        self.0.instance.level
     }
 
     /// The raw `ash` device (for callers recording their own commands).

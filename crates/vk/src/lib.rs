@@ -31,7 +31,8 @@ pub mod queue;
 pub mod support;
 
 pub use device::{
-    Device, DeviceKind, PhysicalDeviceInfo, RenderNode, Selector, enumerate, validation_errors,
+    Device, DeviceKind, PhysicalDeviceInfo, RenderNode, Selector, Validation, enumerate,
+    last_validation_error, validation_errors,
 };
 pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
 pub use memory::{Buffer, Location};
@@ -80,6 +81,10 @@ pub enum VkError {
     /// A malformed argument (size, offset, kernel name, unmapped buffer).
     #[error("invalid argument: {0}")]
     Inval(String),
+    /// `XTC_VK_VALIDATION` asked for validation that cannot run here (layer
+    /// not installed) or has a value it does not take.
+    #[error("{0}")]
+    Validation(String),
     /// A system call of the fence plumbing failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -100,13 +105,25 @@ impl From<VkError> for xtc::Error {
             {
                 xtc::Error::Nomem
             }
-            VkError::Call { .. } | VkError::Io(_) | VkError::Fence(_) => xtc::Error::Internal,
+            VkError::Call { .. } | VkError::Validation(_) | VkError::Io(_) | VkError::Fence(_) => {
+                xtc::Error::Internal
+            }
         }
     }
 }
 
 /// `Result` with [`VkError`].
 pub type VkResult<T> = std::result::Result<T, VkError>;
+
+impl VkError {
+    /// Whether the machine has no Vulkan at all (no loader, no usable
+    /// device): the one error a caller may answer by skipping or falling
+    /// back to the CPU. Everything else (a selector that matches nothing,
+    /// validation requested and missing, a failed call) is a failure.
+    pub fn is_absent(&self) -> bool {
+        matches!(self, VkError::Loader(_) | VkError::NoDevice)
+    }
+}
 
 /// Maps a raw `vk::Result` error to [`VkError::Call`] naming the entry point.
 pub(crate) fn call(call: &'static str) -> impl FnOnce(vk::Result) -> VkError {

@@ -805,14 +805,21 @@ impl Recorder<'_> {
     }
 
     /// Moves `image` from layout `UNDEFINED` (contents discarded) to
-    /// `GENERAL`, where kernels read and write it; record it once, before the
-    /// image's first use.
+    /// `GENERAL`, where kernels read and write it and copies write it; record
+    /// it once, before the image's first use (or to discard its contents).
+    ///
+    /// The transition is a write: it waits for earlier compute and transfer
+    /// work on the image (a re-upload after kernels used it), and later
+    /// dispatches AND copies wait for it (`copy_to_image` writes with a
+    /// transfer: a second scope of compute work alone left the copy racing
+    /// the transition, SYNC-HAZARD-WRITE-AFTER-WRITE).
     pub fn init_image(&mut self, image: &StorageImage) {
+        let stages = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
         let b = [vk::ImageMemoryBarrier::default()
             .old_layout(vk::ImageLayout::UNDEFINED)
             .new_layout(vk::ImageLayout::GENERAL)
-            .src_access_mask(vk::AccessFlags::empty())
-            .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(BARRIER_READS_WRITES)
             .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
             .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
             .image(image.raw())
@@ -822,8 +829,8 @@ impl Recorder<'_> {
         unsafe {
             self.pool.dev.raw().cmd_pipeline_barrier(
                 self.cmd,
-                vk::PipelineStageFlags::TOP_OF_PIPE,
-                vk::PipelineStageFlags::COMPUTE_SHADER,
+                stages,
+                stages,
                 vk::DependencyFlags::empty(),
                 &[],
                 &[],
