@@ -116,12 +116,21 @@ impl From<VkError> for xtc::Error {
 pub type VkResult<T> = std::result::Result<T, VkError>;
 
 impl VkError {
-    /// Whether the machine has no Vulkan at all (no loader, no usable
-    /// device): the one error a caller may answer by skipping or falling
-    /// back to the CPU. Everything else (a selector that matches nothing,
-    /// validation requested and missing, a failed call) is a failure.
+    /// Whether the machine has no Vulkan at all (no loader, a loader with
+    /// no driver, no usable device): the one error a caller may answer by
+    /// skipping or falling back to the CPU. Everything else (a selector that
+    /// matches nothing, validation requested and missing, a failed call) is
+    /// a failure.
     pub fn is_absent(&self) -> bool {
-        matches!(self, VkError::Loader(_) | VkError::NoDevice)
+        matches!(
+            self,
+            VkError::Loader(_)
+                | VkError::NoDevice
+                | VkError::Call {
+                    call: "vkCreateInstance",
+                    result: vk::Result::ERROR_INCOMPATIBLE_DRIVER,
+                }
+        )
     }
 }
 
