@@ -308,10 +308,11 @@ impl Ctx {
     /// The Vulkan device of `--device`, opened on first use.
     ///
     /// # Errors
-    /// When the machine has no Vulkan: [`CaseError::Skip`], or with `CI`
-    /// set [`CaseError::Fail`]; any other reason it cannot be opened (a
-    /// selector that matches nothing, validation requested and not
-    /// installed) is [`CaseError::Fail`].
+    /// When the device is not on this machine (no Vulkan, no device the
+    /// selector matches): [`CaseError::Skip`], or with `CI` set
+    /// [`CaseError::Fail`]; any other reason it cannot be opened (a bad
+    /// selector, validation requested and not installed) is
+    /// [`CaseError::Fail`].
     pub fn device(&mut self) -> Result<Device, CaseError> {
         let sel = &self.selector;
         let opened = self.device.get_or_insert_with(|| {

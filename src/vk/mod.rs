@@ -129,12 +129,16 @@ impl From<VkError> for crate::Error {
 pub type VkResult<T> = std::result::Result<T, VkError>;
 
 impl VkError {
-    /// Whether the machine has no Vulkan at all (no loader, no usable
-    /// device): the one error a caller may answer by skipping or falling
-    /// back to the CPU. Everything else (a selector that matches nothing,
-    /// validation requested and missing, a failed call) is a failure.
+    /// Whether the device asked for is not on this machine (no loader, no
+    /// usable device, none that the selector matches): the one error a
+    /// caller may answer by skipping (tests and `xtc ci` cases without `CI`)
+    /// or by falling back to the CPU. Everything else (validation requested
+    /// and missing, a failed call) is a failure.
     pub fn is_absent(&self) -> bool {
-        matches!(self, VkError::Loader(_) | VkError::NoDevice)
+        matches!(
+            self,
+            VkError::Loader(_) | VkError::NoDevice | VkError::NoMatch(_)
+        )
     }
 }
 
