@@ -1082,7 +1082,7 @@ mod tests {
         // wrapping between the second and third timestamp still gives 16 ticks.
         let top = (1u64 << 36) - 8;
         let raw = [
-            top - 4 | (0xabc << 40),
+            (top - 4) | (0xabc << 40),
             top | (0x123 << 40),
             8 | (0x77 << 50),
         ];
