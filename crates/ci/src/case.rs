@@ -145,13 +145,16 @@ pub enum CaseError {
     DeviceLost(String),
 }
 
+/// An error is a device loss when a Vulkan call of this process returned
+/// `VK_ERROR_DEVICE_LOST` (`vk::device_lost`, set where the result code is
+/// mapped to `VkError::Lost`), whatever type carried it up here; its text is
+/// never inspected.
 impl<E: fmt::Display> From<E> for CaseError {
     fn from(e: E) -> CaseError {
-        let text = e.to_string();
-        if text.contains("ERROR_DEVICE_LOST") {
-            CaseError::DeviceLost(text)
+        if xtc_vk::device_lost() {
+            CaseError::DeviceLost(e.to_string())
         } else {
-            CaseError::Fail(text)
+            CaseError::Fail(e.to_string())
         }
     }
 }
@@ -305,17 +308,23 @@ impl Ctx {
     /// The Vulkan device of `--device`, opened on first use.
     ///
     /// # Errors
-    /// When the machine has no Vulkan: [`CaseError::Skip`], or with `CI`
-    /// set [`CaseError::Fail`]; any other reason it cannot be opened (a
-    /// selector that matches nothing, validation requested and not
-    /// installed) is [`CaseError::Fail`].
+    /// When the device is not on this machine (no Vulkan, no device the
+    /// selector matches): [`CaseError::Skip`], or with `CI` set
+    /// [`CaseError::Fail`]; any other reason it cannot be opened (a bad
+    /// selector, validation requested and not installed) is
+    /// [`CaseError::Fail`].
     pub fn device(&mut self) -> Result<Device, CaseError> {
         let sel = &self.selector;
         let opened = self.device.get_or_insert_with(|| {
             let s: Selector = sel
                 .parse()
                 .map_err(|e| (format!("--device {sel:?}: {e}"), false))?;
-            Device::open(&s).map_err(|e| (format!("no Vulkan device ({e})"), e.is_absent()))
+            Device::open(&s).map_err(|e| {
+                (
+                    format!("the Vulkan device did not open ({e})"),
+                    e.is_absent(),
+                )
+            })
         });
         match opened {
             Ok(d) => {

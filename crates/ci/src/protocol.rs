@@ -84,6 +84,9 @@ pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut 
         .filter(|l| !l.is_empty())
         .collect();
     let all = registry::all_cases();
+    // Validation errors fail the case they came in (`with_validation`),
+    // not the child's exit status, which the runner reads as a crash.
+    xtc_vk::fail_process_on_validation_errors(false);
     let ci = std::env::var_os("CI").is_some();
     let mut ctx = Ctx::new(selector, seed, ci);
     let default_hook = panic::take_hook();
@@ -149,7 +152,8 @@ pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut 
                 (Outcome::fail(note), false)
             }
         };
-        let outcome = with_validation(outcome, validation_before);
+        let errors = xtc_vk::validation_errors().saturating_sub(validation_before);
+        let outcome = with_validation(outcome, errors, xtc_vk::last_validation_error);
         let then_exit = outcome.then_exit;
         emit(
             out,
@@ -171,15 +175,18 @@ pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut 
     0
 }
 
-/// `outcome`, failed when the Vulkan validation layer reported errors since
-/// the count was `before` (a case that misused Vulkan does not pass or skip,
-/// whatever it checked); the message names the count and the last error.
-fn with_validation(outcome: Outcome, before: u64) -> Outcome {
-    let errors = xtc_vk::validation_errors().saturating_sub(before);
+/// `outcome`, failed when the Vulkan validation layer reported `errors`
+/// while the case ran (a case that misused Vulkan does not pass or skip,
+/// whatever it checked); the message names the count and the `last` error.
+fn with_validation(
+    outcome: Outcome,
+    errors: u64,
+    last: impl FnOnce() -> Option<String>,
+) -> Outcome {
     if errors == 0 {
         return outcome;
     }
-    let last = xtc_vk::last_validation_error().unwrap_or_default();
+    let last = last().unwrap_or_default();
     let note = format!("{errors} Vulkan validation error(s), the last: {last}");
     match outcome.status {
         Status::Pass | Status::Skip | Status::UnexpectedImprovement => Outcome {
@@ -198,6 +205,30 @@ fn with_validation(outcome: Outcome, before: u64) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_case_that_raised_validation_errors_fails() {
+        let hazard = || Some("SYNC-HAZARD-WRITE-AFTER-WRITE".to_owned());
+        let clean = with_validation(Outcome::pass(), 0, hazard);
+        assert_eq!(clean.status, Status::Pass);
+        for o in [Outcome::pass(), Outcome::skip("no fd export")] {
+            let o = with_validation(o, 2, hazard);
+            assert_eq!(o.status, Status::Fail);
+            assert!(
+                o.message.starts_with("2 Vulkan validation error(s)"),
+                "{}",
+                o.message
+            );
+            assert!(o.message.contains("SYNC-HAZARD"), "{}", o.message);
+        }
+        let failed = with_validation(Outcome::fail("NMSE 0.3"), 1, hazard);
+        assert_eq!(failed.status, Status::Fail);
+        assert!(
+            failed.message.starts_with("NMSE 0.3; 1 Vulkan"),
+            "{}",
+            failed.message
+        );
+    }
 
     #[test]
     fn events_round_trip_through_lines() {

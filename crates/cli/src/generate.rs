@@ -27,9 +27,11 @@ use xtc_decode::model::bpe::{Bpe, TextStream};
 use xtc_decode::model::chat::{self, Message};
 use xtc_decode::model::generate::{GenerateStats, PREFILL_CHUNK, generate_on};
 use xtc_decode::model::llama::{ForwardError, Llama};
+use xtc_decode::model::ops::Variant;
 use xtc_decode::model::sampling::{Sampler, SamplingParams};
 use xtc_decode::model::stream::{CpuStream, Stream, StreamError, VulkanStream};
 use xtc_decode::model::{MODEL_FILE, find_model};
+use xtc_vk;
 
 /// Arguments of `xtc generate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -63,6 +65,11 @@ pub struct GenerateArgs {
     /// Vulkan device index, name or render node.
     #[arg(long, value_name = "DEV", default_value = "auto")]
     pub device: String,
+    /// Kernel form on a Vulkan device: `auto` (the device's own), `gpu`
+    /// (workgroup memory and barriers) or `cpu` (barrier-free, subgroups);
+    /// forcing one tests it on any device.
+    #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
+    pub kernels: KernelForm,
     /// Most tokens to generate (EOS included).
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_tokens: usize,
@@ -184,6 +191,28 @@ pub(crate) fn load(
     Ok((m, t, path, pool))
 }
 
+/// `--kernels`: which form of the kernels a Vulkan device runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelForm {
+    /// The device's own form (`GpuLlamaOptions::variant` `None`).
+    Auto,
+    /// The GPU form ([`Variant::Gpu`]).
+    Gpu,
+    /// The CPU-device form ([`Variant::Cpu`]).
+    Cpu,
+}
+
+impl KernelForm {
+    /// The variant this forces, `None` for `auto`.
+    pub fn variant(self) -> Option<Variant> {
+        match self {
+            KernelForm::Auto => None,
+            KernelForm::Gpu => Some(Variant::Gpu),
+            KernelForm::Cpu => Some(Variant::Cpu),
+        }
+    }
+}
+
 /// Where a GGUF command runs (`--device`).
 #[derive(Debug)]
 pub(crate) enum Runner {
@@ -226,13 +255,13 @@ pub(crate) const CPU_DEVICE_CONTEXT: usize = 1536;
 /// A stream of `model` on `runner` for sequences of at most `context`
 /// positions (capped at the model's, and at [`CPU_DEVICE_CONTEXT`] on a CPU
 /// device), at most `max_rows` token rows and `logit_rows` logits rows per
-/// plan on a Vulkan device.
+/// plan on a Vulkan device, running the kernels in `form`.
 pub(crate) fn stream<'m>(
     runner: &Runner,
     model: &'m Llama,
     context: usize,
-    max_rows: usize,
-    logit_rows: usize,
+    (max_rows, logit_rows): (usize, usize),
+    form: KernelForm,
 ) -> Result<Box<dyn Stream + Send + 'm>, Failure> {
     match runner {
         Runner::Cpu => Ok(Box::new(CpuStream::new(model))),
@@ -241,7 +270,7 @@ pub(crate) fn stream<'m>(
             if dev.info().kind == xtc_vk::DeviceKind::Cpu {
                 ctx = ctx.min(CPU_DEVICE_CONTEXT);
             }
-            let s = VulkanStream::new(dev, model, ctx, max_rows, logit_rows)
+            let s = VulkanStream::new(dev, model, ctx, max_rows, logit_rows, form.variant())
                 .map_err(|e| Failure::error(format!("cannot load the model on the device: {e}")))?;
             Ok(Box::new(s))
         }
@@ -330,7 +359,7 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         .file_name()
         .map_or_else(|| MODEL_FILE.into(), |n| n.to_string_lossy());
     let context = prompt.len().saturating_add(args.max_tokens);
-    let mut dev_stream = stream(&runner, &model, context, PREFILL_CHUNK, 1)?;
+    let mut dev_stream = stream(&runner, &model, context, (PREFILL_CHUNK, 1), args.kernels)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let device = match runner {
         Runner::Cpu => format!("the CPU reference ({} threads)", pool.current_num_threads()),

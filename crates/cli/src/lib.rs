@@ -84,26 +84,14 @@ where
             };
         }
     };
-    let code = match &cli.command {
+    // A process that saw a Vulkan validation error exits with status 1
+    // (`vk::fail_process_on_validation_errors`); `xtc ci` children judge
+    // them case by case instead.
+    match &cli.command {
         Command::Probe(args) => probe::run(args, out),
         Command::Decode(args) => decode::run(args, out),
         Command::Generate(args) => generate::run(args, out),
         Command::Perplexity(args) => perplexity::run(args, out),
-        // `xtc ci` judges validation errors case by case (a case during
-        // which one was reported fails), in its children.
-        Command::Ci(args) => return ci::run(args, out),
-    };
-    validation_status(code)
-}
-
-/// `code`, or 1 in place of 0 when the Vulkan validation layer reported an
-/// error in this process (each was printed on stderr as it came): a run
-/// that misused Vulkan does not pass, whatever it printed.
-fn validation_status(code: i32) -> i32 {
-    let errors = xtc_vk::validation_errors();
-    if errors == 0 {
-        return code;
+        Command::Ci(args) => ci::run(args, out),
     }
-    eprintln!("xtc: the Vulkan validation layer reported {errors} error(s) (printed above)");
-    if code == 0 { 1 } else { code }
 }

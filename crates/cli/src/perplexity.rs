@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::generate::{Failure, Runner, check_options, load, open_device, stream};
+use super::generate::{Failure, KernelForm, Runner, check_options, load, open_device, stream};
 use xtc_decode::model::stream::{SCORE_STEP, nll};
 
 /// Default window length in tokens.
@@ -41,6 +41,10 @@ pub struct PerplexityArgs {
     /// Vulkan device index, name or render node.
     #[arg(long, value_name = "DEV", default_value = "auto")]
     pub device: String,
+    /// Kernel form on a Vulkan device: `auto` (the device's own), `gpu` or
+    /// `cpu` (as `xtc generate --kernels`).
+    #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
+    pub kernels: KernelForm,
     /// Tokens per window (at least 2, at most the model's context length).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_CTX)]
     pub ctx: usize,
@@ -102,7 +106,13 @@ fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> 
             d.info().name
         )));
     }
-    let mut dev_stream = stream(&runner, &model, args.ctx, SCORE_STEP, SCORE_STEP)?;
+    let mut dev_stream = stream(
+        &runner,
+        &model,
+        args.ctx,
+        (SCORE_STEP, SCORE_STEP),
+        args.kernels,
+    )?;
     let ids = tok.encode(&text);
     let dropped = tok.uncovered_in(&text).len();
     if dropped > 0 {

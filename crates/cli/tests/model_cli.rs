@@ -51,6 +51,28 @@ fn generate_answers_paris_greedily_on_both_devices() {
     }
 }
 
+/// SmolLM2 in the GPU kernel form (`--kernels gpu`: workgroup memory and
+/// barriers, the form a GPU runs) end to end on the Vulkan device, whatever
+/// form that device would pick, answers as the CPU reference does; under
+/// validation (`.ci/test`) with no error, or the process exits 1. Slow on
+/// lavapipe (about 130 s: a barrier switches between a workgroup's fibers).
+#[test]
+fn generate_answers_paris_in_the_gpu_kernel_form() {
+    if model_support::model_path().is_none() || vk_support::device().is_none() {
+        return;
+    }
+    let o = xtc(&[
+        "generate",
+        "--kernels",
+        "gpu",
+        "What is the capital of France?",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "The capital of France is Paris.\n");
+    let o = xtc(&["generate", "--kernels", "fast", "hi"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+}
+
 #[test]
 fn generate_json_and_raw_agree_with_the_chat_template() {
     if model_support::model_path().is_none() {

@@ -13,20 +13,7 @@ fn a_bad_xtc_vk_validation_value_is_an_error() {
         return;
     }
     // Through the binary, where the variable is set for the child alone.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
-        .args([
-            "decode",
-            "--synthetic",
-            "--requests",
-            "1",
-            "--device",
-            "auto",
-        ])
-        .env("XTC_VK_VALIDATION", "yes please")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = decode_fails_with(&[("XTC_VK_VALIDATION", "yes please".as_ref())]);
     assert!(err.contains("XTC_VK_VALIDATION"), "{err}");
 }
 
@@ -37,6 +24,16 @@ fn validation_requested_without_the_layer_fails_instead_of_running_without() {
     }
     // An empty layer search path hides the installed layer from the loader.
     let empty = tempfile::tempdir().unwrap();
+    let err = decode_fails_with(&[
+        ("XTC_VK_VALIDATION", "1".as_ref()),
+        ("VK_LAYER_PATH", empty.path().as_os_str()),
+    ]);
+    assert!(err.contains("not installed"), "{err}");
+}
+
+/// Runs a one-request `xtc decode` of the synthetic model on the default
+/// Vulkan device with `env` added; asserts it exits 1 and returns its stderr.
+fn decode_fails_with(env: &[(&str, &std::ffi::OsStr)]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_xtc"))
         .args([
             "decode",
@@ -46,11 +43,10 @@ fn validation_requested_without_the_layer_fails_instead_of_running_without() {
             "--time-scale",
             "10000",
         ])
-        .env("XTC_VK_VALIDATION", "1")
-        .env("VK_LAYER_PATH", empty.path())
+        .envs(env.iter().copied())
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("not installed"), "{err}");
+    err
 }

@@ -202,3 +202,45 @@ fn objects_of_another_device_are_rejected() {
     assert!(kernels_a.get("no_such_kernel").is_err());
     rec.finish().unwrap();
 }
+
+/// The KV cache is cleared on the device (`vkCmdFillBuffer`), with no host
+/// buffer of its size: `Buffer::zeroed` gives zeros even over memory a
+/// previous buffer left dirty, and `Recorder::fill` writes its word over
+/// exactly its range and refuses ranges it cannot fill.
+#[test]
+fn buffers_are_filled_and_zeroed_on_the_device() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let n = 1 << 16;
+    for _ in 0..2 {
+        let mut dirty = Buffer::new(&dev, n * 4, Location::Readback, "dirty").unwrap();
+        dirty.write(0, &vec![0xffff_ffffu32; n as usize]).unwrap();
+        drop(dirty);
+        let z = Buffer::zeroed(&dev, n * 4, Location::Readback, "zeroed").unwrap();
+        let mut out = vec![1u32; n as usize];
+        z.read(0, &mut out).unwrap();
+        assert!(out.iter().all(|&w| w == 0), "a word is not zero");
+    }
+    assert!(Buffer::zeroed(&dev, 6, Location::Device, "odd").is_err());
+    let dst = Buffer::new(&dev, 64, Location::Readback, "dst").unwrap();
+    let mut pool = CommandPool::new(&dev).unwrap();
+    let mut rec = pool.record_plain().unwrap();
+    rec.fill(&dst, 0, 64, 0).unwrap();
+    rec.barrier();
+    rec.fill(&dst, 16, 32, 0xdead_beef).unwrap();
+    assert!(rec.fill(&dst, 2, 8, 1).is_err(), "unaligned offset");
+    assert!(rec.fill(&dst, 0, 6, 1).is_err(), "unaligned length");
+    assert!(rec.fill(&dst, 48, 32, 1).is_err(), "past the end");
+    assert!(rec.fill(&dst, 0, 0, 1).is_err(), "empty");
+    rec.host_barrier();
+    let cmd = rec.finish().unwrap();
+    pool.submit(vec![cmd]).unwrap().wait(None).unwrap();
+    let mut out = [7u32; 16];
+    dst.read(0, &mut out).unwrap();
+    let want: Vec<u32> = (0..16)
+        .map(|i| if (4..12).contains(&i) { 0xdead_beef } else { 0 })
+        .collect();
+    assert_eq!(out.to_vec(), want);
+    assert_eq!(xtc_vk::validation_errors(), 0);
+}

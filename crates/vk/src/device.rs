@@ -11,7 +11,7 @@
 use std::ffi::{CStr, CString, c_void};
 use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::{ext, khr, vk};
@@ -33,11 +33,63 @@ static LAST_VALIDATION_ERROR: Mutex<Option<String>> = Mutex::new(None);
 const FULL_MESSAGES: u64 = 20;
 const SHORT_MESSAGE: usize = 240;
 
+/// Whether the exit check ends the process with status 1 after errors.
+static FAIL_PROCESS: AtomicBool = AtomicBool::new(true);
+
 /// Number of validation-layer errors reported so far in this process (0 when
-/// validation is off). Tests assert it stays 0; `xtc` exits non-zero when it
-/// is not 0 at the end, and `xtc ci` fails a case during which it grew.
+/// validation is off). Tests assert it stays 0, `xtc ci` fails a case during
+/// which it grew, and a process that opened a device under validation exits
+/// with status 1 when it is not 0 at the end (see
+/// [`fail_process_on_validation_errors`]).
 pub fn validation_errors() -> u64 {
     VALIDATION_ERRORS.load(Ordering::Relaxed)
+}
+
+/// Whether a process that opened a device under validation and saw a
+/// validation error ends with exit status 1, whatever status it meant to
+/// end with (default: yes). Set once the first such device opens, as an
+/// `atexit` handler: so every test binary, example and `xtc` command that
+/// misused Vulkan fails, even where no assertion looks at the count. Turn it
+/// off where errors are judged otherwise: `xtc ci`'s children (a case during
+/// which one was reported fails) and a test that provokes one on purpose.
+pub fn fail_process_on_validation_errors(on: bool) {
+    FAIL_PROCESS.store(on, Ordering::Relaxed);
+}
+
+unsafe extern "C" {
+    /// C's `atexit(3)`: `f` runs at `exit` (also after `main` returns).
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+    /// `_exit(2)`: ends the process now, with `status`.
+    fn _exit(status: std::ffi::c_int) -> !;
+}
+
+/// The exit check: status 1 when validation errors were reported.
+extern "C" fn exit_check() {
+    let n = validation_errors();
+    if n == 0 || !FAIL_PROCESS.load(Ordering::Relaxed) {
+        return;
+    }
+    let last = last_validation_error().unwrap_or_default();
+    let last: String = last.chars().take(SHORT_MESSAGE).collect();
+    eprintln!(
+        "vulkan validation: {n} error(s) in this process (printed as they came; the last: {last}): exit status 1"
+    );
+    // SAFETY: `_exit` is async-signal-safe and may be called from an atexit
+    // handler; Rust's runtime flushed stdout before `exit` ran the handlers,
+    // and stderr is unbuffered.
+    unsafe { _exit(1) }
+}
+
+/// Registers [`exit_check`] once per process.
+fn arm_exit_check() {
+    static ARMED: std::sync::Once = std::sync::Once::new();
+    ARMED.call_once(|| {
+        // SAFETY: `exit_check` is a plain `extern "C" fn()` valid for the
+        // program's lifetime; registering it has no other precondition. A
+        // failed registration (nonzero) only loses the check: the counts and
+        // the tests' assertions remain.
+        let _ = unsafe { atexit(exit_check) };
+    });
 }
 
 /// The text of the most recent validation error of this process, if any.
@@ -421,6 +473,7 @@ impl Instance {
         };
         if validation {
             me.debug = Some(me.messenger()?);
+            arm_exit_check();
         }
         Ok(me)
     }
@@ -591,6 +644,8 @@ pub(crate) struct Inner {
     /// `(subgroupSize, compute stage supports subgroup ops with ballot and
     /// arithmetic)` from `VkPhysicalDeviceSubgroupProperties`.
     pub(crate) subgroup: (u32, bool),
+    /// `timestampValidBits` of the compute queue family (0: no timestamps).
+    pub(crate) timestamp_bits: u32,
     instance: ManuallyDrop<Instance>,
 }
 
@@ -666,6 +721,16 @@ impl Device {
             sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
                 && sub.supported_operations.contains(needed),
         );
+        // SAFETY: `physical` belongs to the instance; the query only fills
+        // its output.
+        let families = unsafe {
+            instance
+                .instance
+                .get_physical_device_queue_family_properties(physical)
+        };
+        let timestamp_bits = families
+            .get(family as usize)
+            .map_or(0, |f| f.timestamp_valid_bits);
         let fence_fd = info
             .sync_fd_export
             .then(|| khr::external_fence_fd::Device::new(&instance.instance, &device));
@@ -688,6 +753,7 @@ impl Device {
             fence_fd,
             limits,
             subgroup,
+            timestamp_bits,
             instance: ManuallyDrop::new(instance),
         })))
     }
@@ -759,11 +825,16 @@ impl Device {
     }
 
     /// Nanoseconds per timestamp tick (`timestampPeriod`), or `None` when
-    /// compute queues cannot write timestamps
-    /// (`timestampComputeAndGraphics`).
+    /// the compute queue cannot write timestamps (its family's
+    /// `timestampValidBits` is 0).
     pub fn timestamp_period(&self) -> Option<f64> {
-        let l = &self.0.limits;
-        (l.timestamp_compute_and_graphics == vk::TRUE).then_some(f64::from(l.timestamp_period))
+        (self.0.timestamp_bits > 0).then_some(f64::from(self.0.limits.timestamp_period))
+    }
+
+    /// `timestampValidBits` of the compute queue family: timestamps count
+    /// modulo `2^bits` (36 to 64 where supported, 0 where not).
+    pub fn timestamp_valid_bits(&self) -> u32 {
+        self.0.timestamp_bits
     }
 
     /// `(maxImageDimension2D, maxImageArrayLayers)`: the largest
@@ -783,7 +854,7 @@ impl Device {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .allocate(desc)
-            .map_err(|e| VkError::Alloc(e.to_string()))
+            .map_err(super::map_alloc_err)
     }
 
     /// Returns memory to the device's allocator.
@@ -845,7 +916,7 @@ fn new_allocator(
             .with_max_device_memblock_size(256 * MB)
             .with_max_host_memblock_size(64 * MB),
     })
-    .map_err(|e| VkError::Alloc(e.to_string()))
+    .map_err(super::map_alloc_err)
 }
 
 impl Drop for Inner {

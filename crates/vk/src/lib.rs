@@ -32,7 +32,7 @@ pub mod support;
 
 pub use device::{
     Device, DeviceKind, PhysicalDeviceInfo, RenderNode, Selector, Validation, enumerate,
-    last_validation_error, validation_errors,
+    fail_process_on_validation_errors, last_validation_error, validation_errors,
 };
 pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
 pub use memory::{Buffer, Location};
@@ -52,10 +52,12 @@ pub mod kernels {
 
 use ash::vk;
 
-/// Errors of the Vulkan backend. Converts into [`xtc::Error`]: a missing
-/// loader, device or queue is `Nosys`, a selector or argument that matches
-/// nothing is `Inval`, out of device/host memory is `Nomem`, any other failed
-/// Vulkan call is `Internal`.
+/// Errors of the Vulkan backend, with kinds: result codes become
+/// [`VkError::Lost`], [`VkError::OutOfMemory`] or [`VkError::Call`] through
+/// the named mappers below, never by matching text. Converts into
+/// [`xtc::Error`]: a missing loader, device or queue is `Nosys`, a selector
+/// or argument that matches nothing is `Inval`, out of device/host memory is
+/// `Nomem`, a lost device and any other failed Vulkan call is `Internal`.
 #[derive(Debug, thiserror::Error)]
 pub enum VkError {
     /// `libvulkan.so.1` could not be opened.
@@ -67,7 +69,25 @@ pub enum VkError {
     /// The [`Selector`] matched no device.
     #[error("no Vulkan device matches {0}")]
     NoMatch(String),
-    /// A Vulkan call failed.
+    /// The device was lost (`VK_ERROR_DEVICE_LOST`): it ran into a fault,
+    /// a reset or a hang; every later use of it fails too, and its work
+    /// must be redone on a new one. Mapped by [`map_host_device_oom_and_lost_err`].
+    #[error("{call} failed: the device was lost (VK_ERROR_DEVICE_LOST)")]
+    Lost {
+        /// The Vulkan entry point.
+        call: &'static str,
+    },
+    /// Out of host or device memory (`VK_ERROR_OUT_OF_HOST_MEMORY`,
+    /// `VK_ERROR_OUT_OF_DEVICE_MEMORY`; from the allocator, the device
+    /// memory it could not get). Mapped by [`map_host_device_oom_err`].
+    #[error("{call} failed: {result}")]
+    OutOfMemory {
+        /// The Vulkan entry point.
+        call: &'static str,
+        /// Which of the two codes.
+        result: vk::Result,
+    },
+    /// A Vulkan call failed with a code none of the mappers expects.
     #[error("{call} failed: {result}")]
     Call {
         /// The Vulkan entry point.
@@ -98,16 +118,12 @@ impl From<VkError> for xtc::Error {
         match e {
             VkError::Loader(_) | VkError::NoDevice => xtc::Error::Nosys,
             VkError::NoMatch(_) | VkError::Inval(_) => xtc::Error::Inval,
-            VkError::Alloc(_) => xtc::Error::Nomem,
-            VkError::Call { result, .. }
-                if result == vk::Result::ERROR_OUT_OF_HOST_MEMORY
-                    || result == vk::Result::ERROR_OUT_OF_DEVICE_MEMORY =>
-            {
-                xtc::Error::Nomem
-            }
-            VkError::Call { .. } | VkError::Validation(_) | VkError::Io(_) | VkError::Fence(_) => {
-                xtc::Error::Internal
-            }
+            VkError::Alloc(_) | VkError::OutOfMemory { .. } => xtc::Error::Nomem,
+            VkError::Lost { .. }
+            | VkError::Call { .. }
+            | VkError::Validation(_)
+            | VkError::Io(_)
+            | VkError::Fence(_) => xtc::Error::Internal,
         }
     }
 }
@@ -134,7 +150,99 @@ impl VkError {
     }
 }
 
-/// Maps a raw `vk::Result` error to [`VkError::Call`] naming the entry point.
+/// Devices lost in this process (see [`device_lost`]).
+static DEVICES_LOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether a Vulkan call of this process returned `VK_ERROR_DEVICE_LOST`
+/// (mapped to [`VkError::Lost`]): `xtc ci` ends a child whose device is gone,
+/// whatever error type carried the loss up to the case.
+pub fn device_lost() -> bool {
+    DEVICES_LOST.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
+/// Maps a result code of a call that may run out of host or device memory:
+/// `ERROR_OUT_OF_HOST_MEMORY` and `ERROR_OUT_OF_DEVICE_MEMORY` are
+/// [`VkError::OutOfMemory`]; any other code is [`VkError::Call`] (unexpected).
+pub fn map_host_device_oom_err(call: &'static str, result: vk::Result) -> VkError {
+    match result {
+        vk::Result::ERROR_OUT_OF_HOST_MEMORY | vk::Result::ERROR_OUT_OF_DEVICE_MEMORY => {
+            VkError::OutOfMemory { call, result }
+        }
+        _ => VkError::Call { call, result },
+    }
+}
+
+/// Maps a result code of a call that may also lose the device (submits,
+/// waits, queries, recording's end): `ERROR_DEVICE_LOST` is
+/// [`VkError::Lost`], the rest as [`map_host_device_oom_err`].
+pub fn map_host_device_oom_and_lost_err(call: &'static str, result: vk::Result) -> VkError {
+    match result {
+        vk::Result::ERROR_DEVICE_LOST => VkError::Lost { call },
+        _ => map_host_device_oom_err(call, result),
+    }
+}
+
+/// The error mapper of `call` for `map_err`: [`map_host_device_oom_and_lost_err`]
+/// (every Vulkan call may return these codes), noting a lost device for
+/// [`device_lost`].
 pub(crate) fn call(call: &'static str) -> impl FnOnce(vk::Result) -> VkError {
-    move |result| VkError::Call { call, result }
+    move |result| {
+        let e = map_host_device_oom_and_lost_err(call, result);
+        if matches!(e, VkError::Lost { .. }) {
+            DEVICES_LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        e
+    }
+}
+
+/// Maps an allocator error: the allocator's out-of-memory (device memory it
+/// could not allocate) is [`VkError::OutOfMemory`], the rest
+/// [`VkError::Alloc`].
+pub(crate) fn map_alloc_err(e: gpu_allocator::AllocationError) -> VkError {
+    match e {
+        gpu_allocator::AllocationError::OutOfMemory => VkError::OutOfMemory {
+            call: "vkAllocateMemory",
+            result: vk::Result::ERROR_OUT_OF_DEVICE_MEMORY,
+        },
+        other => VkError::Alloc(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_codes_map_to_kinds_by_code() {
+        let lost = map_host_device_oom_and_lost_err("vkQueueSubmit", vk::Result::ERROR_DEVICE_LOST);
+        assert!(
+            matches!(
+                lost,
+                VkError::Lost {
+                    call: "vkQueueSubmit"
+                }
+            ),
+            "{lost:?}"
+        );
+        assert_eq!(xtc::Error::from(lost), xtc::Error::Internal);
+        for code in [
+            vk::Result::ERROR_OUT_OF_HOST_MEMORY,
+            vk::Result::ERROR_OUT_OF_DEVICE_MEMORY,
+        ] {
+            let e = map_host_device_oom_and_lost_err("vkCreateBuffer", code);
+            assert!(matches!(e, VkError::OutOfMemory { result, .. } if result == code));
+            assert_eq!(xtc::Error::from(e), xtc::Error::Nomem);
+        }
+        // A call that cannot lose the device leaves the code unexpected.
+        let e = map_host_device_oom_err("vkCreateBuffer", vk::Result::ERROR_DEVICE_LOST);
+        assert!(matches!(e, VkError::Call { .. }), "{e:?}");
+        let e = map_host_device_oom_and_lost_err(
+            "vkCreateImage",
+            vk::Result::ERROR_FORMAT_NOT_SUPPORTED,
+        );
+        assert!(matches!(e, VkError::Call { .. }), "{e:?}");
+        assert_eq!(xtc::Error::from(e), xtc::Error::Internal);
+        let e = map_alloc_err(gpu_allocator::AllocationError::OutOfMemory);
+        assert_eq!(xtc::Error::from(e), xtc::Error::Nomem);
+    }
 }

@@ -93,6 +93,25 @@ impl Buffer {
         Ok(buf)
     }
 
+    /// A buffer of `size` bytes (a multiple of 4) at `loc`, zeroed on the
+    /// device (`vkCmdFillBuffer`, then a barrier so later kernels and copies
+    /// see the zeros): no host buffer of its size, whether or not its memory
+    /// is mappable. Returns after the fill completed.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); `Inval` for a size that is not a multiple of 4;
+    /// submit errors.
+    pub fn zeroed(dev: &Device, size: u64, loc: Location, name: &str) -> VkResult<Buffer> {
+        let buf = Buffer::new(dev, size, loc, name)?;
+        let mut pool = CommandPool::new(dev)?;
+        let mut rec = pool.record_plain()?;
+        rec.fill(&buf, 0, size, 0)?;
+        rec.barrier();
+        let done = rec.finish()?;
+        pool.submit(vec![done])?.wait(None)?;
+        Ok(buf)
+    }
+
     /// The device the buffer belongs to.
     pub fn device(&self) -> &Device {
         &self.dev

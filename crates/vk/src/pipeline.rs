@@ -231,10 +231,8 @@ impl Kernels {
             d.destroy_shader_module(module, None);
             r
         };
-        made.map(|v| v[0]).map_err(|(_, e)| VkError::Call {
-            call: "vkCreateComputePipelines",
-            result: e,
-        })
+        made.map(|v| v[0])
+            .map_err(|(_, e)| call("vkCreateComputePipelines")(e))
     }
 
     /// The kernel whose entry point is `name` (e.g. `"matmul"`).
@@ -641,8 +639,11 @@ impl Timestamps {
         self.count
     }
 
-    /// The first `n` timestamps in nanoseconds, waiting until they are
-    /// available (call after the submission that wrote them).
+    /// The first `n` timestamps in nanoseconds after the first one (so the
+    /// first is 0), waiting until they are available (call after the
+    /// submission that wrote them): ticks counted modulo
+    /// `2^timestampValidBits` (a counter that wrapped between two
+    /// timestamps still gives their true distance) times `timestampPeriod`.
     ///
     /// # Errors
     /// `Inval` for `n` above the capacity; `Call` for a failed read.
@@ -664,8 +665,27 @@ impl Timestamps {
             .map_err(call("vkGetQueryPoolResults"))?;
         }
         let period = self.dev.timestamp_period().unwrap_or(1.0);
-        Ok(raw.iter().map(|&t| t as f64 * period).collect())
+        Ok(ticks_to_ns(&raw, self.dev.timestamp_valid_bits(), period))
     }
+}
+
+/// Timestamps `raw` (ticks, of which the low `valid_bits` are meaningful) as
+/// nanoseconds after `raw[0]`: each step is taken modulo `2^valid_bits`, so a
+/// counter that wrapped between two timestamps still gives their distance.
+fn ticks_to_ns(raw: &[u64], valid_bits: u32, period: f64) -> Vec<f64> {
+    let mask = match valid_bits {
+        0 | 64.. => u64::MAX,
+        b => (1u64 << b) - 1,
+    };
+    let mut at = 0u64;
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, &t) in raw.iter().enumerate() {
+        if i > 0 {
+            at = at.wrapping_add(t.wrapping_sub(raw[i - 1]) & mask);
+        }
+        out.push(at as f64 * period);
+    }
+    out
 }
 
 impl Drop for Timestamps {
@@ -1004,6 +1024,39 @@ impl Recorder<'_> {
         Ok(())
     }
 
+    /// Fills `len` bytes of `dst` from byte `offset` with the 32-bit word
+    /// `value` on the device (`vkCmdFillBuffer`; no host memory of that
+    /// size). Follow it with a [`barrier`](Self::barrier) before kernels or
+    /// copies use the range.
+    ///
+    /// # Errors
+    /// `Inval` for an empty range, an offset or length that is not a multiple
+    /// of 4, a range outside the buffer, or a buffer of another device.
+    pub fn fill(&mut self, dst: &Buffer, offset: u64, len: u64, value: u32) -> VkResult<()> {
+        let inside = offset.checked_add(len).is_some_and(|e| e <= dst.size());
+        if len == 0
+            || !offset.is_multiple_of(4)
+            || !len.is_multiple_of(4)
+            || !inside
+            || !dst.device().same(&self.pool.dev)
+        {
+            return Err(VkError::Inval(format!(
+                "fill of {len} bytes at {offset} in a {}-byte buffer",
+                dst.size()
+            )));
+        }
+        // SAFETY: recording state; the range lies inside a live buffer of this
+        // device (checked above, offset and size multiples of 4), created with
+        // TRANSFER_DST, which outlives the submission (its Drop waits).
+        unsafe {
+            self.pool
+                .dev
+                .raw()
+                .cmd_fill_buffer(self.cmd, dst.raw(), offset, len, value)
+        };
+        Ok(())
+    }
+
     /// Ends recording.
     ///
     /// # Errors
@@ -1023,6 +1076,21 @@ mod tests {
     /// Kernels read activations written by the previous dispatch through the
     /// uniform windows; the barrier between them must name uniform reads
     /// (`SHADER_READ` does not cover uniform buffers).
+    #[test]
+    fn timestamps_count_modulo_the_valid_bits_and_scale_by_the_period() {
+        // 36 valid bits: garbage above them is ignored, and the counter
+        // wrapping between the second and third timestamp still gives 16 ticks.
+        let top = (1u64 << 36) - 8;
+        let raw = [
+            (top - 4) | (0xabc << 40),
+            top | (0x123 << 40),
+            8 | (0x77 << 50),
+        ];
+        assert_eq!(ticks_to_ns(&raw, 36, 2.5), vec![0.0, 10.0, 50.0]);
+        assert_eq!(ticks_to_ns(&[5, 9, 100], 64, 1.0), vec![0.0, 4.0, 95.0]);
+        assert_eq!(ticks_to_ns(&[], 64, 1.0), Vec::<f64>::new());
+    }
+
     #[test]
     fn the_barrier_makes_writes_visible_to_uniform_window_reads() {
         for a in [

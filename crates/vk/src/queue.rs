@@ -31,7 +31,7 @@ use ash::vk;
 use crossbeam_channel::{Sender, unbounded};
 
 use super::device::Device;
-use super::{VkError, VkResult, call};
+use super::{VkResult, call};
 use xtc::accel::EventFence;
 
 enum WaitReq {
@@ -352,10 +352,7 @@ fn wait_value(
     match unsafe { dev.wait_semaphores(&info, timeout_ns) } {
         Ok(()) => Ok(true),
         Err(vk::Result::TIMEOUT) => Ok(false),
-        Err(e) => Err(VkError::Call {
-            call: "vkWaitSemaphores",
-            result: e,
-        }),
+        Err(e) => Err(call("vkWaitSemaphores")(e)),
     }
 }
 

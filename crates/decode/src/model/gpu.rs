@@ -29,7 +29,7 @@ use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights}
 use super::{BatchPlan, Config, KvGeometry, Weights};
 use xtc::{Error, Result};
 use xtc_vk::{
-    BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage, Submission, VkResult,
+    BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage, Submission,
 };
 
 /// Sizes of a [`GpuModel`]'s KV cache and per-iteration capacity.
@@ -260,7 +260,10 @@ impl GpuModel {
                     Some((store, false)),
                 )
             }
-            None => (zeroed(dev, kv_len * 4, "kv cache")?, None),
+            None => (
+                Buffer::zeroed(dev, kv_len * 4, Location::Device, "kv cache")?,
+                None,
+            ),
         };
         let meta = Buffer::new(dev, meta_len * 4, Location::Upload, "metadata")?;
         let tokens = Buffer::new(dev, tokens_len, Location::Readback, "tokens")?;
@@ -439,10 +442,4 @@ impl GpuModel {
         let f = self.submit(plan)?;
         self.finish(f)
     }
-}
-
-fn zeroed(dev: &Device, bytes: u64, name: &str) -> VkResult<Buffer> {
-    let mut b = Buffer::new(dev, bytes, Location::Device, name)?;
-    b.upload(0, &vec![0u8; bytes as usize])?;
-    Ok(b)
 }

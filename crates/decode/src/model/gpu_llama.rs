@@ -456,11 +456,10 @@ impl GpuLlama {
                     Some((store, false)),
                 )
             }
-            None => {
-                let mut b = Buffer::new(dev, kv_len * 4, Location::Device, "kv cache")?;
-                b.upload(0, &vec![0u8; (kv_len * 4) as usize])?;
-                (b, None)
-            }
+            None => (
+                Buffer::zeroed(dev, kv_len * 4, Location::Device, "kv cache")?,
+                None,
+            ),
         };
         let meta = Buffer::new(dev, meta_len * 4, Location::Upload, "metadata")?;
         let tokens = Buffer::new(

@@ -19,6 +19,7 @@
 
 use super::gpu_llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use super::llama::{Chunk, ForwardError, Llama, Logits, Sequence};
+use super::ops::Variant;
 use super::{BatchPlan, KvGeometry, SeqWork};
 
 /// Why a stream's forward pass failed.
@@ -129,17 +130,20 @@ impl VulkanStream {
     /// positions, running at most `max_rows` token rows per plan and
     /// bringing back at most `logit_rows` logits rows per plan (a
     /// [`Logits::All`] chunk runs in plans of that many rows; `[logit_rows,
-    /// vocab]` f32 of readback memory).
+    /// vocab]` f32 of readback memory), in the kernel form `variant`
+    /// (`None`: the device's own).
     ///
     /// # Errors
     /// As [`GpuLlama::new`] (a `context` above the model's, or above what
-    /// the CPU-device attention runs; device memory).
+    /// the CPU-device attention runs; device memory; a form the device
+    /// cannot run).
     pub fn new(
         dev: &xtc_vk::Device,
         model: &Llama,
         context: usize,
         max_rows: usize,
         logit_rows: usize,
+        variant: Option<Variant>,
     ) -> Result<Self, GpuLlamaError> {
         let blocks = context.div_ceil(BLOCK).max(1);
         let max_rows = max_rows.max(1);
@@ -153,7 +157,7 @@ impl VulkanStream {
             max_seqs: logit_rows,
             max_context: context,
             keep_logits: true,
-            variant: None,
+            variant,
         };
         let gpu = GpuLlama::new(dev, model, opts)?;
         Ok(VulkanStream {
