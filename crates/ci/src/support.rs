@@ -1,7 +1,6 @@
 //! Small device helpers shared by the `vk_*` tests and the `xtc ci` suites
 //! (one implementation of each check, used by both).
 
-
 pub use xtc_vk::support::{open_fds, poll_readable};
 use xtc_vk::{CommandPool, VkResult};
 
@@ -16,9 +15,7 @@ pub fn empty_round_trip(pool: &mut CommandPool) -> VkResult<u64> {
     let cmd = pool.record_plain()?.finish()?;
     let sub = pool.submit(vec![cmd])?;
     if !poll_readable(sub.fence_fd(), None)? {
-        return Err(xtc_vk::VkError::Inval(
-            "completion fd not readable".into(),
-        ));
+        return Err(xtc_vk::VkError::Inval("completion fd not readable".into()));
     }
     Ok(sub.value())
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::decode_model::{Source, render_samples};
-use xtc_decode::model::backend::{CpuModel, IterationCost, ToyModel, VulkanModel};
+use xtc_decode::model::adapters::{CpuModel, IterationCost, ToyModel, VulkanModel};
 use xtc_decode::model::{Config, KvGeometry, Weights};
 use xtc_decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use xtc_decode::serve::kv::KvLedger;
@@ -741,7 +741,8 @@ impl DeviceChoice {
             "cpu" => Ok(DeviceChoice::Cpu),
             "toy" => Ok(DeviceChoice::Toy),
             sel => {
-                let sel: xtc_vk::Selector = sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
+                let sel: xtc_vk::Selector =
+                    sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
                 let dev = xtc_vk::Device::open(&sel)
                     .map_err(|e| device_error(s, &e, "`auto`, `cpu`, `toy`"))?;
                 Ok(DeviceChoice::Vulkan(dev))

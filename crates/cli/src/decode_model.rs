@@ -22,14 +22,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::decode::{DecodeArgs, DeviceChoice};
-use xtc_decode::model::backend::IterationCost;
-use xtc_decode::model::bpe::{Bpe, TextStream};
-use xtc_decode::model::gguf::MAGIC;
-use xtc_decode::model::gpu_llama::GpuLlamaOptions;
-use xtc_decode::model::llama::Llama;
+use xtc_decode::model::adapters::IterationCost;
+use xtc_decode::model::cpu::llama::Llama;
+use xtc_decode::model::format::checkpoint;
+use xtc_decode::model::format::gguf::MAGIC;
+use xtc_decode::model::format::tokenizer::{self, Tokenizer};
 use xtc_decode::model::llama_backend::{LlamaCpuModel, LlamaVulkanModel};
-use xtc_decode::model::tokenizer::{self, Tokenizer};
-use xtc_decode::model::{Config, KvGeometry, Weights, checkpoint, find_model};
+use xtc_decode::model::text::bpe::{Bpe, TextStream};
+use xtc_decode::model::vulkan::llama::GpuLlamaOptions;
+use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
 use xtc_decode::serve::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
 use xtc_decode::serve::prompts;
 use xtc_decode::serve::trace::{Scaling, Trace};
@@ -346,7 +347,7 @@ impl Source {
         );
         Ok(match device {
             DeviceChoice::Toy => job::shared(
-                xtc_decode::model::backend::ToyModel::new(
+                xtc_decode::model::adapters::ToyModel::new(
                     config.vocab_size,
                     kv.n_blocks,
                     kv.block_size,

@@ -23,12 +23,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use xtc_decode::model::bpe::{Bpe, TextStream};
-use xtc_decode::model::chat::{self, Message};
+use xtc_decode::model::cpu::llama::{ForwardError, Llama};
 use xtc_decode::model::generate::{GenerateStats, PREFILL_CHUNK, generate_on};
-use xtc_decode::model::llama::{ForwardError, Llama};
-use xtc_decode::model::sampling::{Sampler, SamplingParams};
 use xtc_decode::model::stream::{CpuStream, Stream, StreamError, VulkanStream};
+use xtc_decode::model::text::bpe::{Bpe, TextStream};
+use xtc_decode::model::text::chat::{self, Message};
+use xtc_decode::model::text::sampling::{Sampler, SamplingParams};
 use xtc_decode::model::{MODEL_FILE, find_model};
 
 /// Arguments of `xtc generate`.

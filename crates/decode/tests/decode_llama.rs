@@ -16,10 +16,10 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use xtc_decode::model::gpu_llama::GpuLlamaOptions;
-use xtc_decode::model::llama::{Chunk, Llama, Logits};
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
 use xtc_decode::model::llama_backend::{LlamaCpuModel, LlamaVulkanModel};
-use xtc_decode::model::sampling::argmax;
+use xtc_decode::model::text::sampling::argmax;
+use xtc_decode::model::vulkan::llama::GpuLlamaOptions;
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
 use xtc_decode::serve::seq::RequestSpec;
 use xtc_decode::serve::{

@@ -58,7 +58,9 @@ fn selectors_by_index_name_and_render_node() {
             me.index
         );
     }
-    let e: xtc::Error = xtc_vk::Device::open(&Selector::Index(999)).unwrap_err().into();
+    let e: xtc::Error = xtc_vk::Device::open(&Selector::Index(999))
+        .unwrap_err()
+        .into();
     assert_eq!(e, xtc::Error::Inval);
 }
 
@@ -147,8 +149,8 @@ fn thread_safety_of_public_types() {
     send_sync::<xtc_vk::Kernels>();
     send_sync::<xtc_vk::Buffer>();
     send::<xtc_vk::CommandPool>();
-    send::<xtc_decode::model::gpu::GpuModel>();
-    send::<xtc_decode::model::gpu::InFlight>();
+    send::<xtc_decode::model::vulkan::f32_model::GpuModel>();
+    send::<xtc_decode::model::vulkan::f32_model::InFlight>();
 }
 
 #[test]

@@ -20,12 +20,12 @@ use std::sync::Arc;
 
 use clap::Parser;
 use xtc::batch::{AsyncOpts, CloseMode, Group};
+use xtc::rt::Loop;
 use xtc_dispatch::scenarios::{decode_waves, sync_start_stress};
 use xtc_dispatch::{
     DeviceProfile, Graph, NpuDevice, NpuStep, NpuWork, PublishMode, RunOpts, Scheduler, Shape,
     StepOpts, Summary, TaskSpec, chrome_trace,
 };
-use xtc::rt::Loop;
 
 #[derive(Parser)]
 struct Args {

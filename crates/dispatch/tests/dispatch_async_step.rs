@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use xtc::Error;
 use xtc::batch::{AsyncOpts, CloseMode, Group, Handle};
-use xtc_dispatch::{DeviceProfile, NpuDevice, NpuStep, NpuWork, RunOpts, Shape, TaskSpec};
 use xtc::rt::Loop;
+use xtc_dispatch::{DeviceProfile, NpuDevice, NpuStep, NpuWork, RunOpts, Shape, TaskSpec};
 
 struct Job {
     task: TaskSpec,

@@ -14,12 +14,12 @@ use dispatch_support::{
     open_scope_graph, retry_aba_schedule, stuck_peer_in_drain,
 };
 use xtc::Error;
+use xtc::rt::TraceKind;
 use xtc_dispatch::scenarios::{decode_waves, sync_start_stress};
 use xtc_dispatch::{
     DeviceProfile, Escapes, Graph, Point, PublishMode, RunError, RunOpts, RunReport, Scheduler,
     Shape, SimOpts, StallEnd, StepOpts, TaskSpec,
 };
-use xtc::rt::TraceKind;
 
 fn small() -> Scheduler {
     Scheduler::new(DeviceProfile::small()).unwrap()

@@ -30,7 +30,6 @@ pub mod pipeline;
 pub mod queue;
 pub mod support;
 
-pub use xtc::accel::EventFence;
 pub use device::{
     Device, DeviceKind, PhysicalDeviceInfo, RenderNode, Selector, enumerate, validation_errors,
 };
@@ -41,6 +40,7 @@ pub use pipeline::{
     Recorder, Timestamps, WEIGHT_IMAGE_BINDING, WINDOW_BYTES, WINDOWS, Window,
 };
 pub use queue::{FenceKind, Submission};
+pub use xtc::accel::EventFence;
 
 pub mod kernels {
     //! SPIR-V of every kernel, compiled from `kernels/*.wgsl` by `crates/vk/build.rs`.

@@ -29,17 +29,17 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::case::{Case, CaseError, Ctx, Outcome, Suite, ensure};
+use crate::rig::Rig;
 use xtc::Error;
 use xtc::accel::EventFence;
 use xtc::batch::{
     AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, Step, StepResult,
     SyncOpts,
 };
-use crate::case::{Case, CaseError, Ctx, Outcome, Suite, ensure};
-use crate::rig::Rig;
-use xtc_decode::model::ops::{Argmax, Variant};
-use xtc_decode::model::reference;
 use xtc::rt::{self, Loop};
+use xtc_decode::model::cpu::f32_model;
+use xtc_decode::model::vulkan::ops::{Argmax, Variant};
 use xtc_vk::Submission;
 
 /// Registers the suite's cases.
@@ -93,7 +93,7 @@ impl Req {
         let logits: Vec<f32> = (0..VOCAB).map(|_| rng.f32() * 16.0 - 8.0).collect();
         Req {
             id,
-            want: reference::argmax(&logits),
+            want: f32_model::argmax(&logits),
             logits,
             left: iterations,
         }

@@ -16,9 +16,9 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use xtc::accel::SyncFile;
 use crate::case::{Case, CaseError, Ctx, Outcome, Suite, ensure};
 use crate::support::{empty_round_trip, open_fds, poll_readable};
+use xtc::accel::SyncFile;
 use xtc_vk::{CommandPool, FenceKind};
 
 /// Registers the suite's cases.

@@ -13,17 +13,17 @@
 //!
 //! Both address their KV cache through the plan's block tables, which the
 //! serving side's ledger owns, and pick the greedy token as
-//! [`sampling::argmax`](super::sampling::argmax) does (the lowest id among
+//! [`sampling::argmax`](super::text::sampling::argmax) does (the lowest id among
 //! equal maxima). `crates/decode/tests/decode_llama.rs` checks that they agree token for
 //! token with each other and with the contiguous reference
 //! ([`Llama::forward`]) on a served workload.
 
 use std::sync::Arc;
 
-use super::backend::{FenceSlot, HostCompute};
-use super::gpu_llama::{GpuLlama, GpuLlamaOptions};
-use super::llama::{Llama, PagedKv};
-use super::sampling::argmax;
+use super::adapters::{FenceSlot, HostCompute};
+use super::cpu::llama::{Llama, PagedKv};
+use super::text::sampling::argmax;
+use super::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use super::{BatchPlan, Config, KvGeometry};
 use crate::{Completion, DeviceError, Model};
 
@@ -165,8 +165,8 @@ impl Model for LlamaVulkanModel {
 mod tests {
     use super::*;
     use crate::SeqWork;
-    use crate::model::gguf::{GgmlType, Gguf};
-    use crate::model::llama::{Chunk, Logits, gguf_from_weights};
+    use crate::model::cpu::llama::{Chunk, Logits, gguf_from_weights};
+    use crate::model::format::gguf::{GgmlType, Gguf};
     use crate::model::{Config as Shape, Weights};
 
     #[test]

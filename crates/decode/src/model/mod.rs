@@ -86,26 +86,14 @@
 //!   [`llama`]): the same result for any thread count and any batch of
 //!   sequences a row is computed in.
 
-pub mod backend;
-pub mod bpe;
-pub mod chat;
-pub mod checkpoint;
-pub mod config;
+pub mod adapters;
+pub mod cpu;
+pub mod format;
 pub mod generate;
-pub mod gguf;
-pub mod gpu;
-pub mod gpu_llama;
-pub mod llama;
 pub mod llama_backend;
-pub mod ops;
-pub mod qops;
-pub mod quant;
-pub mod qweights;
-mod record;
-pub mod reference;
-pub mod sampling;
 pub mod stream;
-pub mod tokenizer;
+pub mod text;
+pub mod vulkan;
 
 use std::path::{Path, PathBuf};
 
@@ -129,7 +117,7 @@ pub enum ModelError {
     },
     /// The file is not a GGUF file xtc can read.
     #[error(transparent)]
-    Gguf(gguf::GgufError),
+    Gguf(format::gguf::GgufError),
     /// A metadata value the model or the kernels cannot run.
     #[error("model config: GGUF key `{field}` = {value}: {why}")]
     Config {
@@ -156,7 +144,7 @@ pub enum ModelError {
         /// The tensor.
         tensor: String,
         /// Its type.
-        ty: gguf::GgmlType,
+        ty: format::gguf::GgmlType,
         /// What the role needs.
         why: &'static str,
     },

@@ -17,8 +17,8 @@
 //! runs the Paris prompt on both) and logits within the Vulkan model's
 //! tolerance (`crates/decode/tests/vk_llama.rs`).
 
-use super::gpu_llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
-use super::llama::{Chunk, ForwardError, Llama, Logits, Sequence};
+use super::cpu::llama::{Chunk, ForwardError, Llama, Logits, Sequence};
+use super::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use super::{BatchPlan, KvGeometry, SeqWork};
 
 /// Why a stream's forward pass failed.
@@ -267,10 +267,10 @@ pub fn nll(
     tokens: &[u32],
     ctx: usize,
     mut progress: impl FnMut(usize, usize),
-) -> Result<super::llama::Nll, StreamError> {
+) -> Result<super::cpu::llama::Nll, StreamError> {
     let ctx = ctx.max(2);
     let total = tokens.chunks(ctx).map(|w| w.len().saturating_sub(1)).sum();
-    let mut nll = super::llama::Nll {
+    let mut nll = super::cpu::llama::Nll {
         tokens: 0,
         sum: 0.0,
     };
@@ -282,7 +282,7 @@ pub fn nll(
             for (j, row) in rows.chunks_exact(vocab).enumerate() {
                 let next = si * SCORE_STEP + j + 1;
                 if next < window.len() {
-                    nll.sum += super::llama::neg_log_softmax(row, window[next] as usize);
+                    nll.sum += super::cpu::llama::neg_log_softmax(row, window[next] as usize);
                     nll.tokens += 1;
                 }
             }

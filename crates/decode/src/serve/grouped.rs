@@ -29,10 +29,6 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Instant;
 
-use xtc::Error;
-use xtc::batch::{
-    AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult,
-};
 use crate::Completion;
 use crate::serve::job::{
     Finished, IterRecord, JobError, JobOpts, Mode, Progress, RejectReason, Rejected, RunOutput,
@@ -42,6 +38,10 @@ use crate::serve::kv::{KvError, KvLedger};
 use crate::serve::latency::RequestLatency;
 use crate::serve::metrics::{Completed, DecodeMetrics};
 use crate::serve::seq::{self, Outcome, RequestSpec, Sequence};
+use xtc::Error;
+use xtc::batch::{
+    AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult,
+};
 use xtc::rt;
 
 /// The iteration in flight (between submit and collect).
@@ -376,7 +376,7 @@ fn record_completion(m: &DecodeMetrics, s: &Sequence, status: &Status) {
 /// and the report gives the figures:
 ///
 /// ```
-/// use xtc_decode::model::backend::{ToyModel, toy_reference};
+/// use xtc_decode::model::adapters::{ToyModel, toy_reference};
 /// use xtc_decode::serve::job::{self, JobOpts, Mode, Status};
 /// use xtc_decode::serve::report::Report;
 /// use xtc_decode::serve::trace::{self, Scaling};

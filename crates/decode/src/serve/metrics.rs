@@ -48,8 +48,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use xtc::batch::{AsyncStats, Stats};
 use crate::serve::job::RejectReason;
+use xtc::batch::{AsyncStats, Stats};
 
 /// TTFT buckets, s (vLLM's).
 pub const TTFT_BUCKETS_S: [f64; 22] = [

@@ -641,8 +641,8 @@ pub mod tracks {
 ///
 /// Times are µs since the run started; `wl` gives rejected requests' arrivals.
 pub fn chrome_trace(out: &RunOutput, wl: &Workload) -> Value {
-    use xtc_trace::{Scope, TraceWriter};
     use tracks::*;
+    use xtc_trace::{Scope, TraceWriter};
     let mut w = TraceWriter::new();
     w.process_name(PID, &format!("xtc decode ({})", out.mode.name()));
     w.thread_name(PID, ITERATIONS, "iterations");

@@ -2,7 +2,6 @@
 //! wrappers over `xtc_vk::support`, which `xtc ci` uses too.
 #![allow(dead_code)]
 
-
 use xtc_vk::{Device, Selector};
 
 /// The default Vulkan device (lavapipe in CI), or `None` (test skipped) when

@@ -24,13 +24,15 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use super::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
-use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights};
-use super::{BatchPlan, Config, KvGeometry, Weights};
+use crate::model::vulkan::f32_record::{
+    ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights,
+};
+use crate::model::vulkan::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
+use crate::model::{BatchPlan, Config, KvGeometry, Weights};
+use xtc::{Error, Result};
 use xtc_vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage, Submission, VkResult,
 };
-use xtc::{Error, Result};
 
 /// Sizes of a [`GpuModel`]'s KV cache and per-iteration capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

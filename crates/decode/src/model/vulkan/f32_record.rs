@@ -1,18 +1,18 @@
-//! How [`super::gpu::GpuModel`] lays its buffers out and records one
+//! How [`crate::model::vulkan::f32_model::GpuModel`] lays its buffers out and records one
 //! iteration's command buffer.
 //!
 //! Weights on the device (f32, element offsets): the llama2.c tensors, except
 //! that each layer's `wq|wk|wv` and `w1|w3` are stacked so one split-output
 //! matmul computes q, k and v (and the two FFN projections) in one dispatch.
 
-use super::ops::{
+use crate::model::cpu::f32_model::EPS;
+use crate::model::vulkan::ops::{
     Argmax, Attention, AttentionImage, Embed, KvAppend, KvAppendImage, Matmul, Ops, RmsNorm, Rope,
     SwiGlu,
 };
-use super::reference::EPS;
-use super::{Config, Weights};
-use xtc_vk::{Buffer, Device, Location, Recorder, VkResult};
+use crate::model::{Config, Weights};
 use xtc::{Error, Result};
+use xtc_vk::{Buffer, Device, Location, Recorder, VkResult};
 
 pub(crate) fn u32_of(n: u64) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::Range)

@@ -22,8 +22,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::gpu::{GpuModel, GpuOptions, InFlight};
-use super::reference::{self, CpuKvCache};
+use super::cpu::f32_model::{self, CpuKvCache};
+use super::vulkan::f32_model::{GpuModel, GpuOptions, InFlight};
 use super::{BatchPlan, Config, KvGeometry, Weights};
 use crate::{Completion, DeviceError, Model};
 
@@ -263,7 +263,7 @@ impl ToyState {
 /// oracle the batched job is checked against).
 ///
 /// # Errors
-/// As [`reference::forward`] (a prompt token out of the vocabulary, or
+/// As [`f32_model::forward`] (a prompt token out of the vocabulary, or
 /// `prompt + n - 1` positions above `seq_len`).
 pub fn reference_greedy(w: &Weights, prompt: &[u32], n: usize) -> xtc::Result<Vec<u32>> {
     let positions = prompt.len() + n;
@@ -285,8 +285,8 @@ pub fn reference_greedy(w: &Weights, prompt: &[u32], n: usize) -> xtc::Result<Ve
             }],
         };
         pos += plan.n_tokens();
-        let logits = reference::forward(w, &mut cache, &plan)?;
-        let t = reference::argmax(&logits[0]);
+        let logits = f32_model::forward(w, &mut cache, &plan)?;
+        let t = f32_model::argmax(&logits[0]);
         out.push(t);
         tokens = vec![t];
     }
@@ -301,13 +301,13 @@ struct CpuState {
 
 impl CpuState {
     fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
-        let logits = reference::forward(&self.weights, &mut self.cache, plan)
+        let logits = f32_model::forward(&self.weights, &mut self.cache, plan)
             .map_err(|e| DeviceError(format!("CPU reference: {e}")))?;
-        Ok(logits.iter().map(|l| reference::argmax(l)).collect())
+        Ok(logits.iter().map(|l| f32_model::argmax(l)).collect())
     }
 }
 
-/// The CPU reference forward pass ([`reference::forward`]) over a host
+/// The CPU reference forward pass ([`f32_model::forward`]) over a host
 /// paged KV cache, computed off the loop ([`Completion::Host`]).
 pub struct CpuModel {
     config: Config,

@@ -43,10 +43,10 @@
 
 use rayon::prelude::*;
 
-use super::config::LlamaConfig;
-use super::gguf::{GgmlType, Gguf, GgufWriter, TensorInfo, Value};
-use super::quant::{self, QMatrix};
-use super::{BatchPlan, KvGeometry, ModelError, Weights};
+use crate::model::format::gguf::{GgmlType, Gguf, GgufWriter, TensorInfo, Value};
+use crate::model::format::llama_config::LlamaConfig;
+use crate::model::format::quant::{self, QMatrix};
+use crate::model::{BatchPlan, KvGeometry, ModelError, Weights};
 
 /// A matrix of the model: where its bytes are in the file.
 #[derive(Debug, Clone)]
@@ -351,7 +351,7 @@ impl Llama {
     ///
     /// # Errors
     /// As [`LlamaConfig::from_gguf`]; [`ModelError::Gguf`] with
-    /// [`super::gguf::GgufError::MissingTensor`]; [`ModelError::Shape`] for a
+    /// [`crate::model::format::gguf::GgufError::MissingTensor`]; [`ModelError::Shape`] for a
     /// tensor whose shape disagrees with the config; [`ModelError::TensorType`]
     /// for a norm vector that is not F32 or F16.
     pub fn from_gguf(gguf: Gguf) -> Result<Llama, ModelError> {
@@ -789,11 +789,11 @@ impl Llama {
         ctx: usize,
         progress: impl FnMut(usize, usize),
     ) -> Result<Nll, ForwardError> {
-        let mut stream = super::stream::CpuStream::new(self);
-        super::stream::nll(&mut stream, tokens, ctx, progress).map_err(|e| match e {
-            super::stream::StreamError::Forward(e) => e,
+        let mut stream = crate::model::stream::CpuStream::new(self);
+        crate::model::stream::nll(&mut stream, tokens, ctx, progress).map_err(|e| match e {
+            crate::model::stream::StreamError::Forward(e) => e,
             // The CPU stream fails only before running.
-            super::stream::StreamError::Device(m) => unreachable!("CPU stream: {m}"),
+            crate::model::stream::StreamError::Device(m) => unreachable!("CPU stream: {m}"),
         })
     }
 }
@@ -970,7 +970,7 @@ pub fn gguf_from_weights(w: &Weights, ty: GgmlType, rope_base: f32, tied: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::reference::{self, CpuKvCache};
+    use crate::model::cpu::f32_model::{self, CpuKvCache};
     use crate::model::{Config, SeqWork};
 
     fn tiny(ty: GgmlType, tied: bool) -> (Weights, Llama) {
@@ -983,7 +983,7 @@ mod tests {
     }
 
     /// The GGUF model in F32 against the independent llama2.c-order
-    /// reference (`decode::model::reference`, rope base 10000) on the same weights.
+    /// reference (`decode::model::cpu::f32_model`, rope base 10000) on the same weights.
     #[test]
     fn f32_model_matches_the_llama2c_reference() {
         let (w, model) = tiny(GgmlType::F32, false);
@@ -996,7 +996,7 @@ mod tests {
         let bt = [0u32, 1, 2, 3];
         let mut seq = model.new_sequence();
         for (pos, &t) in [3u32, 77, 500, 9, 9, 140].iter().enumerate() {
-            let want = reference::forward_token(&w, &mut cache, &bt, t, pos);
+            let want = f32_model::forward_token(&w, &mut cache, &bt, t, pos);
             let got = model
                 .forward(&mut [Chunk {
                     seq: &mut seq,
@@ -1126,7 +1126,7 @@ mod tests {
                     .remove(0);
                 if *sample {
                     assert_eq!(bits(&got[k]), bits(&want), "iteration {it}, sequence {i}");
-                    out[*i].push(crate::model::sampling::argmax(&want));
+                    out[*i].push(crate::model::text::sampling::argmax(&want));
                     k += 1;
                 }
                 if fed[*i] < prompts[*i].len() {

@@ -54,7 +54,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::gguf::GgmlType;
+use crate::model::format::gguf::GgmlType;
 
 /// Elements per block of every format here.
 pub const BLOCK: usize = 32;

@@ -17,7 +17,7 @@
 //!   the start of the weights buffer.
 //! - The weights buffer (f32): the RMSNorm vectors and the RoPE table
 //!   ([`rope_table`]: `[max_context][head_size / 2][cos, sin]`).
-//! - Activations, metadata, tokens: as [`super::gpu::GpuModel`]
+//! - Activations, metadata, tokens: as [`crate::model::vulkan::f32_model::GpuModel`]
 //!   (`x, xb, q, att [T, dim]`, `k, v [T, kv_dim]`, `h1, h3 [T, hidden]`,
 //!   `sel [S, dim]`, `logits [S, vocab]`).
 //! - The KV cache: the storage image in the [`KvImage`] layout on CPU
@@ -34,22 +34,24 @@
 
 use std::os::fd::BorrowedFd;
 
-use super::gguf::Gguf;
-use super::gpu::InFlight;
-use super::llama::Llama;
-use super::ops::{
+use crate::model::cpu::llama::Llama;
+use crate::model::format::gguf::Gguf;
+use crate::model::format::quant::{self, QMatrix};
+use crate::model::vulkan::f32_model::InFlight;
+use crate::model::vulkan::f32_record::{ActOffsets, u32_of};
+use crate::model::vulkan::ops::{
     Attention, AttentionImage, KvImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use super::qops::{ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, rope_table};
-use super::quant::{self, QMatrix};
-use super::qweights::{QTensor, RepackError, TexelStream};
-use super::record::{ActOffsets, u32_of};
-use super::{BatchPlan, Config, KvGeometry, ModelError};
+use crate::model::vulkan::qops::{
+    ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, rope_table,
+};
+use crate::model::vulkan::qweights::{QTensor, RepackError, TexelStream};
+use crate::model::{BatchPlan, Config, KvGeometry, ModelError};
+use xtc::{Error, Result};
 use xtc_vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, StorageImage,
     TexelFormat, Timestamps, VkError, VkResult,
 };
-use xtc::{Error, Result};
 
 /// Width of the weight image in texels (a power of two: the kernels address
 /// texel `i` at `(i & 4095, (i >> 12) & 16383, i >> 26)`).
