@@ -21,7 +21,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::decode::{DecodeArgs, DeviceChoice};
+use super::{DecodeArgs, DeviceChoice};
 use xtc_decode::model::adapters::IterationCost;
 use xtc_decode::model::cpu::llama::Llama;
 use xtc_decode::model::format::checkpoint;
@@ -37,14 +37,14 @@ use xtc_decode::serve::trace::{Scaling, Trace};
 
 /// The prompt text of GGUF models: chapters 1 to 12 of *Pride and Prejudice*
 /// (public domain; provenance in `data/pride_and_prejudice_ch1-12.PROVENANCE.md`).
-pub const PROMPT_TEXT: &str = include_str!("../../../data/pride_and_prejudice_ch1-12.txt");
+pub const PROMPT_TEXT: &str = include_str!("../../../../data/pride_and_prejudice_ch1-12.txt");
 
 /// How the banner names [`PROMPT_TEXT`].
 pub const PROMPT_TEXT_NAME: &str = "Pride and Prejudice ch. 1-12 (public domain)";
 
 /// Requests replayed by default with a GGUF model on a CPU device (lavapipe
 /// or the CPU reference): about two minutes on a 2-core machine. GPUs, and
-/// the synthetic model, replay [`super::decode::DEFAULT_REQUESTS`].
+/// the synthetic model, replay [`super::DEFAULT_REQUESTS`].
 pub const CPU_MODEL_REQUESTS: usize = 128;
 
 /// Positions per sequence of a GGUF model on a CPU-kind Vulkan device
@@ -199,7 +199,7 @@ impl Source {
     /// Weight elements (the GGUF file's tensors, or the f32 weights).
     pub fn parameters(&self) -> u64 {
         match self {
-            Source::Synthetic(w) | Source::Checkpoint(w, _) => super::decode_config::parameters(w),
+            Source::Synthetic(w) | Source::Checkpoint(w, _) => super::config::parameters(w),
             Source::Gguf(g) => g
                 .model
                 .gguf()
@@ -232,7 +232,7 @@ impl Source {
     pub fn default_requests(&self, is_cpu: bool) -> usize {
         match self {
             Source::Gguf(_) if is_cpu => CPU_MODEL_REQUESTS,
-            _ => super::decode::DEFAULT_REQUESTS,
+            _ => super::DEFAULT_REQUESTS,
         }
     }
 

@@ -1,12 +1,16 @@
 //! `xtc decode`: KV-cache continuous batching of a trace-replayed workload.
 //!
 //! With no arguments: the GGUF model (SmolLM2-135M-Instruct, see
-//! [`super::decode_model`]) with real-text prompts, the embedded slice of the
+//! [`source`]) with real-text prompts, the embedded slice of the
 //! Azure LLM inference conversation trace (arrivals sped up by
 //! [`DEFAULT_TIME_SCALE`], lengths scaled down and fewer requests on CPU
 //! devices), on the default device; prints the report and three sample
 //! completions. `--synthetic` runs the seeded synthetic model
 //! ([`Config::tiny`]) instead. See `xtc decode --help`.
+
+pub mod config;
+pub mod source;
+pub mod sweep;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -15,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::decode_model::{Source, render_samples};
+use source::{Source, render_samples};
 use xtc_decode::model::adapters::{CpuModel, IterationCost, ToyModel, VulkanModel};
 use xtc_decode::model::{Config, KvGeometry, Weights};
 use xtc_decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
@@ -24,9 +28,9 @@ use xtc_decode::serve::report::{Comparison, Report, chrome_trace, request_record
 use xtc_decode::serve::run_config::RunConfig;
 use xtc_decode::serve::trace::{self, Scaling, Trace};
 
-use super::decode_config::{self, ModelFacts};
-use super::metrics_server::MetricsServer;
-use super::out_file::OutFile;
+use crate::metrics_server::MetricsServer;
+use crate::out_file::OutFile;
+use config::ModelFacts;
 use xtc_decode::serve::metrics::{self, DecodeMetrics};
 
 /// Default speed-up of the trace's arrival clock.
@@ -37,7 +41,7 @@ pub const DEFAULT_TIME_SCALE: f64 = 8.0;
 pub const MAX_ACTIVE_LIMIT: usize = 1 << 20;
 
 /// Default number of requests replayed (a GGUF model on a CPU device:
-/// [`super::decode_model::CPU_MODEL_REQUESTS`]).
+/// [`source::CPU_MODEL_REQUESTS`]).
 pub const DEFAULT_REQUESTS: usize = 512;
 
 /// Length scaling on CPU devices: prompt / 32 (the trace's median prompt of
@@ -515,10 +519,9 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         weight_bytes: source.weight_bytes(),
         path: source.path(),
     };
-    let mut run_config =
-        decode_config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
+    let mut run_config = config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
     if args.sweep.is_some() {
-        run_config.slo = super::decode_sweep::sweep_slo(args);
+        run_config.slo = sweep::sweep_slo(args);
     }
     if !args.json {
         eprintln!(
@@ -529,7 +532,7 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     }
     let mut obs = Observe::start(args, config.seq_len)?;
     if args.sweep.is_some() {
-        let run = super::decode_sweep::SweepRun {
+        let run = sweep::SweepRun {
             model: &model,
             trace: &trace,
             requests,
@@ -538,7 +541,7 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
             opts: &opts,
             config: &run_config,
         };
-        return super::decode_sweep::run(args, run, &mut obs, w);
+        return sweep::run(args, run, &mut obs, w);
     }
     if args.compare {
         let run = CompareRun {
@@ -799,7 +802,7 @@ impl DeviceChoice {
 /// completions as text; an empty list when the model has no tokenizer).
 fn with_samples(
     value: &impl serde::Serialize,
-    samples: &[super::decode_model::Sample],
+    samples: &[source::Sample],
 ) -> Result<String, String> {
     let mut v = serde_json::to_value(value).map_err(|e| e.to_string())?;
     if let Some(o) = v.as_object_mut() {
@@ -896,8 +899,8 @@ fn banner(args: &DecodeArgs, trace: &Trace, wl: &Workload, o: &JobOpts, c: &RunC
         trace.requests.len(),
         c.trace.source,
         c.model.description,
-        decode_config::model_size(&c.model),
-        decode_config::scaling_text(&c.length_scaling),
+        config::model_size(&c.model),
+        config::scaling_text(&c.length_scaling),
         o.max_active,
         o.kv_blocks,
         o.block_size,

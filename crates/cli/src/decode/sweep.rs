@@ -13,8 +13,8 @@ use xtc_decode::serve::run_config::RunConfig;
 use xtc_decode::serve::sweep::{Sweep, SweepPoint};
 use xtc_decode::serve::trace::{Scaling, Trace};
 
-use super::decode::{DEFAULT_SWEEP_SLO_MS, DecodeArgs, Observe, exit_status};
-use super::out_file::OutFile;
+use super::{DEFAULT_SWEEP_SLO_MS, DecodeArgs, Observe, exit_status};
+use crate::out_file::OutFile;
 
 /// What a sweep runs: one model, the trace's first `requests` rows with the
 /// length scaling of `scaling` (its time scale is replaced by each rate),
@@ -104,7 +104,7 @@ pub fn run(
         };
         for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
             let o = JobOpts { mode, ..*run.opts };
-            let out = super::decode::run_once(run.model, &wl, &o, !args.json, obs.next_run())?;
+            let out = super::run_once(run.model, &wl, &o, !args.json, obs.next_run())?;
             let report = Report::new(&out, config.clone());
             worst = worst.max(exit_status(&report).0);
             let p = SweepPoint::of(&report, rate, offered);

@@ -12,7 +12,7 @@ use xtc_decode::serve::run_config::{
 };
 use xtc_decode::serve::trace::{self, Scaling, Trace};
 
-use super::decode::{DecodeArgs, DeviceChoice};
+use super::{DecodeArgs, DeviceChoice};
 
 /// What a run's model is: its description, its shape (`Model::config`) and
 /// the weights it was built from.
