@@ -376,7 +376,7 @@ fn fused_rmsnorm_and_swiglu_products() {
                 let op = QMatmul::glu(&inter, m as u32, X_OFF as u32, y_off).with_norm(g_off, eps);
                 let mut xn = vec![0f32; x.len()];
                 for (o, r) in xn.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
-                    xtc_decode::model::cpu::llama::rmsnorm(o, r, &g, eps);
+                    xtc_decode::model::cpu::math::rmsnorm(o, r, &g, eps);
                 }
                 let want = reference_glu(&gate.matrix(), &up.matrix(), &xn, m);
                 let got = product(&mut rig, op, &x);

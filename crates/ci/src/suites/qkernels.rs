@@ -480,7 +480,7 @@ fn qmm(
             b.output(1, y_off, m * n);
             let mut xn = vec![0f32; x.len()];
             for (o, r) in xn.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
-                xtc_decode::model::cpu::llama::rmsnorm(o, r, &g, eps);
+                xtc_decode::model::cpu::math::rmsnorm(o, r, &g, eps);
             }
             (
                 vec![QMatmul::glu(&t, m as u32, X_OFF as u32, y_off as u32).with_norm(g_off, eps)],

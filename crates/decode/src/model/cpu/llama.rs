@@ -43,6 +43,7 @@
 
 use rayon::prelude::*;
 
+use super::math::{dot, rmsnorm};
 use crate::model::format::gguf::{GgmlType, Gguf, GgufWriter, TensorInfo, Value};
 use crate::model::format::llama_config::LlamaConfig;
 use crate::model::format::quant::{self, QMatrix};
@@ -774,87 +775,6 @@ impl Llama {
             }
         }
     }
-
-    /// Mean negative log-likelihood of `tokens` under the model, in windows
-    /// of `ctx` tokens (each window a fresh sequence; its first token is
-    /// context only, every later one is scored given the window before it).
-    /// `progress(done, total)` is called after each batch of scored tokens.
-    ///
-    /// # Errors
-    /// [`ForwardError`] for a token outside the vocabulary, or `ctx` above
-    /// the context length ([`ForwardError::ContextFull`]).
-    pub fn nll(
-        &self,
-        tokens: &[u32],
-        ctx: usize,
-        progress: impl FnMut(usize, usize),
-    ) -> Result<Nll, ForwardError> {
-        let mut stream = crate::model::stream::CpuStream::new(self);
-        crate::model::stream::nll(&mut stream, tokens, ctx, progress).map_err(|e| match e {
-            crate::model::stream::StreamError::Forward(e) => e,
-            // The CPU stream fails only before running.
-            crate::model::stream::StreamError::Device(m) => unreachable!("CPU stream: {m}"),
-        })
-    }
-}
-
-/// A sum of negative log-likelihoods (nats) over scored tokens.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Nll {
-    /// Tokens scored.
-    pub tokens: usize,
-    /// Sum of `-ln p(token | before)`, nats.
-    pub sum: f64,
-}
-
-impl Nll {
-    /// Mean negative log-likelihood per token (nats; NaN with no token).
-    pub fn mean(&self) -> f64 {
-        self.sum / self.tokens as f64
-    }
-    /// `exp(mean)`.
-    pub fn perplexity(&self) -> f64 {
-        self.mean().exp()
-    }
-}
-
-/// `-ln softmax(logits)[target]`, in f64.
-pub fn neg_log_softmax(logits: &[f32], target: usize) -> f64 {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let lse = logits
-        .iter()
-        .map(|&l| (l as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    lse - logits[target] as f64
-}
-
-/// `out = (x * (1 / sqrt(mean(x²) + eps))) * w`, the mean of squares summed
-/// in f64; all `[dim]`.
-pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
-    let ss = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
-    let inv = 1.0 / ((ss as f32) + eps).sqrt();
-    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
-        *o = (xi * inv) * wi;
-    }
-}
-
-/// Dot product in 8 lanes (vectorizes), then the lanes halved in a tree.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }
 
 /// A GGUF llama file holding `w` (llama2.c-order f32 weights) with its

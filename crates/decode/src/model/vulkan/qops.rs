@@ -455,7 +455,7 @@ pub fn reference_matmul(w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
 }
 
 /// CPU reference of [`QMatmul::with_norm`]: `reference_matmul` of
-/// `rmsnorm(x) * g` row by row (the model's `llama::rmsnorm`).
+/// `rmsnorm(x) * g` row by row (the model's `cpu::math::rmsnorm`).
 pub fn reference_norm_matmul(
     w: &QMatrix<'_>,
     x: &[f32],
@@ -466,7 +466,7 @@ pub fn reference_norm_matmul(
     let k = w.cols();
     let mut xn = vec![0f32; x.len()];
     for (o, r) in xn.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
-        crate::model::cpu::llama::rmsnorm(o, r, g, eps);
+        crate::model::cpu::math::rmsnorm(o, r, g, eps);
     }
     reference_matmul(w, &xn, m)
 }
