@@ -385,4 +385,4 @@ fn bad_plans_and_options_are_refused() {
     assert_eq!(gpu.finish(new).unwrap().len(), 1);
 }
 
-type InFlightAlias = xtc_decode::model::vulkan::f32_model::InFlight;
+type InFlightAlias = xtc_decode::model::vulkan::InFlight;

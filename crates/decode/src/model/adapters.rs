@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::cpu::f32_model::{self, CpuKvCache};
-use super::vulkan::f32_model::{GpuModel, GpuOptions, InFlight};
+use super::vulkan::InFlight;
+use super::vulkan::f32_model::{GpuModel, GpuOptions};
 use super::{BatchPlan, Config, KvGeometry, Weights};
 use crate::{Completion, DeviceError, Model};
 

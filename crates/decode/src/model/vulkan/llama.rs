@@ -37,8 +37,8 @@ use std::os::fd::BorrowedFd;
 use crate::model::cpu::llama::Llama;
 use crate::model::format::gguf::Gguf;
 use crate::model::format::quant::{self, QMatrix};
-use crate::model::vulkan::f32_model::InFlight;
-use crate::model::vulkan::f32_record::{ActOffsets, u32_of};
+use crate::model::vulkan::{ActOffsets, InFlight, u32_of};
+
 use crate::model::vulkan::ops::{
     Attention, AttentionImage, KvImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
