@@ -23,11 +23,11 @@ use std::sync::Arc;
 
 use super::{DecodeArgs, DeviceChoice};
 use xtc_decode::model::adapters::IterationCost;
+use xtc_decode::model::adapters::{CpuModel, VulkanModel};
 use xtc_decode::model::cpu::llama::Llama;
 use xtc_decode::model::format::checkpoint;
 use xtc_decode::model::format::gguf::MAGIC;
 use xtc_decode::model::format::tokenizer::{self, Tokenizer};
-use xtc_decode::model::llama_backend::{LlamaCpuModel, LlamaVulkanModel};
 use xtc_decode::model::text::bpe::{Bpe, TextStream};
 use xtc_decode::model::vulkan::llama::GpuLlamaOptions;
 use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
@@ -354,7 +354,7 @@ impl Source {
                 )
                 .with_cost(toy_cost),
             ),
-            DeviceChoice::Cpu => job::shared(LlamaCpuModel::new(g.model.clone(), kv, &name)),
+            DeviceChoice::Cpu => job::shared(CpuModel::llama(g.model.clone(), kv, &name)),
             DeviceChoice::Vulkan(dev) => {
                 let o = GpuLlamaOptions {
                     kv,
@@ -364,9 +364,7 @@ impl Source {
                     keep_logits: false,
                     variant: None,
                 };
-                job::shared(
-                    LlamaVulkanModel::new(dev, &g.model, o, &name).map_err(|e| e.to_string())?,
-                )
+                job::shared(VulkanModel::llama(dev, &g.model, o, &name).map_err(|e| e.to_string())?)
             }
         })
     }

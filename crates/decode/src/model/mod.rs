@@ -68,8 +68,8 @@
 //!     references; [`qweights`]: the texel stream the matrices are repacked
 //!     into at upload.
 //!   - [`llama_backend`]: the GGUF model as a [`crate::Model`] both
-//!     ways ([`llama_backend::LlamaVulkanModel`],
-//!     [`llama_backend::LlamaCpuModel`]); [`stream`]: one sequence of it on
+//!     ways ([`llama_backend::VulkanModel<GpuLlama>`],
+//!     [`llama_backend::CpuModel<LlamaHost>`]); [`stream`]: one sequence of it on
 //!     either device (`xtc generate`, `xtc perplexity`).
 //!   - [`bpe`]: the GPT-2 byte-level BPE tokenizer from the metadata;
 //!     [`chat`]: the ChatML template; [`sampling`]: greedy, temperature,
@@ -90,7 +90,6 @@ pub mod adapters;
 pub mod cpu;
 pub mod format;
 pub mod generate;
-pub mod llama_backend;
 pub mod stream;
 pub mod text;
 pub mod vulkan;
