@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 pub mod ci;
 pub mod decode;
+pub mod device;
 pub mod generate;
 pub mod metrics_server;
 pub mod out_file;

@@ -128,3 +128,20 @@ pub trait Model {
     /// The model's failure, or no plan in flight.
     fn finish(&mut self) -> Result<Vec<u32>, DeviceError>;
 }
+
+/// A boxed model is a model (what [`model::open`] returns, wrapped by the
+/// serving side as any other).
+impl<M: Model + ?Sized> Model for Box<M> {
+    fn config(&self) -> Config {
+        (**self).config()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
+        (**self).launch(plan)
+    }
+    fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
+        (**self).finish()
+    }
+}

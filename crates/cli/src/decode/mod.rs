@@ -19,9 +19,11 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::device::{self, DeviceArg, Takes};
 use source::{Source, render_samples};
-use xtc_decode::model::adapters::{CpuModel, IterationCost, ToyModel, VulkanModel};
-use xtc_decode::model::{Config, KvGeometry, Weights};
+use xtc_decode::model::adapters::IterationCost;
+use xtc_decode::model::open::{MemoryKind, model_memory};
+use xtc_decode::model::{Config, KvGeometry, Limits, Target};
 use xtc_decode::serve::job::{self, JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use xtc_decode::serve::kv::KvLedger;
 use xtc_decode::serve::report::{Comparison, Report, chrome_trace, request_records};
@@ -178,9 +180,12 @@ pub struct DecodeArgs {
         value_parser = count(1, usize::MAX),
     )]
     pub token_budget: usize,
-    /// Device: `auto` (a GPU if present, else lavapipe), a Vulkan device index, name or render node, `cpu` (the CPU reference, no Vulkan) or `toy` (no model: measures the batching alone).
-    #[arg(long, value_name = "DEV", default_value = "auto", value_parser = device)]
-    pub device: String,
+    /// Device: `auto` (the default: the first Vulkan device, a GPU if present, else lavapipe;
+    /// the CPU reference when no Vulkan device opens), `cpu` (the CPU reference, no Vulkan),
+    /// `toy` (no model: measures the batching alone), or a Vulkan device index, part of its name
+    /// or its render node (`xtc probe` lists them).
+    #[arg(long, value_name = "DEV", default_value = "auto", value_parser = crate::device::parse)]
+    pub device: DeviceArg,
     /// Seed of the synthetic weights, the prompts (their windows of the text for
     /// the GGUF model) and the cancellations.
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -380,19 +385,6 @@ fn fraction(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The clap value parser of `--device`: anything but an empty (or blank)
-/// selector, which the Vulkan layer would read as `auto`.
-fn device(s: &str) -> Result<String, String> {
-    if s.trim().is_empty() {
-        return Err(
-            "must name a device: `auto`, `cpu`, `toy`, an index, part of a name, \
-                    or a render node (`xtc probe` lists them)"
-                .into(),
-        );
-    }
-    Ok(s.to_string())
-}
-
 /// Runs `xtc decode`, writing the report to `out` (progress and the banner go
 /// to stderr); returns the exit status ([`EXIT_OK`], [`EXIT_ERROR`],
 /// [`EXIT_REJECTED`], [`EXIT_FAILED`], [`EXIT_LEAK`]; see [`EXIT_STATUS_HELP`]).
@@ -457,12 +449,18 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     };
     let rows = trace.requests.len();
     let outs = Outputs::prepare(args)?;
-    let device = DeviceChoice::open(&args.device)?;
+    let toy_cost = args.toy_cost.unwrap_or(if args.sweep.is_some() {
+        IterationCost::LAVAPIPE_TINY
+    } else {
+        IterationCost::NONE
+    });
+    let device = device::open(&args.device, "xtc decode", Takes::Toy(toy_cost))
+        .map_err(|e| e.to_string())?;
     let source = Source::load(args, &device)?;
     let default_requests = if args.sweep.is_some() {
         DEFAULT_SWEEP_REQUESTS
     } else {
-        source.default_requests(device.is_cpu())
+        source.default_requests(device.on_host())
     };
     let requests = args.requests.unwrap_or(default_requests).min(rows);
     let replayed = &trace.requests[..requests];
@@ -480,7 +478,7 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     }
     let config = source.config(&device);
     let parameters = source.parameters();
-    let scaling = scaling(args, &config, device.is_cpu());
+    let scaling = scaling(args, &config, device.on_host());
     let wl = source.workload(
         &trace,
         requests,
@@ -496,22 +494,15 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let opts = source.fit_kv(&device, &config, opts, args.kv_blocks.is_some());
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
-    let toy_cost = args.toy_cost.unwrap_or(if args.sweep.is_some() {
-        IterationCost::LAVAPIPE_TINY
-    } else {
-        IterationCost::NONE
-    });
-    let model = source
-        .model(&device, &opts, &config, toy_cost)
-        .map_err(|e| {
-            format!(
-                "{e} (buffers for --token-budget {} token rows and a ready vector of \
+    let model = source.model(&device, &opts, &config).map_err(|e| {
+        format!(
+            "device model: {e} (buffers for --token-budget {} token rows and a ready vector of \
              --max-active {}; {})",
-                opts.token_budget,
-                opts.max_active,
-                kv_origin(args, &opts)
-            )
-        })?;
+            opts.token_budget,
+            opts.max_active,
+            kv_origin(args, &opts)
+        )
+    })?;
     let facts = ModelFacts {
         description: model.borrow().describe(),
         shape: model.borrow().config(),
@@ -719,82 +710,6 @@ fn long_span(secs: f64) -> String {
         format!("about {days:.1} days")
     } else {
         format!("about {:.0} years", days / 365.25)
-    }
-}
-
-/// Where the model runs (`--device`).
-#[derive(Debug)]
-pub enum DeviceChoice {
-    /// A Vulkan device (`auto`: a GPU if present, else lavapipe).
-    Vulkan(xtc_vk::Device),
-    /// The CPU reference forward pass (no Vulkan).
-    Cpu,
-    /// The device-free toy model (measures the batching alone; tokens are hashes).
-    Toy,
-}
-
-impl DeviceChoice {
-    /// Opens `--device`: `cpu`, `toy`, or a Vulkan selector (`auto`, an
-    /// index, a render node path, or part of the device name).
-    ///
-    /// # Errors
-    /// The Vulkan backend's message (no loader, no device, no match).
-    pub fn open(s: &str) -> Result<Self, String> {
-        match s {
-            "cpu" => Ok(DeviceChoice::Cpu),
-            "toy" => Ok(DeviceChoice::Toy),
-            sel => {
-                let sel: xtc_vk::Selector =
-                    sel.parse().map_err(|e| format!("--device {s}: {e}"))?;
-                let dev = xtc_vk::Device::open(&sel)
-                    .map_err(|e| device_error(s, &e, "`auto`, `cpu`, `toy`"))?;
-                Ok(DeviceChoice::Vulkan(dev))
-            }
-        }
-    }
-
-    /// Whether lengths are scaled down by default (everything but a GPU).
-    pub fn is_cpu(&self) -> bool {
-        match self {
-            DeviceChoice::Vulkan(d) => d.info().kind == xtc_vk::DeviceKind::Cpu,
-            _ => true,
-        }
-    }
-
-    /// Loads the model on this device with a KV cache of `opts`' shape.
-    ///
-    /// # Errors
-    /// The backend's message.
-    pub fn model(&self, weights: Weights, opts: &JobOpts) -> Result<SharedModel, String> {
-        self.model_costed(weights, opts, IterationCost::NONE)
-    }
-
-    /// [`DeviceChoice::model`], the toy model taking `toy_cost` per
-    /// iteration (ignored on other devices).
-    ///
-    /// # Errors
-    /// The backend's message.
-    pub fn model_costed(
-        &self,
-        weights: Weights,
-        opts: &JobOpts,
-        toy_cost: IterationCost,
-    ) -> Result<SharedModel, String> {
-        let kv = KvGeometry {
-            block_size: opts.block_size,
-            n_blocks: opts.kv_blocks,
-        };
-        Ok(match self {
-            DeviceChoice::Toy => job::shared(
-                ToyModel::new(weights.config.vocab_size, kv.n_blocks, kv.block_size)
-                    .with_cost(toy_cost),
-            ),
-            DeviceChoice::Cpu => job::shared(CpuModel::new(weights, kv)),
-            DeviceChoice::Vulkan(dev) => job::shared(
-                VulkanModel::new(dev, &weights, kv, opts.token_budget, opts.max_active.max(1))
-                    .map_err(|e| e.to_string())?,
-            ),
-        })
     }
 }
 
@@ -1006,38 +921,6 @@ fn compare(
     ]))
 }
 
-/// The `--device` error as the user wrote the selector, with the Vulkan
-/// devices that exist, the selector words the command takes (`keywords`,
-/// e.g. "`auto`, `cpu`") and a pointer to `xtc probe`.
-pub(crate) fn device_error(sel: &str, e: &xtc_vk::VkError, keywords: &str) -> String {
-    let reason = match e {
-        xtc_vk::VkError::NoMatch(_) => format!("no usable Vulkan device matches `{sel}`"),
-        other => other.to_string(),
-    };
-    let list = match xtc_vk::enumerate() {
-        Ok(devs) if devs.is_empty() => "no Vulkan devices found".to_string(),
-        Ok(devs) => {
-            let rows: Vec<String> = devs
-                .iter()
-                .map(|d| {
-                    let node = d
-                        .render_node
-                        .as_ref()
-                        .map_or(String::new(), |r| format!(", {}", r.path.display()));
-                    format!("  {}: {} ({:?}{node})", d.index, d.name, d.kind)
-                })
-                .collect();
-            format!("Vulkan devices here:\n{}", rows.join("\n"))
-        }
-        Err(e) => format!("cannot list Vulkan devices: {e}"),
-    };
-    format!(
-        "--device {sel}: {reason}\n{list}\n\
-         (use an index, part of a name, a render node, or {keywords}; \
-         `xtc probe` shows the details)"
-    )
-}
-
 /// Where the KV-cache size came from, for error messages.
 fn kv_origin(args: &DecodeArgs, o: &JobOpts) -> String {
     let size = format!(
@@ -1094,21 +977,6 @@ impl MemoryNeed {
     }
 }
 
-/// Where the model of a [`memory_need`] runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemoryKind {
-    /// The toy model: one `u32` slot per KV position.
-    Toy,
-    /// The CPU reference: K and V `f32` of every layer per position.
-    Cpu,
-    /// A Vulkan device whose memory is host memory (lavapipe): weights, KV
-    /// cache, activations and metadata buffers.
-    VulkanHost,
-    /// A Vulkan device with its own memory (a GPU): only the metadata
-    /// staging copy lives on the host.
-    VulkanDevice,
-}
-
 /// Host memory of a run of `wl` under `o` on `kind` for a model of `config`
 /// with `weight_elems` `f32` weights; `compare` keeps a second run's records.
 /// The parts: the model's KV cache (by kind), the KV ledger's block free list
@@ -1125,33 +993,18 @@ pub fn memory_need(
     compare: bool,
 ) -> MemoryNeed {
     let n = |x: usize| x as u128;
-    let positions = n(o.kv_blocks) * n(o.block_size);
-    let f32s = |elems: u128| elems.saturating_mul(4);
-    let kv_f32 = f32s(positions.saturating_mul(2 * n(config.n_layers) * n(config.kv_dim())));
-    let (t, sq) = (n(o.token_budget), n(o.max_active.max(1)));
-    let (d, kvd, h, v) = (
-        n(config.dim),
-        n(config.kv_dim()),
-        n(config.hidden_dim),
-        n(config.vocab_size),
-    );
-    // As GpuModel::new sizes them: x, xb, q, att [T, dim]; k, v [T, kv_dim];
-    // h1, h3 [T, hidden]; sel [S, dim]; logits [S, vocab]; metadata
-    // 4 per row + a block table per sequence.
-    let act = f32s(t * (4 * d + 2 * kvd + 2 * h) + sq * (d + v));
-    let meta = f32s(4 * t + sq * (n(config.seq_len.div_ceil(o.block_size.max(1))) + 1));
+    let limits = Limits {
+        kv: KvGeometry {
+            block_size: o.block_size,
+            n_blocks: o.kv_blocks,
+        },
+        max_tokens: o.token_budget,
+        max_seqs: o.max_active.max(1),
+        max_context: config.seq_len,
+    };
+    let sq = n(o.max_active.max(1));
     let mut parts = vec![("block allocator", KvLedger::host_bytes(o.kv_blocks))];
-    match kind {
-        MemoryKind::Toy => parts.push(("KV cache", positions.saturating_mul(4))),
-        MemoryKind::Cpu => parts.push(("KV cache", kv_f32)),
-        MemoryKind::VulkanHost => {
-            parts.push(("KV cache", kv_f32));
-            parts.push(("weights on the device", f32s(weight_elems)));
-            parts.push(("activations", act));
-            parts.push(("metadata", meta.saturating_mul(2)));
-        }
-        MemoryKind::VulkanDevice => parts.push(("metadata", meta)),
-    }
+    parts.extend(model_memory(config, weight_elems, &limits, kind));
     // The group holds every request's slot and max-active members several
     // times over (ready, blocked, the driver's items): a generous bound.
     let seq = n(size_of::<xtc_decode::serve::seq::Sequence>());
@@ -1181,15 +1034,10 @@ fn check_memory(
     config: &Config,
     weight_elems: u128,
     o: &JobOpts,
-    dev: &DeviceChoice,
+    dev: &Target,
     wl: &Workload,
 ) -> Result<(), String> {
-    let kind = match dev {
-        DeviceChoice::Toy => MemoryKind::Toy,
-        DeviceChoice::Cpu => MemoryKind::Cpu,
-        DeviceChoice::Vulkan(_) if dev.is_cpu() => MemoryKind::VulkanHost,
-        DeviceChoice::Vulkan(_) => MemoryKind::VulkanDevice,
-    };
+    let kind = dev.memory_kind();
     let need = memory_need(config, weight_elems, o, kind, wl, args.compare);
     let Some(limit) = host_limit() else {
         return Ok(());

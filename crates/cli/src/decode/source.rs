@@ -21,16 +21,15 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{DecodeArgs, DeviceChoice};
-use xtc_decode::model::adapters::IterationCost;
-use xtc_decode::model::adapters::{CpuModel, VulkanModel};
+use super::DecodeArgs;
 use xtc_decode::model::cpu::llama::Llama;
 use xtc_decode::model::format::checkpoint;
 use xtc_decode::model::format::gguf::MAGIC;
 use xtc_decode::model::format::tokenizer::{self, Tokenizer};
 use xtc_decode::model::text::bpe::{Bpe, TextStream};
-use xtc_decode::model::vulkan::llama::GpuLlamaOptions;
-use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
+use xtc_decode::model::{
+    Config, KvGeometry, Limits, ModelSpec, OpenError, Target, Weights, find_model, open,
+};
 use xtc_decode::serve::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
 use xtc_decode::serve::prompts;
 use xtc_decode::serve::trace::{Scaling, Trace};
@@ -47,8 +46,10 @@ pub const PROMPT_TEXT_NAME: &str = "Pride and Prejudice ch. 1-12 (public domain)
 /// the synthetic model, replay [`super::DEFAULT_REQUESTS`].
 pub const CPU_MODEL_REQUESTS: usize = 128;
 
-/// Positions per sequence of a GGUF model on a CPU-kind Vulkan device
-/// (within what the CPU-device attention runs: 1817 at head size 64).
+/// Positions per sequence of a GGUF model on a CPU-kind Vulkan device in
+/// `xtc decode`: below the kernel's limit
+/// ([`xtc_decode::model::open::CPU_DEVICE_CONTEXT`]), so the default
+/// workload's requests stay short there.
 pub const CPU_DEVICE_CONTEXT: usize = 1024;
 
 /// Sample completions printed after the report.
@@ -118,8 +119,8 @@ impl Source {
     /// # Errors
     /// A missing GGUF model (naming the fetch script), an unreadable or
     /// malformed file, a tokenizer that does not fit the model.
-    pub fn load(args: &DecodeArgs, device: &DeviceChoice) -> Result<Source, String> {
-        let toy = matches!(device, DeviceChoice::Toy);
+    pub fn load(args: &DecodeArgs, device: &Target) -> Result<Source, String> {
+        let toy = matches!(device, Target::Toy(_));
         if args.synthetic || (toy && args.model.is_none()) {
             return Ok(Source::Synthetic(Weights::synthetic(
                 Config::tiny(),
@@ -173,13 +174,13 @@ impl Source {
     /// The model's shape as the run sees it: a GGUF model's positions per
     /// sequence are capped at [`CPU_DEVICE_CONTEXT`] on CPU-kind Vulkan
     /// devices (the scaling then keeps every request within them).
-    pub fn config(&self, device: &DeviceChoice) -> Config {
+    pub fn config(&self, device: &Target) -> Config {
         match self {
             Source::Synthetic(w) | Source::Checkpoint(w, _) => w.config,
             Source::Gguf(g) => {
                 let mut c = g.model.config().shape;
-                if matches!(device, DeviceChoice::Vulkan(_)) && device.is_cpu() {
-                    c.seq_len = c.seq_len.min(CPU_DEVICE_CONTEXT);
+                if device.is_cpu_device() {
+                    c.seq_len = device.context(c.seq_len).min(CPU_DEVICE_CONTEXT);
                 }
                 c
             }
@@ -299,15 +300,15 @@ impl Source {
     /// request its own blocks. Unchanged otherwise.
     pub fn fit_kv(
         &self,
-        device: &DeviceChoice,
+        device: &Target,
         config: &Config,
         opts: JobOpts,
         explicit: bool,
     ) -> JobOpts {
-        let (Source::Gguf(_), DeviceChoice::Vulkan(dev)) = (self, device) else {
+        let (Source::Gguf(_), Target::Vulkan(dev)) = (self, device) else {
             return opts;
         };
-        if explicit || device.is_cpu() {
+        if explicit || device.on_host() {
             return opts;
         }
         let per_block = 2 * config.n_layers * opts.block_size.max(1) * config.kv_dim() * 4;
@@ -318,55 +319,42 @@ impl Source {
         }
     }
 
-    /// Loads the model on `device` with a KV cache and buffers for `opts`;
-    /// `config` is [`Source::config`] for the device; the toy model takes
-    /// `toy_cost` per iteration.
+    /// The model as the front door takes it.
+    pub fn spec(&self) -> ModelSpec {
+        match self {
+            Source::Synthetic(w) | Source::Checkpoint(w, _) => ModelSpec::F32(w.clone()),
+            Source::Gguf(g) => ModelSpec::Gguf {
+                model: g.model.clone(),
+                name: g.path.file_name().map_or_else(
+                    || g.path.display().to_string(),
+                    |n| n.to_string_lossy().into(),
+                ),
+            },
+        }
+    }
+
+    /// Opens the model on `device` ([`xtc_decode::model::open`]) with a KV
+    /// cache and buffers for `opts`; `config` is [`Source::config`] for the
+    /// device.
     ///
     /// # Errors
-    /// The backend's message.
+    /// As [`xtc_decode::model::open`].
     pub fn model(
         &self,
-        device: &DeviceChoice,
+        device: &Target,
         opts: &JobOpts,
         config: &Config,
-        toy_cost: IterationCost,
-    ) -> Result<SharedModel, String> {
-        let g = match self {
-            Source::Synthetic(w) | Source::Checkpoint(w, _) => {
-                return device.model_costed(w.clone(), opts, toy_cost);
-            }
-            Source::Gguf(g) => g,
+    ) -> Result<SharedModel, OpenError> {
+        let limits = Limits {
+            kv: KvGeometry {
+                block_size: opts.block_size,
+                n_blocks: opts.kv_blocks,
+            },
+            max_tokens: opts.token_budget,
+            max_seqs: opts.max_active.max(1),
+            max_context: config.seq_len,
         };
-        let kv = KvGeometry {
-            block_size: opts.block_size,
-            n_blocks: opts.kv_blocks,
-        };
-        let name = g.path.file_name().map_or_else(
-            || g.path.display().to_string(),
-            |n| n.to_string_lossy().into(),
-        );
-        Ok(match device {
-            DeviceChoice::Toy => job::shared(
-                xtc_decode::model::adapters::ToyModel::new(
-                    config.vocab_size,
-                    kv.n_blocks,
-                    kv.block_size,
-                )
-                .with_cost(toy_cost),
-            ),
-            DeviceChoice::Cpu => job::shared(CpuModel::llama(g.model.clone(), kv, &name)),
-            DeviceChoice::Vulkan(dev) => {
-                let o = GpuLlamaOptions {
-                    kv,
-                    max_tokens: opts.token_budget,
-                    max_seqs: opts.max_active.max(1),
-                    max_context: config.seq_len,
-                    keep_logits: false,
-                    variant: None,
-                };
-                job::shared(VulkanModel::llama(dev, &g.model, o, &name).map_err(|e| e.to_string())?)
-            }
-        })
+        Ok(job::shared(open(&self.spec(), device, limits)?))
     }
 
     /// Up to [`SAMPLES`] completions as text (the lowest request ids that

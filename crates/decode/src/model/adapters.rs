@@ -37,7 +37,7 @@ use super::cpu::llama::{Llama, PagedKv};
 use super::text::sampling::argmax;
 use super::vulkan::InFlight;
 use super::vulkan::f32_model::{GpuModel, GpuOptions};
-use super::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use super::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use super::{BatchPlan, Config, KvGeometry, Weights};
 use crate::{Completion, DeviceError, Model};
 
@@ -492,22 +492,21 @@ impl VulkanModel<GpuModel> {
     /// room for `max_tokens` rows of `max_seqs` sequences per iteration.
     ///
     /// # Errors
-    /// As [`GpuModel::new`], with its message.
+    /// As [`GpuModel::new`].
     pub fn new(
         dev: &xtc_vk::Device,
         weights: &Weights,
         kv: KvGeometry,
         max_tokens: usize,
         max_seqs: usize,
-    ) -> Result<Self, DeviceError> {
+    ) -> xtc::Result<Self> {
         let opts = GpuOptions {
             kv,
             max_tokens,
             max_seqs,
             ..GpuOptions::default()
         };
-        let gpu = GpuModel::new(dev, weights, opts)
-            .map_err(|e| DeviceError(format!("cannot load the model on the device: {e}")))?;
+        let gpu = GpuModel::new(dev, weights, opts)?;
         Ok(VulkanModel {
             gpu,
             name: String::new(),
@@ -522,16 +521,15 @@ impl VulkanModel<GpuLlama> {
     /// `name` is what [`Model::describe`] calls it.
     ///
     /// # Errors
-    /// As [`GpuLlama::new`], with its message (bad options, out of device
-    /// memory, a tensor the kernels cannot read).
+    /// As [`GpuLlama::new`] (bad options, out of device memory, a tensor
+    /// the kernels cannot read).
     pub fn llama(
         dev: &xtc_vk::Device,
         model: &Llama,
         opts: GpuLlamaOptions,
         name: &str,
-    ) -> Result<Self, DeviceError> {
-        let gpu = GpuLlama::new(dev, model, opts)
-            .map_err(|e| DeviceError(format!("cannot load the model on the device: {e}")))?;
+    ) -> Result<Self, GpuLlamaError> {
+        let gpu = GpuLlama::new(dev, model, opts)?;
         Ok(VulkanModel {
             gpu,
             name: name.to_string(),

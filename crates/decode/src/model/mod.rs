@@ -90,9 +90,12 @@ pub mod adapters;
 pub mod cpu;
 pub mod format;
 pub mod generate;
+pub mod open;
 pub mod stream;
 pub mod text;
 pub mod vulkan;
+
+pub use open::{Limits, ModelSpec, OpenError, StreamLimits, Target, open, open_stream};
 
 use std::path::{Path, PathBuf};
 
