@@ -12,7 +12,7 @@ use xtc_decode::serve::run_config::{
 };
 use xtc_decode::serve::trace::{self, Scaling, Trace};
 
-use super::DecodeArgs;
+use super::args::DecodeArgs;
 use xtc_decode::model::Target;
 
 /// What a run's model is: its description, its shape (`Model::config`) and

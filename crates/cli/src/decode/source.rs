@@ -21,7 +21,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::DecodeArgs;
+use super::args::DecodeArgs;
 use xtc_decode::model::cpu::llama::Llama;
 use xtc_decode::model::format::checkpoint;
 use xtc_decode::model::format::gguf::MAGIC;
@@ -43,7 +43,7 @@ pub const PROMPT_TEXT_NAME: &str = "Pride and Prejudice ch. 1-12 (public domain)
 
 /// Requests replayed by default with a GGUF model on a CPU device (lavapipe
 /// or the CPU reference): about two minutes on a 2-core machine. GPUs, and
-/// the synthetic model, replay [`super::DEFAULT_REQUESTS`].
+/// the synthetic model, replay [`super::args::DEFAULT_REQUESTS`].
 pub const CPU_MODEL_REQUESTS: usize = 128;
 
 /// Positions per sequence of a GGUF model on a CPU-kind Vulkan device in
@@ -233,7 +233,7 @@ impl Source {
     pub fn default_requests(&self, is_cpu: bool) -> usize {
         match self {
             Source::Gguf(_) if is_cpu => CPU_MODEL_REQUESTS,
-            _ => super::DEFAULT_REQUESTS,
+            _ => super::args::DEFAULT_REQUESTS,
         }
     }
 
@@ -401,24 +401,4 @@ impl Source {
             })
             .collect()
     }
-}
-
-/// The samples as the text report's last lines (nothing when there are none).
-pub fn render_samples(samples: &[Sample], eos_ignored: bool) -> String {
-    if samples.is_empty() {
-        return String::new();
-    }
-    let how = if eos_ignored {
-        "greedy; EOS ignored, each runs to its trace output length"
-    } else {
-        "greedy"
-    };
-    let mut s = format!("sample completions ({how}):\n");
-    for x in samples {
-        s += &format!(
-            "  request {} ({} prompt + {} generated tokens): ...{:?}\n    -> {:?}\n",
-            x.id, x.prompt_tokens, x.generated_tokens, x.prompt_tail, x.completion
-        );
-    }
-    s
 }
