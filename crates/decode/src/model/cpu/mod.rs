@@ -8,3 +8,4 @@
 pub mod f32_model;
 pub mod llama;
 pub mod math;
+pub mod qmatmul;

@@ -12,7 +12,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::model::format::quant::{self, QMatrix};
+use crate::model::cpu::qmatmul;
+use crate::model::format::quant::QMatrix;
 use crate::model::vulkan::ops::{Op, Rope, Variant, Windowed, spans_of};
 use crate::model::vulkan::qweights::{KernelType, QTensor};
 use xtc_vk::{WINDOWS, Window};
@@ -445,12 +446,12 @@ pub fn reference_rope(table: &[f32], head_size: usize, v: &mut [f32], pos: usize
 }
 
 /// CPU reference of [`QMatmul`] (plain, overwriting): the model's own
-/// quantized product (`quant::matmul`, `y [m, rows]`). The kernels agree
+/// quantized product (`cpu::qmatmul::matmul`, `y [m, rows]`). The kernels agree
 /// with it within f32 rounding of a different summation order (the tests
 /// bound the difference), not bit for bit.
 pub fn reference_matmul(w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
     let mut y = vec![0f32; m * w.rows()];
-    quant::matmul(w, x, m, &mut y);
+    qmatmul::matmul(w, x, m, &mut y);
     y
 }
 

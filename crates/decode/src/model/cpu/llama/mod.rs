@@ -18,7 +18,7 @@
 //! For each token row at position `pos` of its sequence, per layer:
 //! `xb = rmsnorm(x) * attn_norm` (mean of squares summed in f64, then
 //! `x * (1 / sqrt(mean + eps))` in f32, then `* w`); `q, k, v = Wq xb, Wk xb,
-//! Wv xb` ([`quant::matmul`]); RoPE on `q` and `k`: the adjacent pairs
+//! Wv xb` ([`qmatmul::matmul`]); RoPE on `q` and `k`: the adjacent pairs
 //! `(2i, 2i+1)` of every head turn by `pos · θ_i` with `θ_i = 1 /
 //! base^(2i / head_size)` (f32 `powf`, then `sin_cos` of the f32 product, as
 //! llama2.c; llama.cpp's GGUF conversion permutes `Wq`/`Wk` so this is the
@@ -44,6 +44,7 @@
 use rayon::prelude::*;
 
 use super::math::{dot, rmsnorm};
+use super::qmatmul;
 use crate::model::format::gguf::{GgmlType, Gguf, GgufWriter, TensorInfo, Value};
 use crate::model::format::llama_config::LlamaConfig;
 use crate::model::format::quant::{self, QMatrix};
@@ -672,9 +673,9 @@ impl Llama {
         let (mut g, mut u) = (vec![0f32; m * hd], vec![0f32; m * hd]);
         for (li, layer) in self.layers.iter().enumerate() {
             self.rmsnorm_rows(&mut xb, &x, &layer.attn_norm);
-            quant::matmul(&self.q(&layer.wq), &xb, m, &mut q);
-            quant::matmul(&self.q(&layer.wk), &xb, m, &mut k);
-            quant::matmul(&self.q(&layer.wv), &xb, m, &mut v);
+            qmatmul::matmul(&self.q(&layer.wq), &xb, m, &mut q);
+            qmatmul::matmul(&self.q(&layer.wk), &xb, m, &mut k);
+            qmatmul::matmul(&self.q(&layer.wv), &xb, m, &mut v);
             for (r, &(_, pos)) in rows.iter().enumerate() {
                 self.rope(&mut q[r * d..(r + 1) * d], pos);
                 self.rope(&mut k[r * kvd..(r + 1) * kvd], pos);
@@ -690,15 +691,15 @@ impl Llama {
             } else {
                 att.chunks_mut(d).enumerate().for_each(attend);
             }
-            quant::matmul(&self.q(&layer.wo), &att, m, &mut tmp);
+            qmatmul::matmul(&self.q(&layer.wo), &att, m, &mut tmp);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
             self.rmsnorm_rows(&mut xb, &x, &layer.ffn_norm);
-            quant::matmul(&self.q(&layer.gate), &xb, m, &mut g);
-            quant::matmul(&self.q(&layer.up), &xb, m, &mut u);
+            qmatmul::matmul(&self.q(&layer.gate), &xb, m, &mut g);
+            qmatmul::matmul(&self.q(&layer.up), &xb, m, &mut u);
             for (a, b) in g.iter_mut().zip(&u) {
                 *a = *a / (1.0 + (-*a).exp()) * b;
             }
-            quant::matmul(&self.q(&layer.down), &g, m, &mut tmp);
+            qmatmul::matmul(&self.q(&layer.down), &g, m, &mut tmp);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         let mut sel = vec![0f32; want.len() * d];
@@ -712,7 +713,7 @@ impl Llama {
         }
         let vocab = c.vocab_size;
         let mut logits = vec![0f32; want.len() * vocab];
-        quant::matmul(&self.q(&self.output), &sel, want.len(), &mut logits);
+        qmatmul::matmul(&self.q(&self.output), &sel, want.len(), &mut logits);
         Ok(logits)
     }
 
