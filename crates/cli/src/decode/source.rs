@@ -322,7 +322,7 @@ impl Source {
     /// The model as the front door takes it.
     pub fn spec(&self) -> ModelSpec {
         match self {
-            Source::Synthetic(w) | Source::Checkpoint(w, _) => ModelSpec::F32(w.clone()),
+            Source::Synthetic(w) | Source::Checkpoint(w, _) => ModelSpec::F32(Box::new(w.clone())),
             Source::Gguf(g) => ModelSpec::Gguf {
                 model: g.model.clone(),
                 name: g.path.file_name().map_or_else(

@@ -33,7 +33,7 @@ pub const CPU_DEVICE_CONTEXT: usize = 1536;
 pub enum ModelSpec {
     /// f32 weights in llama2.c order: the seeded synthetic model
     /// ([`Weights::synthetic`]) or a llama2.c checkpoint.
-    F32(Weights),
+    F32(Box<Weights>),
     /// A GGUF model, loaded (shared with the CPU reference's pool work);
     /// `name` is what [`Model::describe`] calls it (the file name).
     Gguf {
@@ -181,7 +181,7 @@ pub fn open(
             let c = spec.shape();
             Box::new(ToyModel::new(c.vocab_size, kv.n_blocks, kv.block_size).with_cost(*cost))
         }
-        (Target::Cpu, ModelSpec::F32(w)) => Box::new(CpuModel::new(w.clone(), kv)),
+        (Target::Cpu, ModelSpec::F32(w)) => Box::new(CpuModel::new((**w).clone(), kv)),
         (Target::Cpu, ModelSpec::Gguf { model, name }) => {
             Box::new(CpuModel::llama(model.clone(), kv, name))
         }
@@ -300,7 +300,7 @@ mod tests {
     #[test]
     fn the_door_opens_the_f32_model_on_the_host_targets() {
         let w = Weights::synthetic(Config::tiny(), 1);
-        let spec = ModelSpec::F32(w);
+        let spec = ModelSpec::F32(Box::new(w));
         let limits = Limits {
             kv: KvGeometry {
                 block_size: 4,

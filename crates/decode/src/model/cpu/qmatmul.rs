@@ -53,6 +53,7 @@ const LANES: usize = 8;
 /// Multiply-adds below which a product runs on the calling thread only.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
 
+/// The kernel's fixed reduction of 8 lanes: halves, then quarters, then the pair.
 #[inline(always)]
 fn reduce8(a: &[f32; LANES]) -> f32 {
     let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];

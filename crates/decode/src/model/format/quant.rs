@@ -340,8 +340,6 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     out
 }
 
-/// The kernel's fixed reduction of 8 lanes: halves, then quarters, then the pair.
-
 #[cfg(test)]
 mod tests {
     use super::*;
