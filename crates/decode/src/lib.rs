@@ -31,7 +31,7 @@
 //!   and block tables) and [`Config`] (the model's shape: `vocab_size`,
 //!   `seq_len`, ...). [`DeviceError`] is a launch or finish failure.
 //!
-//! # Import rule (checked by `tests/decode_layout.rs`)
+//! # Import rule (checked by `tests/layout.rs`)
 //! - `decode::model` may import `xtc_vk`, `xtc::Error` / `xtc::Result`
 //!   and this module's join items; never `xtc::batch`, `xtc::rt`,
 //!   `xtc::accel`, `xtc_dispatch` or `decode::serve`.

@@ -61,15 +61,6 @@ impl ModelSpec {
             ModelSpec::Gguf { model, .. } => model.config().shape,
         }
     }
-
-    /// `f32`-sized elements of weights a Vulkan device holds (a GGUF file's
-    /// size over 4), for the memory check.
-    pub fn weight_elems(&self, file_bytes: u64) -> u128 {
-        match self {
-            ModelSpec::F32(w) => w.tensors().iter().map(|(_, t)| t.len() as u128).sum(),
-            ModelSpec::Gguf { .. } => u128::from(file_bytes) / 4,
-        }
-    }
 }
 
 /// Where a model runs.
