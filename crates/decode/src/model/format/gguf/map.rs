@@ -1,5 +1,13 @@
 //! The bytes of a GGUF file: mapped read-only from the file, or owned
 //! (tests, tools). The unsafe island of the GGUF reader: the map itself.
+//!
+//! # Safety
+//! `memmap2::Mmap::map` is unsafe because the mapped bytes change if the
+//! file does. [`Backing::map`] maps a file opened read-only, privately; the
+//! contract (as llama.cpp's mmap loading) is that model files are not
+//! modified while xtc runs, and every read of the map goes through
+//! bounds-checked slices, so a changed file gives wrong numbers, never an
+//! out-of-bounds read.
 #![allow(unsafe_code)]
 
 /// Where a [`super::Gguf`]'s bytes live.
