@@ -27,11 +27,12 @@ use std::time::Instant;
 use crate::device::{self, DeviceArg, DeviceFailure, Takes};
 use xtc_decode::model::cpu::llama::{ForwardError, Llama};
 use xtc_decode::model::generate::{GenerateStats, PREFILL_CHUNK, generate_on};
+use xtc_decode::model::open::{ModelSpec, StreamLimits, Target, open_stream};
 use xtc_decode::model::stream::{Stream, StreamError};
 use xtc_decode::model::text::bpe::{Bpe, TextStream};
 use xtc_decode::model::text::chat::{self, Message};
 use xtc_decode::model::text::sampling::{Sampler, SamplingParams};
-use xtc_decode::model::{MODEL_FILE, ModelSpec, StreamLimits, Target, find_model, open_stream};
+use xtc_decode::model::{MODEL_FILE, find_model};
 
 /// Arguments of `xtc generate`.
 #[derive(Debug, Clone, clap::Args)]

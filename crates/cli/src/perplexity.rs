@@ -19,8 +19,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::generate::{Failure, check_options, load, open_device, stream};
-use xtc_decode::model::Target;
-use xtc_decode::model::open::CPU_DEVICE_CONTEXT;
+use xtc_decode::model::open::{CPU_DEVICE_CONTEXT, Target};
 use xtc_decode::model::stream::{SCORE_STEP, nll};
 
 /// Default window length in tokens.

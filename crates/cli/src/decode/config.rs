@@ -13,7 +13,7 @@ use xtc_decode::serve::run_config::{
 use xtc_decode::serve::trace::{self, Scaling, Trace};
 
 use super::args::DecodeArgs;
-use xtc_decode::model::Target;
+use xtc_decode::model::open::Target;
 
 /// What a run's model is: its description, its shape (`Model::config`) and
 /// the weights it was built from.

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use xtc::rt::sysfs::MemoryFiles;
-use xtc_decode::model::open::{MemoryKind, model_memory};
-use xtc_decode::model::{Config, KvGeometry, Limits, Target};
+use xtc_decode::model::open::{Limits, MemoryKind, Target, model_memory};
+use xtc_decode::model::{Config, KvGeometry};
 use xtc_decode::serve::job::{self, JobOpts, Workload};
 use xtc_decode::serve::kv::KvLedger;
 

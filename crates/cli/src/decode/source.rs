@@ -26,10 +26,9 @@ use xtc_decode::model::cpu::llama::Llama;
 use xtc_decode::model::format::checkpoint;
 use xtc_decode::model::format::gguf::MAGIC;
 use xtc_decode::model::format::tokenizer::{self, Tokenizer};
+use xtc_decode::model::open::{Limits, ModelSpec, OpenError, Target, open};
 use xtc_decode::model::text::bpe::{Bpe, TextStream};
-use xtc_decode::model::{
-    Config, KvGeometry, Limits, ModelSpec, OpenError, Target, Weights, find_model, open,
-};
+use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
 use xtc_decode::serve::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
 use xtc_decode::serve::prompts;
 use xtc_decode::serve::trace::{Scaling, Trace};
@@ -333,12 +332,12 @@ impl Source {
         }
     }
 
-    /// Opens the model on `device` ([`xtc_decode::model::open`]) with a KV
+    /// Opens the model on `device` ([`xtc_decode::model::open::open`]) with a KV
     /// cache and buffers for `opts`; `config` is [`Source::config`] for the
     /// device.
     ///
     /// # Errors
-    /// As [`xtc_decode::model::open`].
+    /// As [`xtc_decode::model::open::open`].
     pub fn model(
         &self,
         device: &Target,

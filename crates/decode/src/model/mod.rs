@@ -1,7 +1,7 @@
 //! The model side of `decode`: the llama-style decoder — its formats, shape
 //! and weights, its CPU references, its tokenizers and sampling, the models
 //! on a Vulkan device — and the models that implement [`crate::Model`],
-//! opened through ONE front door, [`open()`] (and [`open_stream`] for one
+//! opened through ONE front door, [`open::open`] (and [`open::open_stream`] for one
 //! sequence with logits).
 //!
 //! # One folder per concern
@@ -26,8 +26,8 @@
 //! - [`adapters`]: ONE adapter per device kind, [`adapters::CpuModel`] and
 //!   [`adapters::VulkanModel`], generic over the model they drive, and the
 //!   device-free [`adapters::ToyModel`].
-//! - [`mod@open`]: the front door, [`ModelSpec`] on a [`Target`] within
-//!   [`Limits`]; [`stream`]: one sequence on either device (`xtc generate`,
+//! - [`mod@open`]: the front door, [`open::ModelSpec`] on an
+//!   [`open::Target`] within [`open::Limits`]; [`stream`]: one sequence on either device (`xtc generate`,
 //!   `xtc perplexity`, and [`stream::nll`]); [`generate`]: the
 //!   prefill/decode loop of one stream and its timings.
 //! - This file: [`Config`], [`Weights`] (seeded synthetic weights,
@@ -83,8 +83,6 @@ pub mod open;
 pub mod stream;
 pub mod text;
 pub mod vulkan;
-
-pub use open::{Limits, ModelSpec, OpenError, StreamLimits, Target, open, open_stream};
 
 use std::path::{Path, PathBuf};
 
