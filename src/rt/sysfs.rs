@@ -13,12 +13,20 @@
 //! [`MAX_LIST_ID`] instead of allocating for them (a garbage
 //! `0-4294967295` must not exhaust memory). Neither panics.
 //!
+//! [`MemoryFiles`] reads, the same bounded way, what memory the process can
+//! still get: `/proc/meminfo`'s `MemAvailable`, `/proc/self/status`'s
+//! `VmSize` / `VmData`, and the cgroup v2 `memory.max` less
+//! `memory.current` (`xtc decode`'s memory check), under a root a test can
+//! point at a fixture tree.
+//!
 //! Kernel references: `Documentation/ABI/stable/sysfs-devices-node` (online,
-//! cpulist) and `Documentation/ABI/testing/sysfs-bus-pci` (local_cpulist).
+//! cpulist), `Documentation/ABI/testing/sysfs-bus-pci` (local_cpulist),
+//! `Documentation/filesystems/proc.rst` (meminfo, status) and
+//! `Documentation/admin-guide/cgroup-v2.rst` (memory.max, memory.current).
 
 use std::fs;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Largest CPU or node number a list may name. Larger values are rejected
 /// rather than allocated (a garbage `0-4294967295` must not exhaust memory).
@@ -125,6 +133,76 @@ pub fn read_attr_file(path: &Path) -> io::Result<Option<String>> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "attribute is not UTF-8"))
 }
 
+/// The memory files of a system under `root` (`/` on a live one; a fixture
+/// tree in tests), each read with [`read_attr_file`]. A file that is
+/// missing, unreadable or malformed reads as `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryFiles {
+    root: PathBuf,
+}
+
+impl MemoryFiles {
+    /// The running system's files.
+    pub fn live() -> Self {
+        MemoryFiles::at("/")
+    }
+
+    /// The files under `root` (`root/proc/meminfo`, `root/sys/fs/cgroup/...`).
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        MemoryFiles { root: root.into() }
+    }
+
+    fn read(&self, rel: &str) -> Option<String> {
+        read_attr_file(&self.root.join(rel)).ok().flatten()
+    }
+
+    /// `MemAvailable` of `/proc/meminfo`, in bytes (`MemFree` on kernels
+    /// before 3.14, which lack it).
+    pub fn mem_available(&self) -> Option<u128> {
+        mem_available(&self.read("proc/meminfo")?)
+    }
+
+    /// A `Field:   N kB` line of `/proc/self/status` (`VmSize:`,
+    /// `VmData:`), in bytes.
+    pub fn self_status(&self, field: &str) -> Option<u128> {
+        proc_kib(&self.read("proc/self/status")?, field)
+    }
+
+    /// `memory.max - memory.current` of this process's cgroup (v2, from
+    /// `/proc/self/cgroup`'s `0::` line), when it has a limit (`max` is
+    /// none).
+    pub fn cgroup_left(&self) -> Option<u128> {
+        let cg = self.read("proc/self/cgroup")?;
+        let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let dir = Path::new("sys/fs/cgroup").join(rel.trim().trim_start_matches('/'));
+        // A path that climbs out of the cgroup tree is not a cgroup.
+        if dir
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return None;
+        }
+        let num =
+            |f: &str| -> Option<u128> { self.read(dir.join(f).to_str()?)?.trim().parse().ok() };
+        let max = num("memory.max")?;
+        let cur = num("memory.current")?;
+        Some(max.saturating_sub(cur))
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo` text, in bytes (`MemFree` on kernels
+/// before 3.14, which lack it).
+pub fn mem_available(meminfo: &str) -> Option<u128> {
+    proc_kib(meminfo, "MemAvailable:").or_else(|| proc_kib(meminfo, "MemFree:"))
+}
+
+/// A `Field:   N kB` line of a `/proc` file, in bytes.
+pub fn proc_kib(text: &str, field: &str) -> Option<u128> {
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,5 +246,43 @@ mod tests {
         .unwrap();
         let e = read_attr_file(&fifo).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "a FIFO never blocks");
+    }
+
+    #[test]
+    fn memory_files_read_from_an_injected_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let files = MemoryFiles::at(root);
+        assert_eq!(files.mem_available(), None, "nothing there");
+        assert_eq!(files.cgroup_left(), None);
+        fs::create_dir_all(root.join("proc/self")).unwrap();
+        fs::write(
+            root.join("proc/meminfo"),
+            "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    600 kB\n",
+        )
+        .unwrap();
+        fs::write(
+            root.join("proc/self/status"),
+            "Name:\txtc\nVmSize:\t  2048 kB\n",
+        )
+        .unwrap();
+        assert_eq!(files.mem_available(), Some(600 * 1024));
+        assert_eq!(files.self_status("VmSize:"), Some(2048 * 1024));
+        assert_eq!(files.self_status("VmData:"), None);
+        fs::write(root.join("proc/self/cgroup"), "0::/user.slice/x.scope\n").unwrap();
+        let cg = root.join("sys/fs/cgroup/user.slice/x.scope");
+        fs::create_dir_all(&cg).unwrap();
+        fs::write(cg.join("memory.max"), "max\n").unwrap();
+        fs::write(cg.join("memory.current"), "4096\n").unwrap();
+        assert_eq!(files.cgroup_left(), None, "no limit");
+        fs::write(cg.join("memory.max"), "10000\n").unwrap();
+        assert_eq!(files.cgroup_left(), Some(10000 - 4096));
+        fs::write(root.join("proc/self/cgroup"), "0::/../../etc\n").unwrap();
+        assert_eq!(files.cgroup_left(), None, "no climbing out");
+        assert_eq!(
+            mem_available("MemFree: 5 kB\n"),
+            Some(5 * 1024),
+            "old kernels"
+        );
     }
 }

@@ -39,7 +39,7 @@
 //!   [`check`]: the comparisons of the kernels suite (NMSE, exact, NaN/Inf,
 //!   guard regions).
 //! - [`suites`]: the cases. `kernels` (every entry point of `kernels/*.wgsl`
-//!   through `decode::model::ops` / `qops`, against `decode::model::reference`
+//!   through `decode::model::vulkan::ops` / `qops`, against `decode::model::cpu::f32_model`
 //!   / the `qops` references; a unit test fails when a kernel has no case),
 //!   `fence`, `batch`, `dispatch`, `decode` (the synthetic model and
 //!   SmolLM2), `perf`, and the hidden `selftest` (a crash, a hang, a flake, a failure,
@@ -53,7 +53,7 @@
 //! - **A quantized kernel** (`qmm_*`, `qembed_*`, `argmax_part`, `rope_*`):
 //!   `suites::qkernels` (registered from `suites::kernels::specs`) holds
 //!   their table: one line per shape and form, each naming the entry point
-//!   it must dispatch, against `decode::model::qops`' references with the
+//!   it must dispatch, against `decode::model::vulkan::qops`' references with the
 //!   activation and KV buffers guarded; the unit test
 //!   `every_kernel_entry_point_has_a_case` fails as soon as an entry point is
 //!   in `kernels/` without a case. Names follow

@@ -1,5 +1,5 @@
 //! Every decode kernel on lavapipe against the CPU reference
-//! (`decode::model::reference`), over several shapes including odd sizes, and a
+//! (`decode::model::cpu::f32_model`), over several shapes including odd sizes, and a
 //! ready vector that mixes prefill chunks with single decode tokens of
 //! different sequence lengths (KV append + attention over the paged cache).
 //!
@@ -15,10 +15,10 @@ mod vk_support;
 
 use rig_support::{Rig, rand_vec};
 use vk_support::max_abs_diff;
-use xtc_decode::model::ops::{
+use xtc_decode::model::cpu::f32_model::{self, CpuKvCache, EPS};
+use xtc_decode::model::vulkan::ops::{
     Argmax, Attention, Embed, KvAppend, Matmul, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use xtc_decode::model::reference::{self, CpuKvCache, EPS};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
 
 const TOL: f32 = 1e-4;
@@ -94,7 +94,7 @@ fn rmsnorm_matches_reference_with_and_without_a_row_list() {
             .chunks(dim)
             .enumerate()
         {
-            reference::rmsnorm(&mut want, &x[i * dim..][..dim], &w);
+            f32_model::rmsnorm(&mut want, &x[i * dim..][..dim], &w);
             assert!(max_abs_diff(got, &want) <= TOL, "dim {dim} row {i}");
         }
         for (j, got) in rig
@@ -102,7 +102,7 @@ fn rmsnorm_matches_reference_with_and_without_a_row_list() {
             .chunks(dim)
             .enumerate()
         {
-            reference::rmsnorm(&mut want, &x[list[j] as usize * dim..][..dim], &w);
+            f32_model::rmsnorm(&mut want, &x[list[j] as usize * dim..][..dim], &w);
             assert!(max_abs_diff(got, &want) <= TOL, "dim {dim} listed row {j}");
         }
     }
@@ -144,7 +144,7 @@ fn matmul_matches_reference_over_odd_shapes_and_accumulates() {
         let got_add: Vec<f32> = rig.read(1, m * k + m * n, m * n);
         let mut want = vec![0f32; n];
         for r in 0..m {
-            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            f32_model::matmul(&mut want, &x[r * k..][..k], &w);
             let tol = TOL * (k as f32).sqrt();
             assert!(
                 max_abs_diff(&got_set[r * n..][..n], &want) <= tol,
@@ -189,7 +189,7 @@ fn split_matmul_writes_each_column_range_to_its_region() {
         rig.run(|ops, rec| ops.run(rec, &op).unwrap());
         let mut want = vec![0f32; n];
         for r in 0..m {
-            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            f32_model::matmul(&mut want, &x[r * k..][..k], &w);
             let mut col = 0;
             for (part, &np) in ns.iter().enumerate() {
                 let np = np as usize;
@@ -238,7 +238,7 @@ fn rope_matches_run_c_convention_at_many_positions() {
         );
         for (r, &p) in pos.iter().enumerate() {
             let (mut wq, mut wk) = (q[r * dim..][..dim].to_vec(), k[r * kvd..][..kvd].to_vec());
-            reference::rope(&mut wq, &mut wk, p as usize, hs);
+            f32_model::rope(&mut wq, &mut wk, p as usize, hs);
             // Angles up to 1000 rad: f32 argument rounding dominates the error.
             let tol = 1e-3;
             assert!(
@@ -276,7 +276,7 @@ fn swiglu_and_argmax_match_reference() {
         };
         rig.run(|ops, rec| ops.run(rec, &op).unwrap());
         let mut want = h1.clone();
-        reference::swiglu(&mut want, &h3);
+        f32_model::swiglu(&mut want, &h3);
         assert!(max_abs_diff(&rig.read::<f32>(1, 0, rows * hidden), &want) <= TOL);
     }
     for vocab in [1usize, 63, 64, 65, 1000] {
@@ -298,7 +298,7 @@ fn swiglu_and_argmax_match_reference() {
             out_off: 2,
         };
         rig.run(|ops, rec| ops.run(rec, &op).unwrap());
-        let want: Vec<u32> = logits.chunks(vocab).map(reference::argmax).collect();
+        let want: Vec<u32> = logits.chunks(vocab).map(f32_model::argmax).collect();
         assert_eq!(rig.read::<u32>(4, 2, rows), want, "vocab {vocab}");
     }
 }
@@ -455,7 +455,7 @@ fn check_attention(
             );
         }
         for i in 0..s.tokens.len() {
-            reference::attention(
+            f32_model::attention(
                 &mut want,
                 &q[(row + i) * dim..][..dim],
                 &cache,

@@ -15,8 +15,8 @@ mod vk_support;
 
 use rig_support::{Rig, rand_vec};
 use vk_support::max_abs_diff;
-use xtc_decode::model::ops::{Matmul, Op, Variant, Windowed};
-use xtc_decode::model::reference;
+use xtc_decode::model::cpu::f32_model;
+use xtc_decode::model::vulkan::ops::{Matmul, Op, Variant, Windowed};
 use xtc_vk::{VkError, WINDOW_BYTES, WINDOWS, Window};
 
 const TOL: f32 = 1e-4;
@@ -125,7 +125,7 @@ fn windowed_matmul_is_bit_identical_to_the_storage_form_and_chunks_what_does_not
         );
         let mut want = vec![0f32; n];
         for r in 0..m {
-            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            f32_model::matmul(&mut want, &x[r * k..][..k], &w);
             let d = max_abs_diff(&on[r * n..][..n], &want);
             assert!(d <= TOL * (k as f32).sqrt(), "({m},{n},{k}) row {r}: {d}");
         }
@@ -158,7 +158,7 @@ fn windowed_split_and_accumulate_match_the_storage_form_across_chunk_boundaries(
     assert!(f.same_bits());
     let mut want = vec![0f32; n];
     for r in 0..m {
-        reference::matmul(&mut want, &x[r * k..][..k], &w);
+        f32_model::matmul(&mut want, &x[r * k..][..k], &w);
         let mut col = 0;
         for (part, &np) in ns.iter().enumerate() {
             let np = np as usize;
@@ -190,7 +190,7 @@ fn windowed_split_and_accumulate_match_the_storage_form_across_chunk_boundaries(
     let f = both_forms(&dev, elems, &writes, op, (y_off, m * n));
     assert!(f.same_bits());
     for r in 0..m {
-        reference::matmul(&mut want[..n], &x[r * k..][..k], &w);
+        f32_model::matmul(&mut want[..n], &x[r * k..][..k], &w);
         let with_y: Vec<f32> = want[..n].iter().map(|v| v + 0.5).collect();
         assert!(
             max_abs_diff(&f.on[r * n..][..n], &with_y) <= TOL * 8.0,
@@ -230,7 +230,7 @@ fn unaligned_operands_fall_back_to_the_storage_form() {
         assert_eq!(on, off);
         let mut want = vec![0f32; n];
         for r in 0..m {
-            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            f32_model::matmul(&mut want, &x[r * k..][..k], &w);
             assert!(max_abs_diff(&on[r * n..][..n], &want) <= TOL * 6.0);
         }
     }
@@ -269,8 +269,8 @@ fn dispatch_windowed_refuses_bad_offsets() {
 /// list (the LM head's gather) keeps the storage form.
 #[test]
 fn windowed_rmsnorm_chunks_rows_and_matches_the_reference() {
-    use xtc_decode::model::ops::RmsNorm;
-    use xtc_decode::model::reference::EPS;
+    use xtc_decode::model::cpu::f32_model::EPS;
+    use xtc_decode::model::vulkan::ops::RmsNorm;
     let Some(dev) = vk_support::device() else {
         return;
     };
@@ -305,7 +305,7 @@ fn windowed_rmsnorm_chunks_rows_and_matches_the_reference() {
         let got: Vec<f32> = rig.read(1, rows * dim, rows * dim);
         let mut want = vec![0f32; dim];
         for r in 0..rows {
-            reference::rmsnorm(&mut want, &x[r * dim..][..dim], &w);
+            f32_model::rmsnorm(&mut want, &x[r * dim..][..dim], &w);
             let d = max_abs_diff(&got[r * dim..][..dim], &want);
             assert!(d <= TOL, "dim {dim} rows {rows} row {r}: {d}");
         }
@@ -368,7 +368,7 @@ fn windows_clamped_at_the_buffer_end_read_the_right_elements() {
         assert!(f.same_bits());
         let mut want = vec![0f32; n];
         for r in 0..m {
-            reference::matmul(&mut want, &x[r * k..][..k], &w);
+            f32_model::matmul(&mut want, &x[r * k..][..k], &w);
             let d = max_abs_diff(&f.on[r * n..][..n], &want);
             assert!(d <= TOL * (k as f32).sqrt(), "({m},{n},{k}) row {r}: {d}");
         }

@@ -21,17 +21,19 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use xtc_decode::model::bpe::{Bpe, TextStream};
-use xtc_decode::model::chat::{self, Message};
+use crate::device::{self, DeviceArg, DeviceFailure, Takes};
+use xtc_decode::model::cpu::llama::{ForwardError, Llama};
 use xtc_decode::model::generate::{GenerateStats, PREFILL_CHUNK, generate_on};
-use xtc_decode::model::llama::{ForwardError, Llama};
-use xtc_decode::model::ops::Variant;
-use xtc_decode::model::sampling::{Sampler, SamplingParams};
-use xtc_decode::model::stream::{CpuStream, Stream, StreamError, VulkanStream};
+use xtc_decode::model::open::{ModelSpec, StreamLimits, Target, open_stream};
+use xtc_decode::model::stream::{Stream, StreamError};
+use xtc_decode::model::text::bpe::{Bpe, TextStream};
+use xtc_decode::model::text::chat::{self, Message};
+use xtc_decode::model::text::sampling::{Sampler, SamplingParams};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{MODEL_FILE, find_model};
-use xtc_vk;
 
 /// Arguments of `xtc generate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,10 +63,11 @@ pub struct GenerateArgs {
     /// GGUF model file (default: the fetched SmolLM2-135M-Instruct in the cache directory).
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// `auto` (the Vulkan device if any, else the CPU reference), `cpu`, or a
-    /// Vulkan device index, name or render node.
-    #[arg(long, value_name = "DEV", default_value = "auto")]
-    pub device: String,
+    /// `auto` (the default: the first Vulkan device, a GPU if present, else lavapipe; the CPU
+    /// reference when no Vulkan device opens), `cpu` (the CPU reference, no Vulkan), or a Vulkan
+    /// device index, part of its name or its render node (`xtc probe` lists them).
+    #[arg(long, value_name = "DEV", default_value = "auto", value_parser = crate::device::parse)]
+    pub device: DeviceArg,
     /// Kernel form on a Vulkan device: `auto` (the device's own), `gpu`
     /// (workgroup memory and barriers) or `cpu` (barrier-free, subgroups);
     /// forcing one tests it on any device.
@@ -139,24 +142,10 @@ impl Failure {
     }
 }
 
-/// Usage checks shared by the GGUF commands: `--device` names a device
-/// (not empty, not `toy`, which runs no model), `--threads` is not 0.
-pub(crate) fn check_options(device: &str, threads: Option<usize>) -> Result<(), Failure> {
-    match device.trim() {
-        "" => {
-            return Err(Failure::usage(
-                "--device '': must name a device: `auto`, `cpu`, an index, part of a name, \
-                 or a render node (`xtc probe` lists them)",
-            ));
-        }
-        "toy" => {
-            return Err(Failure::usage(
-                "--device toy runs no model (it is xtc decode's batching-only device); \
-                 use auto, cpu or a Vulkan device",
-            ));
-        }
-        _ => {}
-    }
+/// Usage checks shared by the GGUF commands, before anything loads:
+/// `--device` is not `toy` ([`device::check`]), `--threads` is not 0.
+pub(crate) fn check_options(device: &DeviceArg, threads: Option<usize>) -> Result<(), Failure> {
+    device::check(device, Takes::ModelOnly).map_err(failure)?;
     if threads == Some(0) {
         return Err(Failure::usage("--threads 0: at least one thread is needed"));
     }
@@ -168,9 +157,9 @@ pub(crate) fn check_options(device: &str, threads: Option<usize>) -> Result<(), 
 /// tokenizer, the path and the thread pool to run in.
 pub(crate) fn load(
     model: Option<&Path>,
-    device: &str,
+    device: &DeviceArg,
     threads: Option<usize>,
-) -> Result<(Llama, Bpe, PathBuf, rayon::ThreadPool), Failure> {
+) -> Result<(ModelSpec, Bpe, PathBuf, rayon::ThreadPool), Failure> {
     check_options(device, threads)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.unwrap_or(0))
@@ -188,7 +177,14 @@ pub(crate) fn load(
             m.config().shape.vocab_size
         )));
     }
-    Ok((m, t, path, pool))
+    let name = path
+        .file_name()
+        .map_or_else(|| MODEL_FILE.into(), |n| n.to_string_lossy().into_owned());
+    let spec = ModelSpec::Gguf {
+        model: Arc::new(m),
+        name,
+    };
+    Ok((spec, t, path, pool))
 }
 
 /// `--kernels`: which form of the kernels a Vulkan device runs.
@@ -213,68 +209,38 @@ impl KernelForm {
     }
 }
 
-/// Where a GGUF command runs (`--device`).
-#[derive(Debug)]
-pub(crate) enum Runner {
-    /// The CPU reference.
-    Cpu,
-    /// A Vulkan device.
-    Vulkan(xtc_vk::Device),
+/// Opens `--device` for the GGUF command `what` ([`device::open`]: `auto`
+/// falls back to the CPU reference, `toy` is a usage error).
+pub(crate) fn open_device(arg: &DeviceArg, what: &str) -> Result<Target, Failure> {
+    device::open(arg, what, Takes::ModelOnly).map_err(failure)
 }
 
-/// Opens `--device`: `cpu`; `auto`, the Vulkan device if one opens, else,
-/// when the machine has no Vulkan ([`vk::VkError::is_absent`]), the CPU
-/// reference (saying why on stderr, as `what`); any other selector must
-/// open a Vulkan device.
-pub(crate) fn open_device(sel: &str, what: &str) -> Result<Runner, Failure> {
-    match sel.trim() {
-        "cpu" => Ok(Runner::Cpu),
-        "auto" => match xtc_vk::Device::open(&xtc_vk::Selector::Auto) {
-            Ok(d) => Ok(Runner::Vulkan(d)),
-            Err(e) if e.is_absent() => {
-                eprintln!("{what}: no Vulkan device ({e}): running on the CPU reference");
-                Ok(Runner::Cpu)
-            }
-            Err(e) => Err(Failure::error(format!("--device auto: {e}"))),
-        },
-        s => {
-            let parsed: xtc_vk::Selector = s
-                .parse()
-                .map_err(|e| Failure::usage(format!("--device {s}: {e}")))?;
-            xtc_vk::Device::open(&parsed)
-                .map(Runner::Vulkan)
-                .map_err(|e| Failure::error(super::decode::device_error(s, &e, "`auto`, `cpu`")))
-        }
+/// A `--device` failure as the command's.
+fn failure(e: DeviceFailure) -> Failure {
+    match e {
+        DeviceFailure::Usage(m) => Failure::usage(m),
+        DeviceFailure::Error(m) => Failure::error(m),
     }
 }
 
-/// Positions per sequence at most on a CPU-kind Vulkan device (the
-/// CPU-device attention runs up to 1817 at head size 64).
-pub(crate) const CPU_DEVICE_CONTEXT: usize = 1536;
-
-/// A stream of `model` on `runner` for sequences of at most `context`
-/// positions (capped at the model's, and at [`CPU_DEVICE_CONTEXT`] on a CPU
-/// device), at most `max_rows` token rows and `logit_rows` logits rows per
-/// plan on a Vulkan device, running the kernels in `form`.
+/// A stream of `spec` on `target` through the front door
+/// ([`open_stream`]) for sequences of at most `context` positions, at
+/// most `max_rows` token rows and `logit_rows` logits rows per plan on a
+/// Vulkan device.
 pub(crate) fn stream<'m>(
-    runner: &Runner,
-    model: &'m Llama,
+    target: &Target,
+    spec: &'m ModelSpec,
     context: usize,
     (max_rows, logit_rows): (usize, usize),
     form: KernelForm,
 ) -> Result<Box<dyn Stream + Send + 'm>, Failure> {
-    match runner {
-        Runner::Cpu => Ok(Box::new(CpuStream::new(model))),
-        Runner::Vulkan(dev) => {
-            let mut ctx = context.clamp(1, model.config().shape.seq_len);
-            if dev.info().kind == xtc_vk::DeviceKind::Cpu {
-                ctx = ctx.min(CPU_DEVICE_CONTEXT);
-            }
-            let s = VulkanStream::new(dev, model, ctx, max_rows, logit_rows, form.variant())
-                .map_err(|e| Failure::error(format!("cannot load the model on the device: {e}")))?;
-            Ok(Box::new(s))
-        }
-    }
+    let limits = StreamLimits {
+        context,
+        max_rows,
+        logit_rows,
+        kernels: form.variant(),
+    };
+    open_stream(spec, target, limits).map_err(Failure::error)
 }
 
 /// Runs `xtc generate`, streaming the answer to `out` (timings to stderr);
@@ -330,7 +296,7 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let text = prompt_text(&args.prompt, &mut std::io::stdin().lock())?;
     let t_load = Instant::now();
     let (model, tok, path, pool) = load(args.model.as_deref(), &args.device, args.threads)?;
-    let runner = open_device(&args.device, "xtc generate")?;
+    let target = open_device(&args.device, "xtc generate")?;
     let prompt = if args.raw {
         tok.encode_with_specials(&text)
     } else {
@@ -359,11 +325,11 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         .file_name()
         .map_or_else(|| MODEL_FILE.into(), |n| n.to_string_lossy());
     let context = prompt.len().saturating_add(args.max_tokens);
-    let mut dev_stream = stream(&runner, &model, context, (PREFILL_CHUNK, 1), args.kernels)?;
+    let mut dev_stream = stream(&target, &model, context, (PREFILL_CHUNK, 1), args.kernels)?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let device = match runner {
-        Runner::Cpu => format!("the CPU reference ({} threads)", pool.current_num_threads()),
-        Runner::Vulkan(_) => dev_stream.device(),
+    let device = match target {
+        Target::Cpu => format!("the CPU reference ({} threads)", pool.current_num_threads()),
+        _ => dev_stream.device(),
     };
     eprintln!(
         "xtc generate: {name} on {device}, loaded in {load_s:.2} s; {} prompt tokens",
@@ -422,9 +388,9 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if args.json {
         let v = serde_json::json!({
             "model": path.display().to_string(),
-            "device": match runner {
-                Runner::Cpu => "cpu".to_string(),
-                Runner::Vulkan(_) => dev_stream.device(),
+            "device": match target {
+                Target::Cpu => "cpu".to_string(),
+                _ => dev_stream.device(),
             },
             "threads": pool.current_num_threads(),
             "prompt_ids": prompt,

@@ -13,9 +13,7 @@ use clap::{Parser, Subcommand};
 
 pub mod ci;
 pub mod decode;
-pub mod decode_config;
-pub mod decode_model;
-pub mod decode_sweep;
+pub mod device;
 pub mod generate;
 pub mod metrics_server;
 pub mod out_file;

@@ -18,7 +18,8 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::generate::{Failure, KernelForm, Runner, check_options, load, open_device, stream};
+use super::generate::{Failure, KernelForm, check_options, load, open_device, stream};
+use xtc_decode::model::open::{CPU_DEVICE_CONTEXT, Target};
 use xtc_decode::model::stream::{SCORE_STEP, nll};
 
 /// Default window length in tokens.
@@ -37,10 +38,11 @@ pub struct PerplexityArgs {
     /// GGUF model file (default: the fetched SmolLM2-135M-Instruct in the cache directory).
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// `auto` (the Vulkan device if any, else the CPU reference), `cpu`, or a
-    /// Vulkan device index, name or render node.
-    #[arg(long, value_name = "DEV", default_value = "auto")]
-    pub device: String,
+    /// `auto` (the default: the first Vulkan device, a GPU if present, else lavapipe; the CPU
+    /// reference when no Vulkan device opens), `cpu` (the CPU reference, no Vulkan), or a Vulkan
+    /// device index, part of its name or its render node (`xtc probe` lists them).
+    #[arg(long, value_name = "DEV", default_value = "auto", value_parser = crate::device::parse)]
+    pub device: crate::device::DeviceArg,
     /// Kernel form on a Vulkan device: `auto` (the device's own), `gpu` or
     /// `cpu` (as `xtc generate --kernels`).
     #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
@@ -86,28 +88,28 @@ fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> 
         ))
     })?;
     let (model, tok, path, pool) = load(args.model.as_deref(), &args.device, args.threads)?;
-    let max = model.config().shape.seq_len;
+    let max = model.shape().seq_len;
     if args.ctx > max {
         return Err(Failure::usage(format!(
             "--ctx {}: above the model's context length {max}",
             args.ctx
         )));
     }
-    let runner = open_device(&args.device, "xtc perplexity")?;
-    if let Runner::Vulkan(d) = &runner
-        && d.info().kind == xtc_vk::DeviceKind::Cpu
-        && args.ctx > super::generate::CPU_DEVICE_CONTEXT
+    let target = open_device(&args.device, "xtc perplexity")?;
+    if let Target::Vulkan(d) = &target
+        && target.is_cpu_device()
+        && args.ctx > CPU_DEVICE_CONTEXT
     {
         return Err(Failure::usage(format!(
             "--ctx {}: above the {} positions a sequence may hold on the CPU device {} \
              (use --device cpu, or a smaller --ctx)",
             args.ctx,
-            super::generate::CPU_DEVICE_CONTEXT,
+            CPU_DEVICE_CONTEXT,
             d.info().name
         )));
     }
     let mut dev_stream = stream(
-        &runner,
+        &target,
         &model,
         args.ctx,
         (SCORE_STEP, SCORE_STEP),
@@ -147,7 +149,7 @@ fn run_inner(args: &PerplexityArgs, out: &mut dyn Write) -> Result<(), Failure> 
         .map_err(Failure::error)?;
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
-    let vocab = model.config().shape.vocab_size;
+    let vocab = model.shape().vocab_size;
     let uniform = (vocab as f64).ln();
     let windows = ids.len().div_ceil(args.ctx);
     let w = |r: std::io::Result<()>| {

@@ -4,7 +4,7 @@
 //! usage: every range check is clap's), the memory check, and the exit
 //! statuses of runs with rejected requests.
 
-use xtc_decode::model::checkpoint;
+use xtc_decode::model::format::checkpoint;
 use xtc_decode::model::{Config, Weights};
 
 fn xtc(args: &[&str]) -> (i32, String) {

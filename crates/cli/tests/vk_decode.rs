@@ -1,5 +1,5 @@
-//! `decode::model::gpu::GpuModel` on lavapipe against the CPU reference
-//! (`decode::model::reference`): greedy tokens, teacher-forced logits at every step,
+//! `decode::model::vulkan::f32_model::GpuModel` on lavapipe against the CPU reference
+//! (`decode::model::cpu::f32_model`): greedy tokens, teacher-forced logits at every step,
 //! and members joining/leaving the ready vector without disturbing others.
 //!
 //! Tolerance: logits (magnitude up to ~8 for the synthetic model) agree within
@@ -9,9 +9,9 @@
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
-use xtc_decode::model::gpu::{GpuModel, GpuOptions};
-use xtc_decode::model::ops::Variant;
-use xtc_decode::model::reference::{self, CpuKvCache};
+use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
+use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use xtc_vk::Device;
 
@@ -44,15 +44,15 @@ fn seq(tokens: Vec<u32>, start_pos: usize, first_block: u32, sample: bool) -> Se
 /// The GPU's greedy token is the reference's, or the two are a near-tie in the
 /// reference logits.
 fn assert_greedy_agrees(gpu_tok: u32, ref_logits: &[f32]) {
-    if let Err(gap) = reference::greedy_agrees(gpu_tok, ref_logits, TOL) {
-        let want = reference::argmax(ref_logits);
+    if let Err(gap) = f32_model::greedy_agrees(gpu_tok, ref_logits, TOL) {
+        let want = f32_model::argmax(ref_logits);
         panic!("gpu token {gpu_tok} vs reference {want} (gap {gap})");
     }
 }
 
 /// Runs `plan` on both and checks logits and tokens; returns the GPU tokens.
 fn both(gpu: &mut GpuModel, w: &Weights, cache: &mut CpuKvCache, plan: &BatchPlan) -> Vec<u32> {
-    let want = reference::forward(w, cache, plan).unwrap();
+    let want = f32_model::forward(w, cache, plan).unwrap();
     let f = gpu.submit(plan).unwrap();
     vk_support::wait_readable(f.fence_fd());
     let (toks, logits) = gpu.finish_with_logits(f).unwrap();
@@ -252,7 +252,7 @@ fn mismatched_weights_are_refused() {
         seqs: vec![seq(vec![1], 0, 0, true)],
     };
     assert_eq!(
-        reference::forward(&w, &mut cache, &plan),
+        f32_model::forward(&w, &mut cache, &plan),
         Err(xtc::Error::Inval)
     );
     let Some(dev) = vk_support::device() else {

@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use xtc_decode::model::gpu_llama::{GpuLlama, GpuLlamaOptions};
-use xtc_decode::model::llama::Llama;
+use xtc_decode::model::cpu::llama::Llama;
+use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork, find_model};
 use xtc_vk::{Device, Selector};
 

@@ -18,10 +18,11 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
+use xtc_decode::model::cpu::qmatmul::{Isa, best_isa, matmul_with};
 use xtc_decode::model::find_model;
-use xtc_decode::model::gguf::GgmlType;
-use xtc_decode::model::llama::{Chunk, Llama, Logits};
-use xtc_decode::model::quant::{Isa, QMatrix, best_isa, matmul_with, quantize};
+use xtc_decode::model::format::gguf::GgmlType;
+use xtc_decode::model::format::quant::{QMatrix, quantize};
 
 fn matmuls(c: &mut Criterion) {
     let mut rng = fastrand::Rng::with_seed(1);

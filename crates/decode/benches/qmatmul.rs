@@ -13,11 +13,11 @@
 
 use std::time::Instant;
 
-use xtc_decode::model::gguf::GgmlType;
-use xtc_decode::model::ops::{Op, Variant};
-use xtc_decode::model::qops::QMatmul;
-use xtc_decode::model::quant::{self, QMatrix};
-use xtc_decode::model::qweights::TexelStream;
+use xtc_decode::model::format::gguf::GgmlType;
+use xtc_decode::model::format::quant::{self, QMatrix};
+use xtc_decode::model::vulkan::ops::{Op, Variant};
+use xtc_decode::model::vulkan::qops::QMatmul;
+use xtc_decode::model::vulkan::qweights::TexelStream;
 use xtc_vk::{
     BindingSet, Buffer, CommandPool, Device, Kernels, Location, Selector, StorageImage, TexelFormat,
 };

@@ -21,8 +21,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use xtc_decode::model::gpu::{GpuModel, GpuOptions};
-use xtc_decode::model::ops::{Matmul, Ops, Variant};
+use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_decode::model::vulkan::ops::{Matmul, Ops, Variant};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use xtc_vk::{BindingSet, Buffer, CommandPool, Device, Kernels, Location, Selector};
 

@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use xtc_decode::Model;
-use xtc_decode::model::bpe::Bpe;
-use xtc_decode::model::chat::user_prompt;
-use xtc_decode::model::llama::{Chunk, Llama, Logits};
-use xtc_decode::model::llama_backend::LlamaCpuModel;
-use xtc_decode::model::sampling::argmax;
+use xtc_decode::model::adapters::CpuModel;
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
+use xtc_decode::model::text::bpe::Bpe;
+use xtc_decode::model::text::chat::user_prompt;
+use xtc_decode::model::text::sampling::argmax;
 use xtc_decode::model::{KvGeometry, find_model};
 use xtc_decode::serve::kv::KvLedger;
 use xtc_decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
@@ -68,7 +68,7 @@ pub fn run() -> Result<Vec<Vec<u32>>, Box<dyn std::error::Error>> {
         block_size: BLOCK_SIZE,
         n_blocks: KV_BLOCKS,
     };
-    let mut model = LlamaCpuModel::new(llama.clone(), geometry, "SmolLM2-135M-Instruct");
+    let mut model = CpuModel::llama(llama.clone(), geometry, "SmolLM2-135M-Instruct");
     let mut kv = KvLedger::new(KV_BLOCKS, BLOCK_SIZE)?;
     let specs = QUESTIONS
         .iter()

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use xtc_decode::Model;
-use xtc_decode::model::backend::{ToyModel, toy_reference};
+use xtc_decode::model::adapters::{ToyModel, toy_reference};
 use xtc_decode::serve::kv::KvLedger;
 use xtc_decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
 

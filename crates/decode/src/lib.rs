@@ -31,7 +31,7 @@
 //!   and block tables) and [`Config`] (the model's shape: `vocab_size`,
 //!   `seq_len`, ...). [`DeviceError`] is a launch or finish failure.
 //!
-//! # Import rule (checked by `tests/decode_layout.rs`)
+//! # Import rule (checked by `tests/layout.rs`)
 //! - `decode::model` may import `xtc_vk`, `xtc::Error` / `xtc::Result`
 //!   and this module's join items; never `xtc::batch`, `xtc::rt`,
 //!   `xtc::accel`, `xtc_dispatch` or `decode::serve`.
@@ -127,4 +127,21 @@ pub trait Model {
     /// # Errors
     /// The model's failure, or no plan in flight.
     fn finish(&mut self) -> Result<Vec<u32>, DeviceError>;
+}
+
+/// A boxed model is a model (what [`model::open`] returns, wrapped by the
+/// serving side as any other).
+impl<M: Model + ?Sized> Model for Box<M> {
+    fn config(&self) -> Config {
+        (**self).config()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
+        (**self).launch(plan)
+    }
+    fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
+        (**self).finish()
+    }
 }

@@ -2,7 +2,7 @@
 //! tensor for tensor (shared and unshared classifier); truncated or
 //! inconsistent files are errors naming the offending field.
 
-use xtc_decode::model::checkpoint::{self, CheckpointError};
+use xtc_decode::model::format::checkpoint::{self, CheckpointError};
 use xtc_decode::model::{Config, Weights};
 
 const TINY: Config = Config {
@@ -249,7 +249,7 @@ fn shapes_the_model_cannot_run_are_refused_naming_the_field() {
 /// "tokenizer truncated in score of token N".
 #[test]
 fn tokenizer_of_another_vocabulary_is_refused() {
-    use xtc_decode::model::tokenizer::{self, Tokenizer, TokenizerError};
+    use xtc_decode::model::format::tokenizer::{self, Tokenizer, TokenizerError};
     let pieces = ["<unk>", "<s>", "</s>", " a", " b"];
     let bin = tokenizer::write(&pieces);
     assert_eq!(Tokenizer::parse(&bin, 5).unwrap().vocab_size(), 5);

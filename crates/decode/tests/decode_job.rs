@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use xtc_decode::model::backend::{ToyModel, toy_reference};
+use xtc_decode::model::adapters::{ToyModel, toy_reference};
 use xtc_decode::serve::report::Report;
 use xtc_decode::serve::seq::RequestSpec;
 use xtc_decode::serve::{

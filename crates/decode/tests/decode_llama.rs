@@ -1,6 +1,6 @@
 //! SmolLM2-135M-Instruct (Q4_1 GGUF) served as a `decode::Model` both ways:
-//! on the CPU reference's paged forward pass (`LlamaCpuModel`, host work on
-//! the blocking pool) and on the Vulkan device (`LlamaVulkanModel` over
+//! on the CPU reference's paged forward pass (`CpuModel<LlamaHost>`, host work on
+//! the blocking pool) and on the Vulkan device (`VulkanModel<GpuLlama>` over
 //! `GpuLlama`, completing on a fence fd). A served workload of real-text
 //! prompts (members joining and leaving, prompts prefilled in chunks beside
 //! other members' decode rows, under a token budget) gives every request the
@@ -17,10 +17,10 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use xtc_decode::model::gpu_llama::GpuLlamaOptions;
-use xtc_decode::model::llama::{Chunk, Llama, Logits};
-use xtc_decode::model::llama_backend::{LlamaCpuModel, LlamaVulkanModel};
-use xtc_decode::model::sampling::argmax;
+use xtc_decode::model::adapters::{CpuModel, VulkanModel};
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
+use xtc_decode::model::text::sampling::argmax;
+use xtc_decode::model::vulkan::llama::GpuLlamaOptions;
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
 use xtc_decode::serve::seq::RequestSpec;
 use xtc_decode::serve::{
@@ -150,7 +150,7 @@ fn served_on_the_cpu_reference_and_on_vulkan_each_request_gets_its_contiguous_gr
     let mut cpu_tokens = None;
     for mode in [Mode::Continuous, Mode::Static] {
         let o = opts(mode);
-        let cpu = LlamaCpuModel::new(shared.clone(), geometry(&o), "smollm2");
+        let cpu = CpuModel::llama(shared.clone(), geometry(&o), "smollm2");
         let out = run(cpu, &wl, &o);
         let t = check(m, &wl, &out, &format!("CPU reference, {}", mode.name()));
         cpu_tokens.get_or_insert(t);
@@ -167,7 +167,7 @@ fn served_on_the_cpu_reference_and_on_vulkan_each_request_gets_its_contiguous_gr
         keep_logits: false,
         variant: None,
     };
-    let vk = LlamaVulkanModel::new(&dev, m, gopts, "smollm2").unwrap();
+    let vk = VulkanModel::llama(&dev, m, gopts, "smollm2").unwrap();
     assert_eq!(vk.config().seq_len, 64);
     let out = run(vk, &wl, &o);
     let vk_tokens = check(m, &wl, &out, "Vulkan");
@@ -196,7 +196,7 @@ fn vulkan_model_completes_on_a_fence_and_refuses_bad_plans() {
         keep_logits: false,
         variant: None,
     };
-    let mut vk = LlamaVulkanModel::new(&dev, m, gopts, "smollm2").unwrap();
+    let mut vk = VulkanModel::llama(&dev, m, gopts, "smollm2").unwrap();
     assert!(vk.describe().contains("Vulkan"), "{}", vk.describe());
     assert!(vk.finish().is_err(), "no plan in flight");
     let prompt = [504u32, 3458, 314, 260, 3575, 282];

@@ -10,8 +10,8 @@ use std::time::Duration;
 mod vk_support;
 
 use xtc_decode::Model;
-use xtc_decode::model::backend::{CpuModel, VulkanModel, reference_greedy};
-use xtc_decode::model::checkpoint;
+use xtc_decode::model::adapters::{CpuModel, VulkanModel, reference_greedy};
+use xtc_decode::model::format::checkpoint;
 use xtc_decode::model::{Config, KvGeometry, Weights};
 use xtc_decode::serve::seq::RequestSpec;
 use xtc_decode::serve::{

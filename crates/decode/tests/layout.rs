@@ -4,7 +4,9 @@
 //! side — it reaches a model only through the join (`xtc_decode::Model`,
 //! `Completion`, `BatchPlan`, ...). What the crate may use at all (no CLI, no
 //! CI runner) the compiler enforces through its dependencies; this test holds
-//! the rule between its two halves.
+//! the rule between its two halves, and inside the model side the order of
+//! its folders: `format/` and `text/` at the bottom, `cpu/` (the references)
+//! never importing `vulkan/`.
 
 use std::path::{Path, PathBuf};
 
@@ -107,8 +109,64 @@ fn the_serving_side_imports_neither_vulkan_nor_the_model_side() {
     check("serve", &["vk", "accel", "dispatch", "model"]);
 }
 
+/// The `crate::model::` modules the code (outside comments) of each file
+/// under `src/model/<folder>` names, with the file.
+fn model_paths(folder: &str) -> Vec<(PathBuf, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/model")
+        .join(folder);
+    let files = sources(&dir);
+    assert!(!files.is_empty(), "no sources under {}", dir.display());
+    let mut out = Vec::new();
+    for f in files {
+        let src = std::fs::read_to_string(&f).unwrap();
+        for line in src.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            let code = line.split(" // ").next().unwrap_or(line);
+            let mut rest = code;
+            while let Some(i) = rest.find("model::") {
+                rest = &rest[i + "model::".len()..];
+                out.push((f.clone(), ident(rest)));
+            }
+            // `super::vulkan` from a folder's mod.rs.
+            if code.contains("super::vulkan") {
+                out.push((f.clone(), "vulkan".into()));
+            }
+        }
+    }
+    out
+}
+
+fn check_model(folder: &str, forbidden: &[&str]) {
+    let bad: Vec<String> = model_paths(folder)
+        .into_iter()
+        .filter(|(_, m)| forbidden.contains(&m.as_str()))
+        .map(|(f, m)| format!("{} imports model::{m}", f.display()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "model folder rule broken:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The CPU references are the oracles of the Vulkan models: they never
+/// reach them (the import circle through `Llama::nll` stays open).
+#[test]
+fn cpu_never_imports_vulkan() {
+    check_model("cpu", &["vulkan", "adapters", "stream", "open", "generate"]);
+}
+
+/// Formats and text sit at the bottom of the model: they import no model
+/// code above them.
+#[test]
+fn format_and_text_import_no_model_above_them() {
+    let above = ["cpu", "vulkan", "adapters", "stream", "open", "generate"];
+    check_model("format", &above);
+    check_model("text", &above);
+}
+
 #[test]
 fn the_rule_checker_sees_grouped_and_nested_paths() {
-    let src = "use crate::{Error, serve};\n// use xtc::batch::Group;\nuse crate::model::gpu::GpuModel;\nlet x = xtc::rt::Loop::new(); // xtc_dispatch\nuse xtc_vk::{Device, Kernels};\nlet y = my_xtc_vk::f();\n";
+    let src = "use crate::{Error, serve};\n// use xtc::batch::Group;\nuse crate::model::vulkan::f32_model::GpuModel;\nlet x = xtc::rt::Loop::new(); // xtc_dispatch\nuse xtc_vk::{Device, Kernels};\nlet y = my_xtc_vk::f();\n";
     assert_eq!(crate_paths(src), ["Error", "serve", "model", "rt", "vk"]);
 }

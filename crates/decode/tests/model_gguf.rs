@@ -9,11 +9,11 @@
 //! (missing and mistyped keys, configs the kernels cannot run, missing
 //! tensors, shape mismatches, norm types) and the tokenizer metadata.
 
-use xtc_decode::model::bpe::Bpe;
-use xtc_decode::model::gguf::{
+use xtc_decode::model::cpu::llama::{Llama, gguf_from_weights};
+use xtc_decode::model::format::gguf::{
     GgmlType, Gguf, GgufError, GgufWriter, RawTensor, Value, ValueType, string, string_array,
 };
-use xtc_decode::model::llama::{Llama, gguf_from_weights};
+use xtc_decode::model::text::bpe::Bpe;
 use xtc_decode::model::{Config, ModelError, Weights};
 
 /// A tiny llama (dim 64, 4 layers, vocab 512) in Q4_1, tied head.
@@ -590,7 +590,7 @@ fn missing_tensors_and_shape_mismatches_are_named() {
 
 fn tokenizer_kv(w: &mut GgufWriter) {
     let mut toks: Vec<String> = (0..=255u8)
-        .map(|b| xtc_decode::model::bpe::byte_char(b).to_string())
+        .map(|b| xtc_decode::model::text::bpe::byte_char(b).to_string())
         .collect();
     toks.push("ab".into());
     toks.push("<|im_start|>".into());

@@ -4,10 +4,10 @@
 
 mod model_support;
 
-use xtc_decode::model::chat;
+use xtc_decode::model::format::gguf::GgmlType;
 use xtc_decode::model::generate::{StopReason, generate};
-use xtc_decode::model::gguf::GgmlType;
-use xtc_decode::model::sampling::{Sampler, SamplingParams};
+use xtc_decode::model::text::chat;
+use xtc_decode::model::text::sampling::{Sampler, SamplingParams};
 
 /// The token ids of the ChatML prompt for "What is the capital of France?".
 const FRANCE_IDS: [u32; 16] = [
@@ -134,7 +134,7 @@ fn numerals_split_one_by_one_and_uncovered_bytes_drop() {
 /// oracle's contract for batched kernels).
 #[test]
 fn a_batch_of_prompts_matches_each_alone() {
-    use xtc_decode::model::llama::{Chunk, Logits};
+    use xtc_decode::model::cpu::llama::{Chunk, Logits};
     let Some((m, t)) = model_support::model() else {
         return;
     };

@@ -150,8 +150,8 @@ fn thread_safety_of_public_types() {
     send_sync::<xtc_vk::Kernels>();
     send_sync::<xtc_vk::Buffer>();
     send::<xtc_vk::CommandPool>();
-    send::<xtc_decode::model::gpu::GpuModel>();
-    send::<xtc_decode::model::gpu::InFlight>();
+    send::<xtc_decode::model::vulkan::f32_model::GpuModel>();
+    send::<xtc_decode::model::vulkan::InFlight>();
 }
 
 #[test]

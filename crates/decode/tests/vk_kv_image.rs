@@ -9,8 +9,8 @@
 mod vk_support;
 
 use xtc::Error;
-use xtc_decode::model::gpu::{GpuModel, GpuOptions};
-use xtc_decode::model::ops::{KvImage, Variant};
+use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_decode::model::vulkan::ops::{KvImage, Variant};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 
 const GEO: KvGeometry = KvGeometry {

@@ -9,12 +9,13 @@ mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
-use xtc_decode::model::gguf::{GgmlType, Gguf};
-use xtc_decode::model::gpu_llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
-use xtc_decode::model::llama::{Chunk, Llama, Logits, Sequence, gguf_from_weights};
-use xtc_decode::model::ops::Variant;
-use xtc_decode::model::sampling::argmax;
-use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights, chat};
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits, Sequence, gguf_from_weights};
+use xtc_decode::model::format::gguf::{GgmlType, Gguf};
+use xtc_decode::model::text::chat;
+use xtc_decode::model::text::sampling::argmax;
+use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
+use xtc_decode::model::vulkan::ops::Variant;
+use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 
 const BLOCK: usize = 16;
 /// KV blocks per member (positions 0..BLOCKS_PER * BLOCK).
@@ -385,4 +386,4 @@ fn bad_plans_and_options_are_refused() {
     assert_eq!(gpu.finish(new).unwrap().len(), 1);
 }
 
-type InFlightAlias = xtc_decode::model::gpu::InFlight;
+type InFlightAlias = xtc_decode::model::vulkan::InFlight;

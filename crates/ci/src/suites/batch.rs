@@ -38,8 +38,8 @@ use xtc::batch::{
     SyncOpts,
 };
 use xtc::rt::{self, Loop};
-use xtc_decode::model::ops::{Argmax, Variant};
-use xtc_decode::model::reference;
+use xtc_decode::model::cpu::f32_model;
+use xtc_decode::model::vulkan::ops::{Argmax, Variant};
 use xtc_vk::Submission;
 
 /// Registers the suite's cases.
@@ -93,7 +93,7 @@ impl Req {
         let logits: Vec<f32> = (0..VOCAB).map(|_| rng.f32() * 16.0 - 8.0).collect();
         Req {
             id,
-            want: reference::argmax(&logits),
+            want: f32_model::argmax(&logits),
             logits,
             left: iterations,
         }

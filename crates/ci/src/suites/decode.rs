@@ -8,18 +8,18 @@
 //!   the golden tokens stored for this device (`--golden`), or stores them
 //!   (`--write-baseline`).
 //! - `<model>.reference.p<i>`: Vulkan against the CPU reference
-//!   ([`reference::forward`]) along the device's own tokens: logits within
+//!   ([`f32_model::forward`]) along the device's own tokens: logits within
 //!   NMSE [`LOGITS_NMSE`] at every step, and every device token the
 //!   reference's greedy choice up to a near-tie
-//!   ([`reference::greedy_agrees`], gap [`TIE`]).
+//!   ([`f32_model::greedy_agrees`], gap [`TIE`]).
 //! - `<model>.batched`: every prompt in one ready vector (one plan per
 //!   iteration for all sequences) gives each sequence the tokens it gets
 //!   alone.
 
 use crate::case::{Case, CaseError, Ctx, Outcome, Record, Suite, ensure};
 use crate::check;
-use xtc_decode::model::gpu::{GpuModel, GpuOptions};
-use xtc_decode::model::reference::{self, CpuKvCache};
+use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
+use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 
 /// Largest NMSE of the device's logits against the reference's.
@@ -179,7 +179,7 @@ fn against_reference(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome,
     let mut worst = 0f64;
     let mut ties = 0;
     for (step, pos) in (0..m.n_tokens).zip(m.prompts[p].len()..) {
-        let want = reference::forward(&w, &mut cache, &plan)?;
+        let want = f32_model::forward(&w, &mut cache, &plan)?;
         let f = gpu.submit(&plan)?;
         let (toks, logits) = gpu.finish_with_logits(f)?;
         ensure(
@@ -200,13 +200,13 @@ fn against_reference(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome,
         )?;
         worst = worst.max(e);
         let tok = toks[0];
-        if let Err(gap) = reference::greedy_agrees(tok, &want[0], TIE) {
+        if let Err(gap) = f32_model::greedy_agrees(tok, &want[0], TIE) {
             return Err(CaseError::Fail(format!(
                 "step {step}: device token {tok}, reference {} (logit gap {gap})",
-                reference::argmax(&want[0])
+                f32_model::argmax(&want[0])
             )));
         }
-        if tok != reference::argmax(&want[0]) {
+        if tok != f32_model::argmax(&want[0]) {
             ties += 1;
         }
         plan = BatchPlan {

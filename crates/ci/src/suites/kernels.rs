@@ -1,6 +1,6 @@
 //! `xtc.kernels.*`: every entry point of `kernels/*.wgsl`, run through the
-//! decode ops ([`xtc_decode::model::ops::Ops::run`]) on seeded random inputs and
-//! compared with the CPU reference ([`xtc_decode::model::reference`]): NMSE
+//! decode ops ([`xtc_decode::model::vulkan::ops::Ops::run`]) on seeded random inputs and
+//! compared with the CPU reference ([`xtc_decode::model::cpu::f32_model`]): NMSE
 //! under a per-op threshold ([`check::close`]), bit-exact for the exact ops
 //! (embedding gather, KV append, argmax), NaN/Inf agreement, and guard
 //! regions: every buffer is filled with a sentinel pattern, inputs are
@@ -11,7 +11,7 @@
 //! Names: `xtc.kernels.<op>.<dtype/form>.<shape>`; the form picks the entry
 //! point (`f32_win` = `matmul_win`, `f32_tiled` = `matmul_tiled`, ...) and
 //! each case checks that the op really dispatched it (so a change in
-//! `decode::model::ops`' choice of form cannot silently drop coverage). Shapes:
+//! `decode::model::vulkan::ops`' choice of form cannot silently drop coverage). Shapes:
 //! the real model's (SmolLM2-135M: dim 576, hidden 1536, 9 heads of 64
 //! over 3 KV heads, vocab 49152) and awkward ones (1 row, sizes that are
 //! not multiples of the workgroup or of 4).
@@ -29,11 +29,11 @@ use std::sync::Arc;
 use crate::case::{Case, CaseError, CaseResult, Ctx, Outcome, Suite, ensure};
 use crate::check::{self, Guarded};
 use crate::rig::Rig;
-use xtc_decode::model::ops::{
+use xtc_decode::model::cpu::f32_model::{self, CpuKvCache, EPS};
+use xtc_decode::model::vulkan::ops::{
     Argmax, Attention, AttentionImage, Embed, KvAppend, KvAppendImage, KvImage, Matmul, Op, Ops,
     RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use xtc_decode::model::reference::{self, CpuKvCache, EPS};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
 use xtc_vk::Recorder;
 
@@ -336,7 +336,7 @@ fn rmsnorm(
     let mut want = vec![0f32; n_out * dim];
     for (j, &r) in rows_list.iter().enumerate() {
         let r = r as usize;
-        reference::rmsnorm(&mut want[j * dim..][..dim], &x[r * dim..][..dim], &w);
+        f32_model::rmsnorm(&mut want[j * dim..][..dim], &x[r * dim..][..dim], &w);
     }
     let e = check::close(
         "normalized rows",
@@ -488,7 +488,7 @@ fn matmul(ctx: &mut Ctx, form: MmForm, m: usize, k: usize, ns: [usize; 3]) -> Ca
     })?;
     let mut want = vec![0f32; m * n];
     for r in 0..m {
-        reference::matmul(&mut want[r * n..][..n], &x[r * k..][..k], &w);
+        f32_model::matmul(&mut want[r * n..][..n], &x[r * k..][..k], &w);
     }
     let e = if split {
         let mut worst = 0f64;
@@ -559,7 +559,7 @@ fn rope(ctx: &mut Ctx, n_heads: usize, n_kv: usize, hs: usize) -> CaseResult {
     b.run(|ops, rec| Ok(ops.run(rec, &op)?))?;
     let (mut wq, mut wk) = (q.clone(), k.clone());
     for (r, &p) in pos.iter().enumerate() {
-        reference::rope(
+        f32_model::rope(
             &mut wq[r * dim..][..dim],
             &mut wk[r * kvd..][..kvd],
             p as usize,
@@ -850,7 +850,7 @@ fn attention(ctx: &mut Ctx, form: AttForm, heads: (usize, usize, usize), bs: usi
     let mut row = 0;
     for s in &plan.seqs {
         for i in 0..s.tokens.len() {
-            reference::attention(
+            f32_model::attention(
                 &mut want[(row + i) * dim..][..dim],
                 &q[(row + i) * dim..][..dim],
                 &cache,
@@ -900,7 +900,7 @@ fn swiglu(ctx: &mut Ctx, rows: usize, hidden: usize) -> CaseResult {
     b.expect(&op, "swiglu")?;
     b.run(|ops, rec| Ok(ops.run(rec, &op)?))?;
     let mut want = h1.clone();
-    reference::swiglu(&mut want, &h3);
+    f32_model::swiglu(&mut want, &h3);
     let e = check::close(
         "silu(h1) * h3",
         &b.get(1, 0, rows * hidden)?,
@@ -943,7 +943,7 @@ fn argmax(ctx: &mut Ctx, vocab: usize) -> CaseResult {
     };
     b.expect(&op, "argmax")?;
     b.run(|ops, rec| Ok(ops.run(rec, &op)?))?;
-    let want: Vec<u32> = logits.chunks(vocab).map(reference::argmax).collect();
+    let want: Vec<u32> = logits.chunks(vocab).map(f32_model::argmax).collect();
     check::exact("greedy tokens", &b.get::<u32>(4, 0, rows)?, &want)?;
     ok(format!("{rows} rows exact"))
 }

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use crate::case::{Case, CaseError, Ctx, Measure, Outcome, Record, Suite};
 use crate::rig::Rig;
 use crate::support::empty_round_trip;
-use xtc_decode::model::gpu::{GpuModel, GpuOptions};
-use xtc_decode::model::ops::{Matmul, Variant};
+use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_decode::model::vulkan::ops::{Matmul, Variant};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use xtc_vk::CommandPool;
 

@@ -4,7 +4,7 @@
 //! over the weight image, 1 / 2 / 4 / 8 token rows per invocation; the GPU
 //! form over the weights buffer), the embedding lookup, the LM head's argmax
 //! partials and `argmax_part`, RoPE from the table and RoPE fused with the
-//! KV append. Each against its CPU reference in `decode::model::qops` on
+//! KV append. Each against its CPU reference in `decode::model::vulkan::qops` on
 //! seeded random inputs, at the real model's shapes (SmolLM2-135M: 576,
 //! 1536, 49152; 9 heads of 64 over 3) and awkward ones (a ragged N, a K
 //! whose rows take several window chunks): NMSE under [`NMSE_Q`], bit-exact
@@ -24,15 +24,15 @@ use std::sync::Arc;
 use super::kernels::{Spec, spec};
 use crate::case::{CaseError, CaseResult, Ctx, Outcome, ensure};
 use crate::check::{self, Guarded};
-use xtc_decode::model::gguf::GgmlType;
-use xtc_decode::model::ops::{Op, Ops, Rope, Variant};
-use xtc_decode::model::qops::{
+use xtc_decode::model::cpu::f32_model::argmax;
+use xtc_decode::model::format::gguf::GgmlType;
+use xtc_decode::model::format::quant::{self, QMatrix};
+use xtc_decode::model::vulkan::ops::{Op, Ops, Rope, Variant};
+use xtc_decode::model::vulkan::qops::{
     ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, reference_embed, reference_glu,
     reference_matmul, reference_rope, rope_table,
 };
-use xtc_decode::model::quant::{self, QMatrix};
-use xtc_decode::model::qweights::{QTensor, TexelStream};
-use xtc_decode::model::reference::argmax;
+use xtc_decode::model::vulkan::qweights::{QTensor, TexelStream};
 use xtc_vk::{
     BindingSet, Buffer, CommandPool, Kernels, Location, Recorder, StorageImage, TexelFormat,
 };
@@ -480,7 +480,7 @@ fn qmm(
             b.output(1, y_off, m * n);
             let mut xn = vec![0f32; x.len()];
             for (o, r) in xn.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
-                xtc_decode::model::llama::rmsnorm(o, r, &g, eps);
+                xtc_decode::model::cpu::math::rmsnorm(o, r, &g, eps);
             }
             (
                 vec![QMatmul::glu(&t, m as u32, X_OFF as u32, y_off as u32).with_norm(g_off, eps)],

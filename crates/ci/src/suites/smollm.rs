@@ -10,7 +10,7 @@
 //!   reference ([`Llama::forward`]) along the device's own tokens: the
 //!   sampled row's logits within NMSE [`LOGITS_NMSE`] at every step, every
 //!   device token the reference's greedy choice up to a near-tie
-//!   ([`xtc_decode::model::reference::greedy_agrees`], gap [`TIE`]).
+//!   ([`xtc_decode::model::cpu::f32_model::greedy_agrees`], gap [`TIE`]).
 //! - `xtc.decode.smollm2_135m_q4_1.batched`: every prompt in one ready
 //!   vector gives each sequence the tokens it gets alone.
 //! - `xtc.perf.decode_iter_smollm2.b<N>`: one decode iteration of the real
@@ -24,11 +24,11 @@ use std::sync::OnceLock;
 
 use crate::case::{Case, CaseError, Ctx, Measure, Outcome, Record, Suite, ensure};
 use crate::check;
-use xtc_decode::model::bpe::Bpe;
-use xtc_decode::model::chat;
-use xtc_decode::model::gpu_llama::{GpuLlama, GpuLlamaOptions};
-use xtc_decode::model::llama::{Chunk, Llama, Logits};
-use xtc_decode::model::reference::{self};
+use xtc_decode::model::cpu::f32_model::{self};
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
+use xtc_decode::model::text::bpe::Bpe;
+use xtc_decode::model::text::chat;
+use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::{BatchPlan, FETCH_SCRIPT, KvGeometry, SeqWork, find_model};
 
 /// Case-name component of the model.
@@ -209,13 +209,13 @@ fn against_reference(ctx: &mut Ctx, p: usize) -> Result<Outcome, CaseError> {
             LOGITS_NMSE,
         )?);
         let tok = toks[0];
-        if let Err(gap) = reference::greedy_agrees(tok, &want, TIE) {
+        if let Err(gap) = f32_model::greedy_agrees(tok, &want, TIE) {
             return Err(CaseError::Fail(format!(
                 "step {step}: device token {tok}, reference {} (logit gap {gap})",
-                reference::argmax(&want)
+                f32_model::argmax(&want)
             )));
         }
-        if tok != reference::argmax(&want) {
+        if tok != f32_model::argmax(&want) {
             ties += 1;
         }
         next = vec![tok];

@@ -28,14 +28,18 @@ impl std::ops::DerefMut for Rig {
 impl Rig {
     /// Buffers of `elems[i]` 4-byte elements each; the device's kernel variant.
     pub fn new(dev: &Device, elems: [usize; 5]) -> Rig {
-        Rig::with_variant(dev, elems, xtc_decode::model::ops::Variant::for_device(dev))
+        Rig::with_variant(
+            dev,
+            elems,
+            xtc_decode::model::vulkan::ops::Variant::for_device(dev),
+        )
     }
 
     /// As [`Rig::new`] with the given kernel variant.
     pub fn with_variant(
         dev: &Device,
         elems: [usize; 5],
-        variant: xtc_decode::model::ops::Variant,
+        variant: xtc_decode::model::vulkan::ops::Variant,
     ) -> Rig {
         let kernels = Arc::new(xtc_vk::Kernels::new(dev).unwrap());
         Rig(xtc_ci::Rig::new(kernels, elems, variant).unwrap())
@@ -58,7 +62,10 @@ impl Rig {
 
     /// Records `f` into one command buffer, submits it and waits for it;
     /// asserts the validation layer (on in debug builds) reported nothing.
-    pub fn run(&mut self, f: impl FnOnce(&xtc_decode::model::ops::Ops, &mut xtc_vk::Recorder<'_>)) {
+    pub fn run(
+        &mut self,
+        f: impl FnOnce(&xtc_decode::model::vulkan::ops::Ops, &mut xtc_vk::Recorder<'_>),
+    ) {
         let errors = self
             .0
             .run(|ops, rec| -> Result<(), xtc_vk::VkError> {

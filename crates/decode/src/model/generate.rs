@@ -11,9 +11,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::llama::{ForwardError, Llama, Logits, Sequence};
-use super::sampling::Sampler;
+use super::cpu::llama::{ForwardError, Llama, Logits, Sequence};
 use super::stream::{CpuStream, Stream, StreamError};
+use super::text::sampling::Sampler;
 
 /// Prompt tokens run per prefill pass.
 pub const PREFILL_CHUNK: usize = 256;

@@ -17,9 +17,10 @@
 //! runs the Paris prompt on both) and logits within the Vulkan model's
 //! tolerance (`crates/decode/tests/vk_llama.rs`).
 
-use super::gpu_llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
-use super::llama::{Chunk, ForwardError, Llama, Logits, Sequence};
-use super::ops::Variant;
+use super::cpu::llama::{Chunk, ForwardError, Llama, Logits, Sequence};
+use super::cpu::math::neg_log_softmax;
+use super::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
+use super::vulkan::ops::Variant;
 use super::{BatchPlan, KvGeometry, SeqWork};
 
 /// Why a stream's forward pass failed.
@@ -271,10 +272,10 @@ pub fn nll(
     tokens: &[u32],
     ctx: usize,
     mut progress: impl FnMut(usize, usize),
-) -> Result<super::llama::Nll, StreamError> {
+) -> Result<Nll, StreamError> {
     let ctx = ctx.max(2);
     let total = tokens.chunks(ctx).map(|w| w.len().saturating_sub(1)).sum();
-    let mut nll = super::llama::Nll {
+    let mut nll = Nll {
         tokens: 0,
         sum: 0.0,
     };
@@ -286,7 +287,7 @@ pub fn nll(
             for (j, row) in rows.chunks_exact(vocab).enumerate() {
                 let next = si * SCORE_STEP + j + 1;
                 if next < window.len() {
-                    nll.sum += super::llama::neg_log_softmax(row, window[next] as usize);
+                    nll.sum += neg_log_softmax(row, window[next] as usize);
                     nll.tokens += 1;
                 }
             }
@@ -294,4 +295,43 @@ pub fn nll(
         }
     }
     Ok(nll)
+}
+
+/// A sum of negative log-likelihoods (nats) over scored tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Nll {
+    /// Tokens scored.
+    pub tokens: usize,
+    /// Sum of `-ln p(token | before)`, nats.
+    pub sum: f64,
+}
+
+impl Nll {
+    /// Mean negative log-likelihood per token (nats; NaN with no token).
+    pub fn mean(&self) -> f64 {
+        self.sum / self.tokens as f64
+    }
+    /// `exp(mean)`.
+    pub fn perplexity(&self) -> f64 {
+        self.mean().exp()
+    }
+}
+
+/// [`nll`] of `model` on the CPU reference ([`CpuStream`]).
+///
+/// # Errors
+/// [`ForwardError`] for a token outside the vocabulary, or `ctx` above
+/// the context length ([`ForwardError::ContextFull`]).
+pub fn nll_on_cpu(
+    model: &Llama,
+    tokens: &[u32],
+    ctx: usize,
+    progress: impl FnMut(usize, usize),
+) -> Result<Nll, ForwardError> {
+    let mut stream = CpuStream::new(model);
+    nll(&mut stream, tokens, ctx, progress).map_err(|e| match e {
+        StreamError::Forward(e) => e,
+        // The CPU stream fails only before running.
+        StreamError::Device(m) => unreachable!("CPU stream: {m}"),
+    })
 }

@@ -376,7 +376,7 @@ fn record_completion(m: &DecodeMetrics, s: &Sequence, status: &Status) {
 /// and the report gives the figures:
 ///
 /// ```
-/// use xtc_decode::model::backend::{ToyModel, toy_reference};
+/// use xtc_decode::model::adapters::{ToyModel, toy_reference};
 /// use xtc_decode::serve::job::{self, JobOpts, Mode, Status};
 /// use xtc_decode::serve::report::Report;
 /// use xtc_decode::serve::trace::{self, Scaling};

@@ -42,7 +42,7 @@
 //! writer), `xtc::Error` and the join items of
 //! [`crate`] ([`Model`], `Completion`, `BatchPlan`, `SeqWork`,
 //! `Config`, `DeviceError`); never `xtc_vk` or `decode::model`
-//! (`tests/decode_layout.rs`).
+//! (`tests/layout.rs`).
 //!
 //! # Invariants
 //! - The KV cache is never over-committed: a request's charge (the blocks its

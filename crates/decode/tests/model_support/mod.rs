@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use xtc_decode::model::bpe::Bpe;
-use xtc_decode::model::llama::Llama;
+use xtc_decode::model::cpu::llama::Llama;
+use xtc_decode::model::text::bpe::Bpe;
 use xtc_decode::model::{FETCH_SCRIPT, find_model};
 
 /// The model's path (the library's one lookup, `find_model(None)`), or

@@ -13,8 +13,8 @@
 //! system message when it wants one), so the prompt of one user message is
 //! exactly the test vector.
 
-use super::ModelError;
-use super::bpe::Bpe;
+use crate::model::ModelError;
+use crate::model::text::bpe::Bpe;
 
 /// Start of a turn.
 pub const IM_START: &str = "<|im_start|>";

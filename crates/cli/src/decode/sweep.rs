@@ -13,8 +13,10 @@ use xtc_decode::serve::run_config::RunConfig;
 use xtc_decode::serve::sweep::{Sweep, SweepPoint};
 use xtc_decode::serve::trace::{Scaling, Trace};
 
-use super::decode::{DEFAULT_SWEEP_SLO_MS, DecodeArgs, Observe, exit_status};
-use super::out_file::OutFile;
+use super::args::{DEFAULT_SWEEP_SLO_MS, DecodeArgs};
+use super::outputs::Observe;
+use super::run::{exit_status, run_once};
+use crate::out_file::OutFile;
 
 /// What a sweep runs: one model, the trace's first `requests` rows with the
 /// length scaling of `scaling` (its time scale is replaced by each rate),
@@ -104,7 +106,7 @@ pub fn run(
         };
         for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
             let o = JobOpts { mode, ..*run.opts };
-            let out = super::decode::run_once(run.model, &wl, &o, !args.json, obs.next_run())?;
+            let out = run_once(run.model, &wl, &o, !args.json, obs.next_run())?;
             let report = Report::new(&out, config.clone());
             worst = worst.max(exit_status(&report).0);
             let p = SweepPoint::of(&report, rate, offered);

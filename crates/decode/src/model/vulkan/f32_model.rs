@@ -20,17 +20,12 @@
 //!   list of sampled rows.
 //! - tokens `[u32]` (read back): the greedy token of each sampled sequence.
 
-use std::os::fd::{AsFd, BorrowedFd};
-use std::rc::Rc;
-use std::sync::Arc;
-
-use super::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
-use super::record::{ActOffsets, Geometry, WeightOffsets, u32_of, upload_weights};
-use super::{BatchPlan, Config, KvGeometry, Weights};
+use crate::model::vulkan::f32_record::{Geometry, WeightOffsets, upload_weights};
+use crate::model::vulkan::ops::{Attention, AttentionImage, KvImage, Ops, Variant, pack_metadata};
+use crate::model::vulkan::{ActOffsets, InFlight, u32_of};
+use crate::model::{BatchPlan, Config, KvGeometry, Weights};
 use xtc::{Error, Result};
-use xtc_vk::{
-    BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage, Submission,
-};
+use xtc_vk::{BindingSet, Buffer, CommandPool, Device, Kernels, Location, StorageImage};
 
 /// Sizes of a [`GpuModel`]'s KV cache and per-iteration capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,91 +61,6 @@ impl Default for GpuOptions {
             variant: None,
             kv_image: None,
         }
-    }
-}
-
-/// One submitted iteration. Poll [`fence_fd`](Self::fence_fd) (readable when
-/// done), then hand it to [`GpuModel::finish`].
-#[derive(Debug)]
-pub struct InFlight {
-    /// Shared with the batch engine's FENCE wait ([`InFlight::fence`]);
-    /// `Arc` so `InFlight` stays `Send`. Dropping the last clone waits for
-    /// the work (as [`Submission`] does).
-    sub: Arc<Submission>,
-    n_samples: usize,
-    iteration: u64,
-}
-
-impl InFlight {
-    /// An iteration in flight: `sub` completes it, `n_samples` sequences
-    /// sample, `iteration` is its model's iteration count (checked by finish).
-    pub(crate) fn new(sub: Submission, n_samples: usize, iteration: u64) -> InFlight {
-        InFlight {
-            sub: Arc::new(sub),
-            n_samples,
-            iteration,
-        }
-    }
-
-    /// Waits for the iteration and reads its sampled tokens (`n_samples`
-    /// `u32`s at the start of `tokens`): the `finish` of both Vulkan models.
-    ///
-    /// # Errors
-    /// `Inval` when `self` is not the model's `latest` iteration, `Internal`
-    /// for a lost device.
-    pub(crate) fn read_tokens(self, latest: u64, tokens: &Buffer) -> Result<Vec<u32>> {
-        if self.iteration != latest {
-            return Err(Error::Inval);
-        }
-        if !self.sub.wait(None)? {
-            return Err(Error::Internal);
-        }
-        let mut out = vec![0u32; self.n_samples];
-        tokens.read(0, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`read_tokens`](Self::read_tokens), then each sampled sequence's
-    /// logits (`[vocab]`, in plan order) from `logits`.
-    ///
-    /// # Errors
-    /// As [`read_tokens`](Self::read_tokens); `Inval` without a logits
-    /// buffer (`keep_logits` off).
-    pub(crate) fn read_tokens_and_logits(
-        self,
-        latest: u64,
-        tokens: &Buffer,
-        logits: Option<&Buffer>,
-        vocab: usize,
-    ) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
-        let n = self.n_samples;
-        let toks = self.read_tokens(latest, tokens)?;
-        let buf = logits.ok_or(Error::Inval)?;
-        let mut flat = vec![0f32; n * vocab];
-        buf.read(0, &mut flat)?;
-        Ok((
-            toks,
-            flat.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
-        ))
-    }
-
-    /// The completion fd: an eventfd or sync_file, POLLIN once the
-    /// iteration's command buffer has executed (B-066). Valid while `self` lives.
-    pub fn fence_fd(&self) -> BorrowedFd<'_> {
-        self.sub.fence_fd()
-    }
-
-    /// The completion fence as a shared owner, for `batch::Exec::Fence`
-    /// (B-066, B-067): the engine keeps this clone until its `collect`
-    /// returned, so the fd stays open for the whole wait even once
-    /// [`GpuModel::finish`] consumed `self`.
-    pub fn fence(&self) -> Rc<dyn AsFd> {
-        Rc::new(self.sub.clone()) // `Arc<T: AsFd>` is `AsFd`
-    }
-
-    /// Sequences of the plan that sample.
-    pub fn n_samples(&self) -> usize {
-        self.n_samples
     }
 }
 
@@ -396,11 +306,7 @@ impl GpuModel {
             *ready = true;
         }
         self.iteration += 1;
-        Ok(InFlight {
-            sub: Arc::new(sub),
-            n_samples,
-            iteration: self.iteration,
-        })
+        Ok(InFlight::new(sub, n_samples, self.iteration))
     }
 
     /// Writes this iteration's metadata ([`pack_metadata`]); returns the

@@ -17,7 +17,7 @@
 //!   the start of the weights buffer.
 //! - The weights buffer (f32): the RMSNorm vectors and the RoPE table
 //!   ([`rope_table`]: `[max_context][head_size / 2][cos, sin]`).
-//! - Activations, metadata, tokens: as [`super::gpu::GpuModel`]
+//! - Activations, metadata, tokens: as [`crate::model::vulkan::f32_model::GpuModel`]
 //!   (`x, xb, q, att [T, dim]`, `k, v [T, kv_dim]`, `h1, h3 [T, hidden]`,
 //!   `sel [S, dim]`, `logits [S, vocab]`).
 //! - The KV cache: the storage image in the [`KvImage`] layout on CPU
@@ -34,122 +34,29 @@
 
 use std::os::fd::BorrowedFd;
 
-use super::gguf::Gguf;
-use super::gpu::InFlight;
-use super::llama::Llama;
-use super::ops::{
-    Attention, AttentionImage, KvImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
+mod build;
+mod options;
+
+use build::{LayerW, Proj};
+pub use options::{GpuLlamaError, GpuLlamaOptions};
+
+use crate::model::cpu::llama::Llama;
+use crate::model::vulkan::{ActOffsets, InFlight};
+
+use crate::model::vulkan::ops::{
+    Attention, AttentionImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use super::qops::{ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, rope_table};
-use super::quant::{self, QMatrix};
-use super::qweights::{QTensor, RepackError, TexelStream};
-use super::record::{ActOffsets, u32_of};
-use super::{BatchPlan, Config, KvGeometry, ModelError};
+use crate::model::vulkan::qops::{ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups};
+use crate::model::vulkan::qweights::QTensor;
+use crate::model::{BatchPlan, Config};
 use xtc::{Error, Result};
 use xtc_vk::{
-    BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, StorageImage,
-    TexelFormat, Timestamps, VkError, VkResult,
+    BindingSet, Buffer, CommandPool, Device, Kernels, Recorder, StorageImage, Timestamps, VkResult,
 };
-
-/// Width of the weight image in texels (a power of two: the kernels address
-/// texel `i` at `(i & 4095, (i >> 12) & 16383, i >> 26)`).
-const IMAGE_WIDTH: u32 = 4096;
-/// Rows of the weight image per layer (the kernels' `(i >> 12) & 16383`).
-const IMAGE_ROWS: u32 = 16384;
 
 /// Device time of each group of dispatches of one iteration, in order:
 /// `(label, nanoseconds)` ([`GpuLlama::profile`]).
 pub type GroupTimes = Vec<(&'static str, f64)>;
-
-/// Sizes of a [`GpuLlama`]'s KV cache and per-iteration capacity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuLlamaOptions {
-    /// KV-cache geometry (block ids in block tables are `< n_blocks`).
-    pub kv: KvGeometry,
-    /// Most token rows in one plan.
-    pub max_tokens: usize,
-    /// Most sequences in one plan.
-    pub max_seqs: usize,
-    /// Positions per sequence (at most the model's context length; on CPU
-    /// devices also at most what `attention_img`'s loop budget allows,
-    /// 1817 at head size 64).
-    pub max_context: usize,
-    /// Copy the sampled rows' logits back each iteration
-    /// ([`GpuLlama::finish_with_logits`]); off by default (costs a copy).
-    pub keep_logits: bool,
-    /// Kernel forms; `None`: [`Variant::for_device`], or `Gpu` where the
-    /// device lacks what the CPU form needs: subgroups of at least 8 lanes
-    /// with ballot and arithmetic operations ([`Device::subgroup_size`];
-    /// llvmpipe on a CPU without AVX has 4). Asking for `Cpu` there is an
-    /// [`GpuLlamaError::Options`] error.
-    pub variant: Option<Variant>,
-}
-
-impl Default for GpuLlamaOptions {
-    fn default() -> Self {
-        GpuLlamaOptions {
-            kv: KvGeometry {
-                block_size: 16,
-                n_blocks: 256,
-            },
-            max_tokens: 256,
-            max_seqs: 64,
-            max_context: 1024,
-            keep_logits: false,
-            variant: None,
-        }
-    }
-}
-
-/// Why a [`GpuLlama`] could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum GpuLlamaError {
-    /// The file lacks a tensor or metadata the model needs.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// A tensor the kernels cannot read in its shape.
-    #[error("tensor {tensor}: {err}")]
-    Repack {
-        /// The tensor (or stacked tensors).
-        tensor: String,
-        /// What is wrong.
-        err: RepackError,
-    },
-    /// Options the model cannot honour.
-    #[error("option {option}: {why}")]
-    Options {
-        /// The option.
-        option: &'static str,
-        /// What is wrong.
-        why: String,
-    },
-    /// The device refused (out of memory, limits, a lost device).
-    #[error(transparent)]
-    Vk(#[from] VkError),
-    /// Sizes that do not fit the kernels' 32-bit offsets.
-    #[error("buffer sizes overflow the kernels' 32-bit offsets")]
-    Range,
-}
-
-/// A projection: one stacked tensor (one dispatch, split outputs; for
-/// gate|up the rows interleaved for the fused SwiGLU), or its parts when
-/// their formats differ (one dispatch each; gate and up then go through the
-/// `swiglu` kernel).
-#[derive(Debug, Clone)]
-enum Proj {
-    Stacked(QTensor),
-    Parts(Vec<QTensor>),
-}
-
-#[derive(Debug, Clone)]
-struct LayerW {
-    attn_norm: u32,
-    ffn_norm: u32,
-    qkv: Proj,
-    wo: QTensor,
-    w13: Proj,
-    w2: QTensor,
-}
 
 /// The model on one device with its own command pool (one per loop). One
 /// iteration in flight at a time.
@@ -194,48 +101,6 @@ impl std::fmt::Debug for GpuLlama {
     }
 }
 
-fn matrix<'a>(g: &'a Gguf, name: &str) -> std::result::Result<QMatrix<'a>, GpuLlamaError> {
-    let info = g.tensor(name).map_err(ModelError::Gguf)?;
-    let (cols, rows) = (
-        info.dims[0] as usize,
-        info.dims.get(1).copied().unwrap_or(1) as usize,
-    );
-    QMatrix::new(info.ty, rows, cols, g.tensor_data(info)).map_err(|e| GpuLlamaError::Options {
-        option: "model",
-        why: format!("tensor {name}: {e}"),
-    })
-}
-
-fn norm(g: &Gguf, name: &str, out: &mut Vec<f32>) -> std::result::Result<u32, GpuLlamaError> {
-    let info = g.tensor(name).map_err(ModelError::Gguf)?;
-    let at = out.len();
-    out.resize(at + info.n_elements() as usize, 0.0);
-    quant::dequantize(info.ty, g.tensor_data(info), &mut out[at..]);
-    u32::try_from(at).map_err(|_| GpuLlamaError::Range)
-}
-
-fn stack(
-    s: &mut TexelStream,
-    names: &[String],
-    parts: &[QMatrix<'_>],
-) -> std::result::Result<Proj, GpuLlamaError> {
-    let repack = |tensor: &str, err| GpuLlamaError::Repack {
-        tensor: tensor.into(),
-        err,
-    };
-    if parts.iter().all(|p| p.ty() == parts[0].ty()) {
-        return s
-            .push_stacked(parts)
-            .map(Proj::Stacked)
-            .map_err(|e| repack(&names.join("|"), e));
-    }
-    let mut out = vec![];
-    for (n, p) in names.iter().zip(parts) {
-        out.push(s.push(p).map_err(|e| repack(n, e))?);
-    }
-    Ok(Proj::Parts(out))
-}
-
 impl GpuLlama {
     /// Uploads `model` to `dev` (its matrices in their block formats, see the
     /// module documentation) and allocates a KV cache and buffers for `opts`.
@@ -252,271 +117,40 @@ impl GpuLlama {
         opts: GpuLlamaOptions,
     ) -> std::result::Result<GpuLlama, GpuLlamaError> {
         let lc = *model.config();
-        let bad = |option, why: &str| GpuLlamaError::Options {
-            option,
-            why: why.into(),
-        };
-        if opts.max_tokens == 0 || opts.max_seqs == 0 {
-            return Err(bad("max_tokens/max_seqs", "must be at least 1"));
-        }
-        if opts.kv.block_size == 0 || opts.kv.n_blocks == 0 {
-            return Err(bad("kv", "block size and block count must be at least 1"));
-        }
-        if opts.max_context == 0 || opts.max_context > lc.shape.seq_len {
-            return Err(bad(
-                "max_context",
-                &format!("{} is not in 1..={}", opts.max_context, lc.shape.seq_len),
-            ));
-        }
-        let shape = Config {
-            seq_len: opts.max_context,
-            ..lc.shape
-        };
-        // The CPU form hands x around subgroups of at least 8 lanes
-        // (`subgroupBroadcast` from lanes 0..7) and reduces with
-        // `subgroupAdd` / `Max` / `Min`; without them the GPU form runs.
-        let subgroups = dev.subgroup_size().is_some_and(|s| s >= 8);
-        let variant = match opts.variant {
-            Some(v) => v,
-            None if subgroups => Variant::for_device(dev),
-            None => Variant::Gpu,
-        };
-        if variant == Variant::Cpu && !subgroups {
-            return Err(bad(
-                "variant",
-                &format!(
-                    "the CPU-device kernels need subgroups of at least 8 lanes with ballot and arithmetic operations; this device has {:?} (use the GPU form)",
-                    dev.subgroup_size()
-                ),
-            ));
-        }
+        let (shape, variant) = build::validate(dev, &lc, &opts)?;
         let kernels = Kernels::new(dev)?;
         let ops = Ops::new(&kernels, variant)?;
-        let g = model.gguf();
-        let hs = shape.head_size();
-
-        // The texel stream and the f32 weights.
-        let mut s = TexelStream::new();
-        let mut f32s: Vec<f32> = vec![];
-        let mut layers = Vec::with_capacity(shape.n_layers);
-        for i in 0..shape.n_layers {
-            let n = |t: &str| format!("blk.{i}.{t}.weight");
-            let qkv_names = [n("attn_q"), n("attn_k"), n("attn_v")];
-            let qkv: Vec<QMatrix> = qkv_names
-                .iter()
-                .map(|t| matrix(g, t))
-                .collect::<std::result::Result<_, _>>()?;
-            let w13_names = [n("ffn_gate"), n("ffn_up")];
-            let w13: Vec<QMatrix> = w13_names
-                .iter()
-                .map(|t| matrix(g, t))
-                .collect::<std::result::Result<_, _>>()?;
-            let single = |s: &mut TexelStream, t: &str| {
-                s.push(&matrix(g, t)?).map_err(|err| GpuLlamaError::Repack {
-                    tensor: t.into(),
-                    err,
-                })
-            };
-            let qkv = stack(&mut s, &qkv_names, &qkv)?;
-            let wo = single(&mut s, &n("attn_output"))?;
-            let w13 = match w13[0].ty() == w13[1].ty() {
-                true => Proj::Stacked(s.push_interleaved(&w13[0], &w13[1]).map_err(|err| {
-                    GpuLlamaError::Repack {
-                        tensor: w13_names.join("|"),
-                        err,
-                    }
-                })?),
-                false => stack(&mut s, &w13_names, &w13)?,
-            };
-            let w2 = single(&mut s, &n("ffn_down"))?;
-            layers.push(LayerW {
-                attn_norm: norm(g, &n("attn_norm"), &mut f32s)?,
-                ffn_norm: norm(g, &n("ffn_norm"), &mut f32s)?,
-                qkv,
-                wo,
-                w13,
-                w2,
-            });
-        }
-        let embed_m = matrix(g, "token_embd.weight")?;
-        let embed = s.push(&embed_m).map_err(|err| GpuLlamaError::Repack {
-            tensor: "token_embd.weight".into(),
-            err,
-        })?;
-        let head = if lc.tied_output {
-            embed
-        } else {
-            s.push(&matrix(g, "output.weight")?)
-                .map_err(|err| GpuLlamaError::Repack {
-                    tensor: "output.weight".into(),
-                    err,
-                })?
-        };
-        let out_norm = norm(g, "output_norm.weight", &mut f32s)?;
-        let rope_tab = u32::try_from(f32s.len()).map_err(|_| GpuLlamaError::Range)?;
-        f32s.extend(rope_table(lc.rope_base, hs, opts.max_context));
-
-        // Where the stream goes: the image (CPU devices) or the start of the
-        // weights buffer (GPUs; the f32 weights then follow it).
-        let stream_bytes = s.bytes().len() as u64;
-        let (wbuf, wimg, f32_base) = match variant {
-            Variant::Cpu => {
-                let texels = s.texels().max(1) as u64;
-                let per_layer = u64::from(IMAGE_WIDTH) * u64::from(IMAGE_ROWS);
-                let layers =
-                    u32::try_from(texels.div_ceil(per_layer)).map_err(|_| GpuLlamaError::Range)?;
-                let rows = if layers > 1 {
-                    IMAGE_ROWS
-                } else {
-                    texels.div_ceil(u64::from(IMAGE_WIDTH)) as u32
-                };
-                let mut img = StorageImage::with_format(
-                    dev,
-                    TexelFormat::Rgba32U,
-                    [IMAGE_WIDTH, rows, layers],
-                    "weights (texel stream)",
-                )?;
-                img.upload(s.bytes())?;
-                let mut buf = Buffer::new(
-                    dev,
-                    (f32s.len() * 4) as u64,
-                    Location::Device,
-                    "weights f32",
-                )?;
-                buf.upload(0, &f32s)?;
-                (buf, Some(img), 0u32)
-            }
-            Variant::Gpu => {
-                let base = u32::try_from(stream_bytes / 4).map_err(|_| GpuLlamaError::Range)?;
-                let total = stream_bytes + (f32s.len() * 4) as u64;
-                let mut buf = Buffer::new(dev, total, Location::Device, "weights")?;
-                buf.upload(0, s.bytes())?;
-                buf.upload(stream_bytes, &f32s)?;
-                (buf, None, base)
-            }
-        };
-        let shift = |o: u32| o.checked_add(f32_base).ok_or(GpuLlamaError::Range);
-        for l in &mut layers {
-            l.attn_norm = shift(l.attn_norm)?;
-            l.ffn_norm = shift(l.ffn_norm)?;
-        }
-        let out_norm = shift(out_norm)?;
-        let rope_tab = shift(rope_tab)?;
-
-        // KV cache: the image where the attention form's loop budget allows.
-        let image = KvImage::new(&shape, opts.kv, dev.image_limits()).filter(|_| {
-            let probe = Attention {
-                head_size: hs as u32,
-                kv_dim: shape.kv_dim() as u32,
-                max_pos: opts.max_context as u32 - 1,
-                ..bytemuck::Zeroable::zeroed()
-            };
-            AttentionImage(probe).fits()
-        });
-        if variant == Variant::Cpu && image.is_none() {
-            return Err(bad(
-                "max_context",
-                &format!(
-                    "{} positions at head size {hs} exceed what the CPU-device attention runs (or the KV image limits)",
-                    opts.max_context
-                ),
-            ));
-        }
-        let image = image.filter(|_| variant == Variant::Cpu);
-        let a = ActOffsets::new(&shape, opts.max_tokens, opts.max_seqs)
-            .map_err(|_| GpuLlamaError::Range)?;
-        let mul = |a: u64, b: u64| a.checked_mul(b).ok_or(GpuLlamaError::Range);
-        let kv_layer = mul(
-            mul(opts.kv.n_blocks as u64, opts.kv.block_size as u64)?,
-            shape.kv_dim() as u64,
-        )?;
-        let kv_len = mul(2 * shape.n_layers as u64, kv_layer)?;
-        u32_of(kv_len).map_err(|_| GpuLlamaError::Range)?;
-        let per_seq = shape.seq_len.div_ceil(opts.kv.block_size) as u64 + 1;
-        let meta_len = mul(4, opts.max_tokens as u64)?
-            .checked_add(mul(opts.max_seqs as u64, per_seq)?)
-            .ok_or(GpuLlamaError::Range)?;
-        let part_off = u32::try_from(a.len).map_err(|_| GpuLlamaError::Range)?;
-        let parts = mul(
-            mul(
-                opts.max_seqs as u64,
-                u64::from(argmax_groups(shape.vocab_size as u32, variant)),
-            )?,
-            2,
-        )?;
-        let act_len = a.len.checked_add(parts).ok_or(GpuLlamaError::Range)?;
-        u32::try_from(act_len).map_err(|_| GpuLlamaError::Range)?;
-        let act = Buffer::new(dev, mul(act_len, 4)?, Location::Device, "activations")?;
-        let (kv, kv_image) = match image {
-            Some(img) => {
-                let [w, h, l] = img.extent;
-                let store = StorageImage::new(dev, w, h, l, "kv cache")?;
-                (
-                    Buffer::new(dev, 4, Location::Device, "kv placeholder")?,
-                    Some((store, false)),
-                )
-            }
-            None => (
-                Buffer::zeroed(dev, kv_len * 4, Location::Device, "kv cache")?,
-                None,
-            ),
-        };
-        let meta = Buffer::new(dev, meta_len * 4, Location::Upload, "metadata")?;
-        let tokens = Buffer::new(
-            dev,
-            mul(opts.max_seqs as u64, 4)?,
-            Location::Readback,
-            "tokens",
-        )?;
-        let logits = match opts.keep_logits {
-            true => Some(Buffer::new(
-                dev,
-                mul(mul(opts.max_seqs as u64, shape.vocab_size as u64)?, 4)?,
-                Location::Readback,
-                "logits",
-            )?),
-            false => None,
-        };
-        let bound = [&wbuf, &act, &kv, &meta, &tokens];
-        if bound
-            .iter()
-            .any(|b| b.size() > dev.max_storage_buffer_range())
-        {
-            return Err(GpuLlamaError::Range);
-        }
-        let set = BindingSet::with_images(
-            &kernels,
-            &bound,
-            kv_image.as_ref().map(|(i, _)| i),
-            wimg.as_ref(),
-        )?;
+        let mut w = build::repack(model, &shape, &opts)?;
+        let up = build::upload(dev, variant, &mut w)?;
+        let b = build::allocate(dev, &shape, &opts, variant)?;
+        let set = build::bind(dev, &kernels, &up, &b)?;
         Ok(GpuLlama {
             pool: CommandPool::new(dev)?,
             set,
-            wbuf,
-            wimg,
-            act,
-            kv,
-            kv_image,
-            meta,
-            tokens,
-            logits,
+            wbuf: up.wbuf,
+            wimg: up.wimg,
+            act: b.act,
+            kv: b.kv,
+            kv_image: b.kv_image,
+            meta: b.meta,
+            tokens: b.tokens,
+            logits: b.logits,
             ops,
             kernels,
             dev: dev.clone(),
             shape,
             rms_eps: lc.rms_eps,
             opts,
-            layers,
-            embed,
-            head,
-            out_norm,
-            rope_tab,
-            a,
-            part_off,
-            kv_layer: u32_of(kv_layer).map_err(|_| GpuLlamaError::Range)?,
-            weight_bytes: stream_bytes,
-            scratch: Vec::with_capacity(meta_len as usize),
+            layers: w.layers,
+            embed: w.embed,
+            head: w.head,
+            out_norm: w.out_norm,
+            rope_tab: w.rope_tab,
+            a: b.a,
+            part_off: b.part_off,
+            kv_layer: b.kv_layer,
+            weight_bytes: up.weight_bytes,
+            scratch: Vec::with_capacity(b.meta_len),
             iteration: 0,
         })
     }

@@ -8,7 +8,7 @@
 //! `h / (n_heads / n_kv_heads)`; SwiGLU `silu(w1 x) * (w3 x)`; greedy sampling
 //! takes the lowest index among equal maxima.
 
-use super::{BatchPlan, Config, KvGeometry, Weights};
+use crate::model::{BatchPlan, Config, KvGeometry, Weights};
 
 /// RMSNorm epsilon (llama2.c).
 pub const EPS: f32 = 1e-5;

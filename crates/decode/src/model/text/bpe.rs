@@ -45,8 +45,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use super::ModelError;
-use super::gguf::Gguf;
+use crate::model::ModelError;
+use crate::model::format::gguf::Gguf;
 
 /// The GPT-2 pre-tokenization pattern (see the module documentation).
 pub const GPT2_PATTERN: &str =
@@ -236,7 +236,7 @@ impl Bpe {
         };
         let bos = id_key("tokenizer.ggml.bos_token_id")?;
         let eos = id_key("tokenizer.ggml.eos_token_id")?.ok_or_else(|| {
-            ModelError::Gguf(super::gguf::GgufError::MissingKey {
+            ModelError::Gguf(crate::model::format::gguf::GgufError::MissingKey {
                 key: "tokenizer.ggml.eos_token_id".into(),
             })
         })?;
@@ -520,7 +520,7 @@ impl TextStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::gguf::{GgufWriter, Value, ValueType, string, string_array};
+    use crate::model::format::gguf::{GgufWriter, Value, ValueType, string, string_array};
 
     #[test]
     fn the_byte_alphabet_is_gpt2s() {

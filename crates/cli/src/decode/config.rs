@@ -12,7 +12,8 @@ use xtc_decode::serve::run_config::{
 };
 use xtc_decode::serve::trace::{self, Scaling, Trace};
 
-use super::decode::{DecodeArgs, DeviceChoice};
+use super::args::DecodeArgs;
+use xtc_decode::model::open::Target;
 
 /// What a run's model is: its description, its shape (`Model::config`) and
 /// the weights it was built from.
@@ -45,11 +46,11 @@ pub fn run_config(
     scaling: &Scaling,
     facts: ModelFacts,
     opts: &JobOpts,
-    device: &DeviceChoice,
+    device: &Target,
 ) -> RunConfig {
     let (params, description, model_shape) = (facts.parameters, facts.description, facts.shape);
     let (weight_bytes, model_path) = (facts.weight_bytes, facts.path);
-    let toy = matches!(device, DeviceChoice::Toy);
+    let toy = matches!(device, Target::Toy(_));
     let positions = opts.kv_blocks.saturating_mul(opts.block_size);
     // K and V, f32, every layer (the CPU reference and the Vulkan model).
     let kv_bytes = (positions as u64)
@@ -86,7 +87,7 @@ pub fn run_config(
         },
         token_budget_tokens: opts.token_budget,
         max_active: opts.max_active,
-        device: device_config(&args.device, device),
+        device: device_config(&args.device.to_string(), device),
         slo: Slo {
             ttft_ms: args.slo_ttft,
             tpot_ms: args.slo_tpot,
@@ -100,17 +101,17 @@ fn path_text(p: &Path) -> String {
 
 /// The device as a structure: Vulkan's properties, the CPU's model name for
 /// the CPU reference, `toy` for the toy model.
-pub fn device_config(selector: &str, device: &DeviceChoice) -> DeviceConfig {
+pub fn device_config(selector: &str, device: &Target) -> DeviceConfig {
     match device {
-        DeviceChoice::Toy => DeviceConfig::named(selector, "toy", "none"),
-        DeviceChoice::Cpu => {
+        Target::Toy(_) => DeviceConfig::named(selector, "toy", "none"),
+        Target::Cpu => {
             let (name, vendor) = cpu_model();
             DeviceConfig {
                 vendor,
                 ..DeviceConfig::named(selector, &name, "cpu")
             }
         }
-        DeviceChoice::Vulkan(d) => {
+        Target::Vulkan(d) => {
             let i = d.info();
             let kind = match i.kind {
                 xtc_vk::DeviceKind::Discrete => "discrete",

@@ -1,14 +1,24 @@
 //! The implementations of [`Model`], the trait the serving side drives: one
-//! forward pass of a [`BatchPlan`] per iteration.
+//! forward pass of a [`BatchPlan`] per iteration. ONE adapter per device
+//! kind, generic over the model it drives:
 //!
-//! [`Model::launch`] starts the forward pass of one plan (the whole ready
-//! vector in one command buffer on a GPU) and returns its [`Completion`]:
-//! [`VulkanModel`] its submission's fence (a shared owner of the sync_file or
-//! eventfd, readable when the device finishes), [`CpuModel`] and
-//! [`ToyModel`] host work for the blocking pool (so the loop's other
-//! processes — arrivals, cancels — keep running meanwhile).
+//! - [`CpuModel`] over a [`HostForward`]: the f32 reference ([`F32Host`],
+//!   [`CpuModel::new`]) or the GGUF reference's paged forward pass
+//!   ([`LlamaHost`], [`CpuModel::llama`]). [`Model::launch`] returns host
+//!   work for the blocking pool ([`Completion::Host`]), so the loop's other
+//!   processes (arrivals, cancels) keep running meanwhile.
+//! - [`VulkanModel`] over a [`DeviceForward`]: the f32 [`GpuModel`]
+//!   ([`VulkanModel::new`]) or the GGUF [`GpuLlama`] ([`VulkanModel::llama`]).
+//!   `launch` records and submits ONE command buffer for the whole plan and
+//!   completes with its fence fd (a shared owner of the submission, B-066).
+//! - [`ToyModel`], below.
+//!
 //! [`Model::finish`] then returns the greedy next token of every sequence
-//! whose `sample` flag is set, in plan order.
+//! whose `sample` flag is set, in plan order (the lowest id among equal
+//! maxima, as [`argmax`]). `crates/decode/tests/decode_llama.rs` checks the
+//! two GGUF adapters agree token for token with each other and with the
+//! contiguous reference; `crates/decode/tests/decode_models.rs` the f32 ones
+//! against [`reference_greedy`].
 //!
 //! [`ToyModel`] is a device-free stand-in whose "forward pass" hashes each
 //! sequence's whole history read back through its block table, so any block
@@ -22,16 +32,19 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::gpu::{GpuModel, GpuOptions, InFlight};
-use super::reference::{self, CpuKvCache};
+use super::cpu::f32_model::{self, CpuKvCache};
+use super::cpu::llama::{Llama, PagedKv};
+use super::text::sampling::argmax;
+use super::vulkan::InFlight;
+use super::vulkan::f32_model::{GpuModel, GpuOptions};
+use super::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use super::{BatchPlan, Config, KvGeometry, Weights};
 use crate::{Completion, DeviceError, Model};
 
 type Outcome = Option<Result<Vec<u32>, DeviceError>>;
 
 /// A host model's state and the result slot of its launched plan, shared
-/// with the closure that computes it on a pool thread (also the GGUF CPU
-/// model's, `llama_backend`).
+/// with the closure that computes it on a pool thread.
 pub(super) struct HostCompute<S> {
     state: Arc<Mutex<S>>,
     result: Arc<Mutex<Outcome>>,
@@ -263,7 +276,7 @@ impl ToyState {
 /// oracle the batched job is checked against).
 ///
 /// # Errors
-/// As [`reference::forward`] (a prompt token out of the vocabulary, or
+/// As [`f32_model::forward`] (a prompt token out of the vocabulary, or
 /// `prompt + n - 1` positions above `seq_len`).
 pub fn reference_greedy(w: &Weights, prompt: &[u32], n: usize) -> xtc::Result<Vec<u32>> {
     let positions = prompt.len() + n;
@@ -285,65 +298,118 @@ pub fn reference_greedy(w: &Weights, prompt: &[u32], n: usize) -> xtc::Result<Ve
             }],
         };
         pos += plan.n_tokens();
-        let logits = reference::forward(w, &mut cache, &plan)?;
-        let t = reference::argmax(&logits[0]);
+        let logits = f32_model::forward(w, &mut cache, &plan)?;
+        let t = f32_model::argmax(&logits[0]);
         out.push(t);
         tokens = vec![t];
     }
     Ok(out)
 }
 
-/// The CPU reference's weights and host paged KV cache.
-struct CpuState {
+/// One forward pass of a plan on the host, the greedy token of each sampling
+/// sequence out: what a [`CpuModel`] runs on the blocking pool. One per CPU
+/// reference: [`F32Host`] (the f32 model) and [`LlamaHost`] (the GGUF model).
+pub trait HostForward: Send + 'static {
+    /// Runs `plan` and returns the sampled tokens, in plan order.
+    ///
+    /// # Errors
+    /// The reference's refusal of the plan, as a [`DeviceError`].
+    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError>;
+}
+
+/// The f32 CPU reference's weights and host paged KV cache
+/// ([`f32_model::forward`]).
+pub struct F32Host {
     weights: Weights,
     cache: CpuKvCache,
 }
 
-impl CpuState {
+impl HostForward for F32Host {
     fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
-        let logits = reference::forward(&self.weights, &mut self.cache, plan)
+        let logits = f32_model::forward(&self.weights, &mut self.cache, plan)
             .map_err(|e| DeviceError(format!("CPU reference: {e}")))?;
-        Ok(logits.iter().map(|l| reference::argmax(l)).collect())
+        Ok(logits.iter().map(|l| f32_model::argmax(l)).collect())
     }
 }
 
-/// The CPU reference forward pass ([`reference::forward`]) over a host
-/// paged KV cache, computed off the loop ([`Completion::Host`]).
-pub struct CpuModel {
-    config: Config,
-    host: HostCompute<CpuState>,
+/// The GGUF CPU reference's weights (shared) and paged KV cache
+/// ([`Llama::forward_paged`]); its products use rayon's pool.
+pub struct LlamaHost {
+    model: Arc<Llama>,
+    kv: PagedKv,
 }
 
-impl std::fmt::Debug for CpuModel {
+impl HostForward for LlamaHost {
+    fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
+        let logits = self
+            .model
+            .forward_paged(&mut self.kv, plan)
+            .map_err(|e| DeviceError(format!("CPU reference: {e}")))?;
+        Ok(logits.iter().map(|l| argmax(l)).collect())
+    }
+}
+
+/// A CPU reference ([`HostForward`]) as a [`Model`]: each plan's forward
+/// pass is host work for the blocking pool ([`Completion::Host`]), so the
+/// loop's other processes (arrivals, cancels) keep running meanwhile.
+pub struct CpuModel<F> {
+    config: Config,
+    name: String,
+    host: HostCompute<F>,
+}
+
+impl<F> std::fmt::Debug for CpuModel<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CpuModel")
             .field("config", &self.config)
-            .finish()
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
-impl CpuModel {
-    /// The model with a zeroed KV cache of `kv`'s shape.
+impl CpuModel<F32Host> {
+    /// The f32 reference ([`f32_model::forward`]) with a zeroed KV cache of
+    /// `kv`'s shape.
     pub fn new(weights: Weights, kv: KvGeometry) -> Self {
         let cache = CpuKvCache::new(&weights.config, kv);
         CpuModel {
             config: weights.config,
-            host: HostCompute::new(CpuState { weights, cache }),
+            name: String::new(),
+            host: HostCompute::new(F32Host { weights, cache }),
         }
     }
 }
 
-impl Model for CpuModel {
+impl CpuModel<LlamaHost> {
+    /// The GGUF model's reference with a zeroed paged KV cache of `kv`'s
+    /// shape (`n_blocks * block_size * n_layers * kv_dim * 8` bytes: 46 KB a
+    /// position for SmolLM2-135M); `name` is what [`Model::describe`] calls
+    /// it.
+    pub fn llama(model: Arc<Llama>, kv: KvGeometry, name: &str) -> Self {
+        let kv = model.new_paged_kv(kv);
+        CpuModel {
+            config: model.config().shape,
+            name: name.to_string(),
+            host: HostCompute::new(LlamaHost { model, kv }),
+        }
+    }
+}
+
+impl<F: HostForward> Model for CpuModel<F> {
     fn config(&self) -> Config {
         self.config
     }
 
     fn describe(&self) -> String {
-        "CPU reference (no Vulkan)".into()
+        if self.name.is_empty() {
+            "CPU reference (no Vulkan)".into()
+        } else {
+            format!("CPU reference (no Vulkan), {}", self.name)
+        }
     }
 
     fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
-        Ok(self.host.launch(plan, CpuState::step))
+        Ok(self.host.launch(plan, F::step))
     }
 
     fn finish(&mut self) -> Result<Vec<u32>, DeviceError> {
@@ -351,58 +417,146 @@ impl Model for CpuModel {
     }
 }
 
-/// The model on a Vulkan device ([`GpuModel`]): `launch` records and submits
-/// ONE command buffer for the plan and completes with its fence fd (owned).
-pub struct VulkanModel {
-    gpu: GpuModel,
+/// A model on a Vulkan device, as a [`VulkanModel`] drives it: ONE command
+/// buffer per plan, completed by a fence. [`GpuModel`] (f32) and
+/// [`GpuLlama`] (GGUF).
+pub trait DeviceForward {
+    /// The model's shape.
+    fn shape(&self) -> Config;
+    /// The device it runs on.
+    fn device(&self) -> &xtc_vk::Device;
+    /// Records and submits `plan`.
+    ///
+    /// # Errors
+    /// The model's refusal of the plan, or a device failure.
+    fn submit(&mut self, plan: &BatchPlan) -> xtc::Result<InFlight>;
+    /// Waits for `f` and returns its sampled tokens.
+    ///
+    /// # Errors
+    /// Not the latest submission, or a device failure.
+    fn finish(&mut self, f: InFlight) -> xtc::Result<Vec<u32>>;
+}
+
+impl DeviceForward for GpuModel {
+    fn shape(&self) -> Config {
+        *self.config()
+    }
+    fn device(&self) -> &xtc_vk::Device {
+        GpuModel::device(self)
+    }
+    fn submit(&mut self, plan: &BatchPlan) -> xtc::Result<InFlight> {
+        GpuModel::submit(self, plan)
+    }
+    fn finish(&mut self, f: InFlight) -> xtc::Result<Vec<u32>> {
+        GpuModel::finish(self, f)
+    }
+}
+
+impl DeviceForward for GpuLlama {
+    fn shape(&self) -> Config {
+        *self.config()
+    }
+    fn device(&self) -> &xtc_vk::Device {
+        GpuLlama::device(self)
+    }
+    fn submit(&mut self, plan: &BatchPlan) -> xtc::Result<InFlight> {
+        GpuLlama::submit(self, plan)
+    }
+    fn finish(&mut self, f: InFlight) -> xtc::Result<Vec<u32>> {
+        GpuLlama::finish(self, f)
+    }
+}
+
+/// A model on a Vulkan device ([`DeviceForward`]) as a [`Model`]: `launch`
+/// records and submits ONE command buffer for the plan and completes with
+/// its fence fd (a shared owner of the submission, B-066); `finish` returns
+/// the greedy token of each sampling sequence, chosen on the device.
+pub struct VulkanModel<G> {
+    gpu: G,
+    name: String,
     in_flight: FenceSlot,
 }
 
-impl std::fmt::Debug for VulkanModel {
+impl<G: DeviceForward> std::fmt::Debug for VulkanModel<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VulkanModel")
             .field("device", &self.gpu.device().info().name)
+            .field("name", &self.name)
             .field("in_flight", &self.in_flight.is_some())
             .finish()
     }
 }
 
-impl VulkanModel {
-    /// Uploads `weights` to `dev` with a KV cache of `kv`'s shape and room for
-    /// `max_tokens` rows of `max_seqs` sequences per iteration.
+impl VulkanModel<GpuModel> {
+    /// Uploads f32 `weights` to `dev` with a KV cache of `kv`'s shape and
+    /// room for `max_tokens` rows of `max_seqs` sequences per iteration.
     ///
     /// # Errors
-    /// As [`GpuModel::new`], with its message.
+    /// As [`GpuModel::new`].
     pub fn new(
         dev: &xtc_vk::Device,
         weights: &Weights,
         kv: KvGeometry,
         max_tokens: usize,
         max_seqs: usize,
-    ) -> Result<Self, DeviceError> {
+    ) -> xtc::Result<Self> {
         let opts = GpuOptions {
             kv,
             max_tokens,
             max_seqs,
             ..GpuOptions::default()
         };
-        let gpu = GpuModel::new(dev, weights, opts)
-            .map_err(|e| DeviceError(format!("cannot load the model on the device: {e}")))?;
+        let gpu = GpuModel::new(dev, weights, opts)?;
         Ok(VulkanModel {
             gpu,
+            name: String::new(),
             in_flight: FenceSlot::default(),
         })
     }
 }
 
-impl Model for VulkanModel {
+impl VulkanModel<GpuLlama> {
+    /// Uploads the GGUF `model` to `dev` with `opts` (KV-cache geometry,
+    /// most token rows and sequences per plan, positions per sequence);
+    /// `name` is what [`Model::describe`] calls it.
+    ///
+    /// # Errors
+    /// As [`GpuLlama::new`] (bad options, out of device memory, a tensor
+    /// the kernels cannot read).
+    pub fn llama(
+        dev: &xtc_vk::Device,
+        model: &Llama,
+        opts: GpuLlamaOptions,
+        name: &str,
+    ) -> Result<Self, GpuLlamaError> {
+        let gpu = GpuLlama::new(dev, model, opts)?;
+        Ok(VulkanModel {
+            gpu,
+            name: name.to_string(),
+            in_flight: FenceSlot::default(),
+        })
+    }
+}
+
+impl<G> VulkanModel<G> {
+    /// The model on the device.
+    pub fn gpu(&self) -> &G {
+        &self.gpu
+    }
+}
+
+impl<G: DeviceForward> Model for VulkanModel<G> {
     fn config(&self) -> Config {
-        *self.gpu.config()
+        self.gpu.shape()
     }
 
     fn describe(&self) -> String {
         let info = self.gpu.device().info();
-        format!("{} ({:?}, Vulkan)", info.name, info.kind)
+        if self.name.is_empty() {
+            format!("{} ({:?}, Vulkan)", info.name, info.kind)
+        } else {
+            format!("{} ({:?}, Vulkan), {}", info.name, info.kind, self.name)
+        }
     }
 
     fn launch(&mut self, plan: &BatchPlan) -> Result<Completion, DeviceError> {
@@ -496,5 +650,64 @@ mod tests {
         work();
         let e = m.finish().unwrap_err();
         assert!(e.0.contains("beyond the block table"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod llama_tests {
+    use super::*;
+    use crate::SeqWork;
+    use crate::model::cpu::llama::{Chunk, Logits, gguf_from_weights};
+    use crate::model::format::gguf::{GgmlType, Gguf};
+    use crate::model::{Config as Shape, Weights};
+
+    #[test]
+    fn cpu_model_runs_plans_on_the_pool_and_reports_bad_plans() {
+        let w = Weights::synthetic(Shape::tiny(), 3);
+        let g = gguf_from_weights(&w, GgmlType::Q8_0, 10000.0, true);
+        let model = Arc::new(Llama::from_gguf(Gguf::from_bytes(g.to_bytes()).unwrap()).unwrap());
+        let geo = KvGeometry {
+            block_size: 4,
+            n_blocks: 8,
+        };
+        let mut m = CpuModel::llama(model.clone(), geo, "tiny");
+        assert!(m.describe().contains("tiny"));
+        assert!(m.finish().is_err(), "no plan in flight");
+        let plan = BatchPlan {
+            seqs: vec![SeqWork {
+                tokens: vec![5, 6, 7, 8, 9],
+                start_pos: 0,
+                block_table: vec![6, 2],
+                sample: true,
+            }],
+        };
+        let Completion::Host(job) = m.launch(&plan).unwrap() else {
+            panic!("the CPU model runs on the pool")
+        };
+        job();
+        let mut seq = model.new_sequence();
+        let want = model
+            .forward(&mut [Chunk {
+                seq: &mut seq,
+                tokens: &[5, 6, 7, 8, 9],
+                logits: Logits::Last,
+            }])
+            .unwrap()
+            .remove(0);
+        assert_eq!(m.finish().unwrap(), vec![argmax(&want)]);
+        let bad = BatchPlan {
+            seqs: vec![SeqWork {
+                tokens: vec![1],
+                start_pos: 5,
+                block_table: vec![6, 9],
+                sample: true,
+            }],
+        };
+        m.launch(&bad).unwrap().wait_here();
+        let e = m.finish().unwrap_err();
+        assert!(
+            e.0.contains("block 9 is not below the cache's 8 blocks"),
+            "{e}"
+        );
     }
 }

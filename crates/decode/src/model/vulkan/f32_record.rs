@@ -1,22 +1,19 @@
-//! How [`super::gpu::GpuModel`] lays its buffers out and records one
+//! How [`crate::model::vulkan::f32_model::GpuModel`] lays its buffers out and records one
 //! iteration's command buffer.
 //!
 //! Weights on the device (f32, element offsets): the llama2.c tensors, except
 //! that each layer's `wq|wk|wv` and `w1|w3` are stacked so one split-output
 //! matmul computes q, k and v (and the two FFN projections) in one dispatch.
 
-use super::ops::{
+use crate::model::cpu::f32_model::EPS;
+use crate::model::vulkan::ops::{
     Argmax, Attention, AttentionImage, Embed, KvAppend, KvAppendImage, Matmul, Ops, RmsNorm, Rope,
     SwiGlu,
 };
-use super::reference::EPS;
-use super::{Config, Weights};
-use xtc::{Error, Result};
+use crate::model::vulkan::{ActOffsets, u32_of};
+use crate::model::{Config, Weights};
+use xtc::Result;
 use xtc_vk::{Buffer, Device, Location, Recorder, VkResult};
-
-pub(crate) fn u32_of(n: u64) -> Result<u32> {
-    u32::try_from(n).map_err(|_| Error::Range)
-}
 
 /// Element offsets of the weight tensors in the device buffer.
 #[derive(Debug, Clone, Copy, Default)]
@@ -91,72 +88,6 @@ pub(crate) fn upload_weights(dev: &Device, weights: &Weights) -> Result<(Buffer,
             wcls,
         },
     ))
-}
-
-/// Element offsets of the activation regions: `x, xb, q, att [T, dim]`,
-/// `k, v [T, kv_dim]`, `h1, h3 [T, hidden]`, `sel [S, dim]`, `logits [S, vocab]`.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct ActOffsets {
-    pub(crate) x: u32,
-    pub(crate) xb: u32,
-    pub(crate) q: u32,
-    pub(crate) k: u32,
-    pub(crate) v: u32,
-    pub(crate) att: u32,
-    pub(crate) h1: u32,
-    pub(crate) h3: u32,
-    pub(crate) sel: u32,
-    pub(crate) logits: u32,
-    pub(crate) len: u64,
-}
-
-impl ActOffsets {
-    pub(crate) fn new(c: &Config, t: usize, s: usize) -> Result<ActOffsets> {
-        let (t, s) = (t as u64, s as u64);
-        let (d, kv, h, v) = (
-            c.dim as u64,
-            c.kv_dim() as u64,
-            c.hidden_dim as u64,
-            c.vocab_size as u64,
-        );
-        // Checked: a wrapped `rows * width` (a token budget of 2^62 rows)
-        // would alias every activation at offset 0.
-        let mul = |a: u64, b: u64| a.checked_mul(b).ok_or(Error::Range);
-        let sizes = [
-            mul(t, d)?,
-            mul(t, d)?,
-            mul(t, d)?,
-            mul(t, kv)?,
-            mul(t, kv)?,
-            mul(t, d)?,
-            mul(t, h)?,
-            mul(t, h)?,
-            mul(s, d)?,
-            mul(s, v)?,
-        ];
-        let mut offs = [0u32; 10];
-        let mut at = 0u64;
-        for (o, n) in offs.iter_mut().zip(sizes) {
-            *o = u32_of(at)?;
-            at = at.checked_add(n).ok_or(Error::Range)?;
-        }
-        // The last offset must be addressable too (u32 element offsets).
-        u32_of(at)?;
-        let [x, xb, q, k, v, att, h1, h3, sel, logits] = offs;
-        Ok(ActOffsets {
-            x,
-            xb,
-            q,
-            k,
-            v,
-            att,
-            h1,
-            h3,
-            sel,
-            logits,
-            len: at,
-        })
-    }
 }
 
 /// Everything one recording needs, copied out of the model (so the recorder

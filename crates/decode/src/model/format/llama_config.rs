@@ -28,8 +28,8 @@
 //! head size), key/value lengths other than the head size, experts
 //! (`llama.expert_count > 0`) and RoPE scaling other than `none`.
 
-use super::gguf::{Gguf, GgufError};
-use super::{Config, ModelError};
+use crate::model::format::gguf::{Gguf, GgufError};
+use crate::model::{Config, ModelError};
 
 /// RoPE base when `llama.rope.freq_base` is absent.
 pub const DEFAULT_ROPE_BASE: f32 = 10000.0;

@@ -25,8 +25,8 @@
 //! fetch serve an invocation's four outputs; codes in their own texels make
 //! each block an aligned 16-byte fetch (a GGUF Q4_1 block is 20 bytes).
 
-use super::gguf::GgmlType;
-use super::quant::{self, QMatrix};
+use crate::model::format::gguf::GgmlType;
+use crate::model::format::quant::{self, QMatrix};
 
 /// Bytes of one texel.
 pub const TEXEL: usize = 16;
@@ -110,7 +110,7 @@ pub enum RepackError {
 }
 
 /// A matrix in the stream: where its texels are, in texels from the stream's
-/// start (what [`super::qops::QMatmul`] takes).
+/// start (what [`crate::model::vulkan::qops::QMatmul`] takes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QTensor {
     /// The block format the kernels read.
@@ -166,7 +166,7 @@ impl TexelStream {
 
     /// Appends `gate` and `up` (same shape and type) as ONE matrix whose
     /// rows alternate, `gate_0, up_0, gate_1, up_1, ...`, for the fused
-    /// SwiGLU product ([`super::qops::QMatmul::glu`]): every group of four
+    /// SwiGLU product ([`crate::model::vulkan::qops::QMatmul::glu`]): every group of four
     /// output rows an invocation computes holds both halves of two hidden
     /// units.
     ///

@@ -21,33 +21,34 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::decode::{DecodeArgs, DeviceChoice};
-use xtc_decode::model::backend::IterationCost;
-use xtc_decode::model::bpe::{Bpe, TextStream};
-use xtc_decode::model::gguf::MAGIC;
-use xtc_decode::model::gpu_llama::GpuLlamaOptions;
-use xtc_decode::model::llama::Llama;
-use xtc_decode::model::llama_backend::{LlamaCpuModel, LlamaVulkanModel};
-use xtc_decode::model::tokenizer::{self, Tokenizer};
-use xtc_decode::model::{Config, KvGeometry, Weights, checkpoint, find_model};
+use super::args::DecodeArgs;
+use xtc_decode::model::cpu::llama::Llama;
+use xtc_decode::model::format::checkpoint;
+use xtc_decode::model::format::gguf::MAGIC;
+use xtc_decode::model::format::tokenizer::{self, Tokenizer};
+use xtc_decode::model::open::{Limits, ModelSpec, OpenError, Target, open};
+use xtc_decode::model::text::bpe::{Bpe, TextStream};
+use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
 use xtc_decode::serve::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
 use xtc_decode::serve::prompts;
 use xtc_decode::serve::trace::{Scaling, Trace};
 
 /// The prompt text of GGUF models: chapters 1 to 12 of *Pride and Prejudice*
 /// (public domain; provenance in `data/pride_and_prejudice_ch1-12.PROVENANCE.md`).
-pub const PROMPT_TEXT: &str = include_str!("../../../data/pride_and_prejudice_ch1-12.txt");
+pub const PROMPT_TEXT: &str = include_str!("../../../../data/pride_and_prejudice_ch1-12.txt");
 
 /// How the banner names [`PROMPT_TEXT`].
 pub const PROMPT_TEXT_NAME: &str = "Pride and Prejudice ch. 1-12 (public domain)";
 
 /// Requests replayed by default with a GGUF model on a CPU device (lavapipe
 /// or the CPU reference): about two minutes on a 2-core machine. GPUs, and
-/// the synthetic model, replay [`super::decode::DEFAULT_REQUESTS`].
+/// the synthetic model, replay [`super::args::DEFAULT_REQUESTS`].
 pub const CPU_MODEL_REQUESTS: usize = 128;
 
-/// Positions per sequence of a GGUF model on a CPU-kind Vulkan device
-/// (within what the CPU-device attention runs: 1817 at head size 64).
+/// Positions per sequence of a GGUF model on a CPU-kind Vulkan device in
+/// `xtc decode`: below the kernel's limit
+/// ([`xtc_decode::model::open::CPU_DEVICE_CONTEXT`]), so the default
+/// workload's requests stay short there.
 pub const CPU_DEVICE_CONTEXT: usize = 1024;
 
 /// Sample completions printed after the report.
@@ -117,8 +118,8 @@ impl Source {
     /// # Errors
     /// A missing GGUF model (naming the fetch script), an unreadable or
     /// malformed file, a tokenizer that does not fit the model.
-    pub fn load(args: &DecodeArgs, device: &DeviceChoice) -> Result<Source, String> {
-        let toy = matches!(device, DeviceChoice::Toy);
+    pub fn load(args: &DecodeArgs, device: &Target) -> Result<Source, String> {
+        let toy = matches!(device, Target::Toy(_));
         if args.synthetic || (toy && args.model.is_none()) {
             return Ok(Source::Synthetic(Weights::synthetic(
                 Config::tiny(),
@@ -172,13 +173,13 @@ impl Source {
     /// The model's shape as the run sees it: a GGUF model's positions per
     /// sequence are capped at [`CPU_DEVICE_CONTEXT`] on CPU-kind Vulkan
     /// devices (the scaling then keeps every request within them).
-    pub fn config(&self, device: &DeviceChoice) -> Config {
+    pub fn config(&self, device: &Target) -> Config {
         match self {
             Source::Synthetic(w) | Source::Checkpoint(w, _) => w.config,
             Source::Gguf(g) => {
                 let mut c = g.model.config().shape;
-                if matches!(device, DeviceChoice::Vulkan(_)) && device.is_cpu() {
-                    c.seq_len = c.seq_len.min(CPU_DEVICE_CONTEXT);
+                if device.is_cpu_device() {
+                    c.seq_len = device.context(c.seq_len).min(CPU_DEVICE_CONTEXT);
                 }
                 c
             }
@@ -198,7 +199,7 @@ impl Source {
     /// Weight elements (the GGUF file's tensors, or the f32 weights).
     pub fn parameters(&self) -> u64 {
         match self {
-            Source::Synthetic(w) | Source::Checkpoint(w, _) => super::decode_config::parameters(w),
+            Source::Synthetic(w) | Source::Checkpoint(w, _) => super::config::parameters(w),
             Source::Gguf(g) => g
                 .model
                 .gguf()
@@ -231,7 +232,7 @@ impl Source {
     pub fn default_requests(&self, is_cpu: bool) -> usize {
         match self {
             Source::Gguf(_) if is_cpu => CPU_MODEL_REQUESTS,
-            _ => super::decode::DEFAULT_REQUESTS,
+            _ => super::args::DEFAULT_REQUESTS,
         }
     }
 
@@ -298,15 +299,15 @@ impl Source {
     /// request its own blocks. Unchanged otherwise.
     pub fn fit_kv(
         &self,
-        device: &DeviceChoice,
+        device: &Target,
         config: &Config,
         opts: JobOpts,
         explicit: bool,
     ) -> JobOpts {
-        let (Source::Gguf(_), DeviceChoice::Vulkan(dev)) = (self, device) else {
+        let (Source::Gguf(_), Target::Vulkan(dev)) = (self, device) else {
             return opts;
         };
-        if explicit || device.is_cpu() {
+        if explicit || device.on_host() {
             return opts;
         }
         let per_block = 2 * config.n_layers * opts.block_size.max(1) * config.kv_dim() * 4;
@@ -317,57 +318,42 @@ impl Source {
         }
     }
 
-    /// Loads the model on `device` with a KV cache and buffers for `opts`;
-    /// `config` is [`Source::config`] for the device; the toy model takes
-    /// `toy_cost` per iteration.
+    /// The model as the front door takes it.
+    pub fn spec(&self) -> ModelSpec {
+        match self {
+            Source::Synthetic(w) | Source::Checkpoint(w, _) => ModelSpec::F32(Box::new(w.clone())),
+            Source::Gguf(g) => ModelSpec::Gguf {
+                model: g.model.clone(),
+                name: g.path.file_name().map_or_else(
+                    || g.path.display().to_string(),
+                    |n| n.to_string_lossy().into(),
+                ),
+            },
+        }
+    }
+
+    /// Opens the model on `device` ([`xtc_decode::model::open::open`]) with a KV
+    /// cache and buffers for `opts`; `config` is [`Source::config`] for the
+    /// device.
     ///
     /// # Errors
-    /// The backend's message.
+    /// As [`xtc_decode::model::open::open`].
     pub fn model(
         &self,
-        device: &DeviceChoice,
+        device: &Target,
         opts: &JobOpts,
         config: &Config,
-        toy_cost: IterationCost,
-    ) -> Result<SharedModel, String> {
-        let g = match self {
-            Source::Synthetic(w) | Source::Checkpoint(w, _) => {
-                return device.model_costed(w.clone(), opts, toy_cost);
-            }
-            Source::Gguf(g) => g,
+    ) -> Result<SharedModel, OpenError> {
+        let limits = Limits {
+            kv: KvGeometry {
+                block_size: opts.block_size,
+                n_blocks: opts.kv_blocks,
+            },
+            max_tokens: opts.token_budget,
+            max_seqs: opts.max_active.max(1),
+            max_context: config.seq_len,
         };
-        let kv = KvGeometry {
-            block_size: opts.block_size,
-            n_blocks: opts.kv_blocks,
-        };
-        let name = g.path.file_name().map_or_else(
-            || g.path.display().to_string(),
-            |n| n.to_string_lossy().into(),
-        );
-        Ok(match device {
-            DeviceChoice::Toy => job::shared(
-                xtc_decode::model::backend::ToyModel::new(
-                    config.vocab_size,
-                    kv.n_blocks,
-                    kv.block_size,
-                )
-                .with_cost(toy_cost),
-            ),
-            DeviceChoice::Cpu => job::shared(LlamaCpuModel::new(g.model.clone(), kv, &name)),
-            DeviceChoice::Vulkan(dev) => {
-                let o = GpuLlamaOptions {
-                    kv,
-                    max_tokens: opts.token_budget,
-                    max_seqs: opts.max_active.max(1),
-                    max_context: config.seq_len,
-                    keep_logits: false,
-                    variant: None,
-                };
-                job::shared(
-                    LlamaVulkanModel::new(dev, &g.model, o, &name).map_err(|e| e.to_string())?,
-                )
-            }
-        })
+        Ok(job::shared(open(&self.spec(), device, limits)?))
     }
 
     /// Up to [`SAMPLES`] completions as text (the lowest request ids that
@@ -414,24 +400,4 @@ impl Source {
             })
             .collect()
     }
-}
-
-/// The samples as the text report's last lines (nothing when there are none).
-pub fn render_samples(samples: &[Sample], eos_ignored: bool) -> String {
-    if samples.is_empty() {
-        return String::new();
-    }
-    let how = if eos_ignored {
-        "greedy; EOS ignored, each runs to its trace output length"
-    } else {
-        "greedy"
-    };
-    let mut s = format!("sample completions ({how}):\n");
-    for x in samples {
-        s += &format!(
-            "  request {} ({} prompt + {} generated tokens): ...{:?}\n    -> {:?}\n",
-            x.id, x.prompt_tokens, x.generated_tokens, x.prompt_tail, x.completion
-        );
-    }
-    s
 }

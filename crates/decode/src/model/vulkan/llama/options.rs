@@ -1,0 +1,77 @@
+//! What a [`super::GpuLlama`] is opened with ([`GpuLlamaOptions`]) and why
+//! it could not be ([`GpuLlamaError`]).
+
+use crate::model::vulkan::ops::Variant;
+use crate::model::vulkan::qweights::RepackError;
+use crate::model::{KvGeometry, ModelError};
+use xtc_vk::VkError;
+
+/// Sizes of a [`GpuLlama`]'s KV cache and per-iteration capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuLlamaOptions {
+    /// KV-cache geometry (block ids in block tables are `< n_blocks`).
+    pub kv: KvGeometry,
+    /// Most token rows in one plan.
+    pub max_tokens: usize,
+    /// Most sequences in one plan.
+    pub max_seqs: usize,
+    /// Positions per sequence (at most the model's context length; on CPU
+    /// devices also at most what `attention_img`'s loop budget allows,
+    /// 1817 at head size 64).
+    pub max_context: usize,
+    /// Copy the sampled rows' logits back each iteration
+    /// ([`GpuLlama::finish_with_logits`]); off by default (costs a copy).
+    pub keep_logits: bool,
+    /// Kernel forms; `None`: [`Variant::for_device`], or `Gpu` where the
+    /// device lacks what the CPU form needs: subgroups of at least 8 lanes
+    /// with ballot and arithmetic operations ([`Device::subgroup_size`];
+    /// llvmpipe on a CPU without AVX has 4). Asking for `Cpu` there is an
+    /// [`GpuLlamaError::Options`] error.
+    pub variant: Option<Variant>,
+}
+
+impl Default for GpuLlamaOptions {
+    fn default() -> Self {
+        GpuLlamaOptions {
+            kv: KvGeometry {
+                block_size: 16,
+                n_blocks: 256,
+            },
+            max_tokens: 256,
+            max_seqs: 64,
+            max_context: 1024,
+            keep_logits: false,
+            variant: None,
+        }
+    }
+}
+
+/// Why a [`GpuLlama`] could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuLlamaError {
+    /// The file lacks a tensor or metadata the model needs.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A tensor the kernels cannot read in its shape.
+    #[error("tensor {tensor}: {err}")]
+    Repack {
+        /// The tensor (or stacked tensors).
+        tensor: String,
+        /// What is wrong.
+        err: RepackError,
+    },
+    /// Options the model cannot honour.
+    #[error("option {option}: {why}")]
+    Options {
+        /// The option.
+        option: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// The device refused (out of memory, limits, a lost device).
+    #[error(transparent)]
+    Vk(#[from] VkError),
+    /// Sizes that do not fit the kernels' 32-bit offsets.
+    #[error("buffer sizes overflow the kernels' 32-bit offsets")]
+    Range,
+}
