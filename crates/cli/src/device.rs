@@ -130,10 +130,14 @@ pub fn open(arg: &DeviceArg, cmd: &str, takes: Takes) -> Result<Target, DeviceFa
         },
         DeviceArg::Auto => match xtc_vk::Device::open(&xtc_vk::Selector::Auto) {
             Ok(d) => Ok(Target::Vulkan(d)),
-            Err(e) => {
+            // Only a machine without Vulkan falls back: a device that exists
+            // and fails to open (validation asked for and not installed, a
+            // bad `XTC_VK_VALIDATION`) is an error, never a silent switch.
+            Err(e) if e.is_absent() => {
                 eprintln!("{cmd}: no Vulkan device ({e}): running on the CPU reference");
                 Ok(Target::Cpu)
             }
+            Err(e) => Err(DeviceFailure::Error(format!("--device auto: {e}"))),
         },
         DeviceArg::Vulkan(s) => {
             let sel: xtc_vk::Selector = s
