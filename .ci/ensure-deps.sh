@@ -34,3 +34,4 @@ if [ "$(printf '%s\n1.88.0\n' "$ver" | sort -V | head -n1)" != "1.88.0" ]; then
   exit 1
 fi
 "$(dirname "$0")/../scripts/fetch-model.sh"   # the GGUF model (SmolLM2-135M-Instruct Q4_1) into ${XDG_CACHE_HOME:-$HOME/.cache}/xtc/
+"$(dirname "$0")/../scripts/serve-venv.sh"    # openai + tokenizers for crates/cli/tests/serve_openai.rs

@@ -19,6 +19,8 @@ pub mod metrics_server;
 pub mod out_file;
 pub mod perplexity;
 pub mod probe;
+pub mod serve;
+pub mod tokenizer;
 
 /// `xtc`: bounded continuous batching for accelerator work.
 #[derive(Debug, Parser)]
@@ -49,6 +51,12 @@ pub enum Command {
     /// Mean negative log-likelihood and perplexity of the GGUF model over a
     /// text file.
     Perplexity(perplexity::PerplexityArgs),
+    /// An OpenAI-compatible HTTP server (completions, chat, streaming,
+    /// tokenize, metrics) on the batch engine with the GGUF model.
+    Serve(serve::ServeArgs),
+    /// The GGUF model's tokenizer as a Hugging Face tokenizer directory
+    /// (`xtc tokenizer export DIR`), for load clients such as aiperf.
+    Tokenizer(tokenizer::TokenizerArgs),
     /// Device-in-the-loop CI: suites of kernel, fence, batch, dispatch,
     /// decode and perf cases in child processes, judged against baselines.
     Ci(ci::CiArgs),
@@ -90,6 +98,8 @@ where
         Command::Decode(args) => decode::run(args, out),
         Command::Generate(args) => generate::run(args, out),
         Command::Perplexity(args) => perplexity::run(args, out),
+        Command::Serve(args) => serve::run(args, out),
+        Command::Tokenizer(args) => tokenizer::run(args, out),
         Command::Ci(args) => ci::run(args, out),
     }
 }
