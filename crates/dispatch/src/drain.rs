@@ -42,9 +42,9 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use super::publish::stage_own;
-use super::scheduler::DrainStall;
 use super::state::Shared;
 use super::step::{Point, Yielder};
+use super::task::DrainStall;
 use xtc::Error;
 
 const NO_TASK: usize = usize::MAX;

@@ -20,8 +20,8 @@
 use std::sync::atomic::{Ordering, fence};
 
 use super::metrics::PopRecord;
-use super::scheduler::{PublishMode, Shape};
 use super::state::{PublishHandle, Shared, Tracker};
+use super::task::{PublishMode, Shape};
 
 /// The handle array of one pop (capacity `clusters * 3`, D-03).
 pub(crate) struct PublishBatch {

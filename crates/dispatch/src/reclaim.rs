@@ -14,9 +14,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::scheduler::{Stall, StallEnd};
 use super::state::Shared;
 use super::step::{Point, Yielder};
+use super::task::{Stall, StallEnd};
 use xtc::Error;
 
 impl Shared {

@@ -22,8 +22,8 @@ use super::drain::DrainState;
 use super::emu::{COND_FIN, Desc, Regs, next_token};
 use super::metrics::Metrics;
 use super::profile::{CORES_PER_CLUSTER, DeviceProfile};
-use super::scheduler::{DrainStall, OrchStep, RunOpts, Shape, Stall, TaskSpec};
 use super::step::Clock;
+use super::task::{DrainStall, OrchStep, RunOpts, Shape, Stall, TaskSpec};
 use super::watermark::Watermark;
 use xtc::Error;
 
