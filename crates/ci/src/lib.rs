@@ -51,7 +51,7 @@
 //! [`Case::new`] call there. The tables are built so the coming work is a
 //! few lines each:
 //! - **A quantized kernel** (`qmm_*`, `qembed_*`, `argmax_part`, `rope_*`):
-//!   `suites::qkernels` (registered from `suites::kernels::specs`) holds
+//!   `suites::kernels::qkernels` (a child of the kernels suite) holds
 //!   their table: one line per shape and form, each naming the entry point
 //!   it must dispatch, against `decode::model::qops`' references with the
 //!   activation and KV buffers guarded; the unit test
