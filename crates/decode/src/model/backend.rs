@@ -495,6 +495,6 @@ mod tests {
         };
         work();
         let e = m.finish().unwrap_err();
-        assert!(e.0.contains("beyond the block table"), "{e}");
+        assert!(e.message().contains("beyond the block table"), "{e}");
     }
 }

@@ -214,7 +214,8 @@ mod tests {
         m.launch(&bad).unwrap().wait_here();
         let e = m.finish().unwrap_err();
         assert!(
-            e.0.contains("block 9 is not below the cache's 8 blocks"),
+            e.message()
+                .contains("block 9 is not below the cache's 8 blocks"),
             "{e}"
         );
     }

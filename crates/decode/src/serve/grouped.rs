@@ -106,10 +106,7 @@ struct Shared {
 impl Shared {
     /// Records the first failure; returns the code the engine gets.
     fn fail(&mut self, e: JobError) -> Error {
-        let code = match &e {
-            JobError::Batch(c) => *c,
-            _ => Error::Internal,
-        };
+        let code = e.engine_code();
         self.error.get_or_insert(e);
         code
     }

@@ -289,6 +289,24 @@ pub enum JobError {
     Opts(String),
 }
 
+impl JobError {
+    /// The batch engine's code for this failure, as the batch driver returns
+    /// it from its step (the run's error itself is this `JobError`):
+    /// [`JobError::Batch`] keeps the engine's own code; a model's
+    /// [`DeviceError::OutOfMemory`] is `Nomem` and
+    /// [`DeviceError::Unsupported`] is `Nosys`; everything else (a lost
+    /// device, a failed model, the ledger, the token count, the options) is
+    /// `Internal`.
+    pub fn engine_code(&self) -> xtc::Error {
+        match self {
+            JobError::Batch(c) => *c,
+            JobError::Model(DeviceError::OutOfMemory(_)) => xtc::Error::Nomem,
+            JobError::Model(DeviceError::Unsupported(_)) => xtc::Error::Nosys,
+            _ => xtc::Error::Internal,
+        }
+    }
+}
+
 /// What `Nosys` from the batch engine means for a run: the batch API is
 /// compiled out (B-005), so the fix is a rebuild, not a retry.
 fn nosys_hint(e: xtc::Error) -> &'static str {
