@@ -76,6 +76,7 @@
 pub mod baseline;
 pub mod case;
 pub mod check;
+pub mod file_error;
 pub mod output;
 pub mod protocol;
 pub mod registry;
@@ -89,5 +90,6 @@ pub use case::{
     Case, CaseError, CaseFn, CaseResult, Ctx, DeviceId, Measure, Outcome, Record, Suite, case_seed,
     ensure,
 };
+pub use file_error::FileError;
 pub use rig::Rig;
 pub use status::{Counts, Status};

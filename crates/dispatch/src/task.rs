@@ -356,19 +356,29 @@ impl RunReport {
     /// task for a pop carrying a sync_start task.
     ///
     /// # Errors
-    /// The first pop that breaks the rule, described.
-    pub fn check_fence_counts(&self) -> std::result::Result<(), String> {
+    /// [`FenceCountError`] naming the first pop that breaks the rule.
+    pub fn check_fence_counts(&self) -> std::result::Result<(), FenceCountError> {
         for p in &self.pops {
-            let want = if p.sync && !p.drain { p.tasks } else { 1 };
-            if p.fences != want {
-                return Err(format!(
-                    "{} store fences where {want} were due: {p:?}",
-                    p.fences
-                ));
+            let due = if p.sync && !p.drain { p.tasks } else { 1 };
+            if p.fences != due {
+                return Err(FenceCountError {
+                    due,
+                    pop: p.clone(),
+                });
             }
         }
         Ok(())
     }
+}
+
+/// A pop whose store fences break D-02/D-04 ([`RunReport::check_fence_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} store fences where {due} were due: {pop:?}", pop.fences)]
+pub struct FenceCountError {
+    /// The fences the rule asks of this pop.
+    pub due: u32,
+    /// The pop, with the fences it issued.
+    pub pop: PopRecord,
 }
 
 /// Why a run did not produce a report.
