@@ -629,7 +629,7 @@ fn cross_loop(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let s = async_group(ctx, opts(32, None, 64), Await::Device)?;
     let remote = created(s.group.remote())?;
     let seed = ctx.case_seed();
-    let producer = std::thread::spawn(move || -> Result<(), String> {
+    let producer = std::thread::spawn(move || -> Result<(), CaseError> {
         for id in 0..N {
             let mut req = Req::new(id, seed, 2);
             loop {
@@ -639,7 +639,9 @@ fn cross_loop(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
                         req = e.into_inner();
                         std::thread::sleep(Duration::from_micros(100));
                     }
-                    Err(e) => return Err(format!("submit_mt of {id}: {}", e.error)),
+                    Err(e) => {
+                        return Err(CaseError::Fail(format!("submit_mt of {id}: {}", e.error)));
+                    }
                 }
             }
         }
@@ -656,8 +658,7 @@ fn cross_loop(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     finish(&s)?;
     producer
         .join()
-        .map_err(|_| CaseError::Fail("the producer thread panicked".into()))?
-        .map_err(CaseError::Fail)?;
+        .map_err(|_| CaseError::Fail("the producer thread panicked".into()))??;
     let l = s.log.borrow();
     outcomes_ok(&l, N)?;
     let mut ids: Vec<usize> = l.done.iter().map(|d| d.0).collect();
