@@ -459,12 +459,6 @@ impl<R: 'static> Group<R> {
     pub fn debug_set_last_handle(&self, last: u64) {
         self.sh.handles.set_last(last);
     }
-
-    /// The shared state, for the cross-loop ring (`remote.rs`).
-    #[allow(dead_code)]
-    pub(crate) fn shared(&self) -> &Rc<Shared<R>> {
-        &self.sh
-    }
 }
 
 #[cfg(test)]
