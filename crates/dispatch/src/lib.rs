@@ -73,6 +73,6 @@ pub use scheduler::{Probe, ProbePolicy, Scheduler, SimOpts, StepOpts};
 pub use state::PublishHandle;
 pub use step::{Hang, Point};
 pub use task::{
-    DrainStall, FenceCountError, Escapes, Graph, OrchStep, PublishMode, RunError, RunOpts, RunReport, Shape, Stall,
-    StallEnd, TaskSpec,
+    DrainStall, Escapes, FenceCountError, Graph, OrchStep, PublishMode, RunError, RunOpts,
+    RunReport, Shape, Stall, StallEnd, TaskSpec,
 };

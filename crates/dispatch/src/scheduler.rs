@@ -18,13 +18,13 @@ use super::emu::{CoreStep, EmuCore, Regs};
 use super::metrics::summarize;
 use super::profile::DeviceProfile;
 use super::publish::dispatch_ready;
-use super::state::Shared;
+use super::state::RunState;
 use super::step::{Clock, Hang, Point, Policy, SimDriver, Stepper, View, Yielder};
 use super::task::{Graph, OrchStep, RunError, RunOpts, RunReport, Shape};
 use xtc::{Error, Result};
 
 /// Read-only view of a stepped or Sim run for schedule policies.
-pub struct Probe(Arc<Shared>);
+pub struct Probe(Arc<RunState>);
 
 impl Probe {
     /// Drain retries so far.
@@ -189,12 +189,12 @@ impl Scheduler {
         }
     }
 
-    fn shared(&self, g: &Graph, opts: RunOpts, clock: Clock) -> Result<Arc<Shared>> {
+    fn shared(&self, g: &Graph, opts: RunOpts, clock: Clock) -> Result<Arc<RunState>> {
         self.validate(g)?;
         if opts.window == Some(0) || opts.watermark_k == 0 {
             return Err(Error::Inval);
         }
-        Ok(Arc::new(Shared::new(
+        Ok(Arc::new(RunState::new(
             self.prof.clone(),
             opts,
             self.regs.clone(),
@@ -284,7 +284,7 @@ impl Scheduler {
         opts: RunOpts,
         policy: Option<ProbePolicy>,
         max_steps: u64,
-    ) -> std::result::Result<Arc<Shared>, RunError> {
+    ) -> std::result::Result<Arc<RunState>, RunError> {
         let sh = self.shared(g, opts, d.clock())?;
         for p in processes(&self.prof) {
             let y = d.yielder();
@@ -377,7 +377,7 @@ fn processes(prof: &DeviceProfile) -> Vec<Proc> {
         .collect()
 }
 
-async fn run_proc(sh: Arc<Shared>, p: Proc, y: Yielder) {
+async fn run_proc(sh: Arc<RunState>, p: Proc, y: Yielder) {
     match p {
         Proc::Sched(t) => sched_loop(sh, t, y).await,
         Proc::CoreHost => core_host(sh, y).await,
@@ -389,7 +389,7 @@ fn block_on(f: impl std::future::Future<Output = ()>) {
     futures_lite::future::block_on(f)
 }
 
-fn report(sh: &Shared) -> RunReport {
+fn report(sh: &RunState) -> RunReport {
     let pops = sh.m.pops.lock().unwrap().clone();
     let events = sh.m.events.lock().unwrap().clone();
     let summary = summarize(&pops, &events, &sh.m.c);
@@ -422,7 +422,7 @@ fn report(sh: &Shared) -> RunReport {
 
 /// One scheduler thread: completion, drain, dispatch, watermark duties,
 /// watchdog. Leaves the instant the completed latch is seen.
-async fn sched_loop(sh: Arc<Shared>, t: usize, y: Yielder) {
+async fn sched_loop(sh: Arc<RunState>, t: usize, y: Yielder) {
     let mut last_progress = sh.now();
     loop {
         if sh.is_completed() {
@@ -467,7 +467,7 @@ async fn sched_loop(sh: Arc<Shared>, t: usize, y: Yielder) {
 }
 
 /// The host of every emulated core: polls each core once per iteration.
-async fn core_host(sh: Arc<Shared>, y: Yielder) {
+async fn core_host(sh: Arc<RunState>, y: Yielder) {
     let mut cores: Vec<EmuCore> = (0..sh.prof.cores()).map(EmuCore::new).collect();
     let mut done = Vec::new();
     while !sh.is_completed() {
@@ -486,7 +486,7 @@ async fn core_host(sh: Arc<Shared>, y: Yielder) {
 
 /// The orchestrator: submits the graph in order, waiting for task-window
 /// credit (the published watermark) with the pressure handshake.
-async fn orchestrator(sh: Arc<Shared>, y: Yielder) {
+async fn orchestrator(sh: Arc<RunState>, y: Yielder) {
     let mut id = 0usize;
     let mut scopes: Vec<usize> = Vec::new();
     for step in sh.script.clone() {
