@@ -24,7 +24,7 @@
 //!   fd the completion owns (`Rc<dyn AsFd>`), or host work for the blocking
 //!   pool. It is the only "how to wait" type on the model side; the serving
 //!   side maps it onto the batch engine's `Exec` in one place
-//!   (`serve::grouped`) and the local driver waits on it in the calling
+//!   (`serve::batch_driver`) and the local driver waits on it in the calling
 //!   thread ([`Completion::wait_here`]).
 //! - The vocabulary both sides speak, defined in [`model`] and re-exported
 //!   here: [`BatchPlan`] / [`SeqWork`] (one iteration's token rows, positions
