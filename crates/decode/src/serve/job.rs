@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use crate::serve::kv::{KvError, KvLedger};
-use crate::serve::seq::{RequestSpec, Sequence, TokenCountMismatch};
+use crate::serve::seq::{DecodeSeq, RequestSpec, TokenCountMismatch};
 use crate::serve::trace::{Scaling, Trace};
 use crate::{DeviceError, Model};
 
@@ -138,7 +138,7 @@ pub enum Status {
 #[derive(Debug)]
 pub struct Finished {
     /// Its final sequence state (generated tokens, timing).
-    pub seq: Sequence,
+    pub seq: DecodeSeq,
     /// How it ended.
     pub status: Status,
 }

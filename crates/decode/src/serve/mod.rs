@@ -7,7 +7,7 @@
 //! - [`kv`]: the ONE KV ledger, [`kv::KvLedger`]: a request's charge, its
 //!   admission against the cache, the growth of its block table and the
 //!   return of its blocks. Nothing else allocates or frees a KV block.
-//! - [`seq`]: a member's sequence state ([`seq::Sequence`], which carries its
+//! - [`seq`]: a member's sequence state ([`seq::DecodeSeq`], which carries its
 //!   [`kv::KvAccount`]) and the pure iteration logic: [`seq::pack`] the ready
 //!   vector into ONE [`BatchPlan`](crate::BatchPlan) under the token
 //!   budget, [`seq::apply`] the sampled tokens back.
