@@ -17,7 +17,7 @@ use xtc::rt::{self, Loop, Sim};
 
 #[test]
 fn b041_deadlk_from_peer_during_yielding_complete() {
-    let sim = Sim::new(101);
+    let sim = Sim::from_env(101);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 2, 2));
     c.yields_complete.set(Y);
@@ -52,7 +52,7 @@ fn b041_deadlk_from_peer_during_yielding_complete() {
 
 #[test]
 fn b043_stats_during_yielding_step_report_committed_state_not_result_words() {
-    let sim = Sim::new(102);
+    let sim = Sim::from_env(102);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 2, 4));
     c.yields_step.set(Y);
@@ -80,7 +80,7 @@ fn b043_stats_during_yielding_step_report_committed_state_not_result_words() {
 
 #[test]
 fn b041_deadlk_from_peer_during_finalizer_complete_after_kill() {
-    let sim = Sim::new(103);
+    let sim = Sim::from_env(103);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 2, 2));
     c.yields_step.set(Y);
@@ -114,7 +114,7 @@ fn b041_deadlk_from_peer_during_finalizer_complete_after_kill() {
 
 #[test]
 fn b039_kill_inside_complete_recorded_done_survives_and_is_not_repeated() {
-    let sim = Sim::new(104);
+    let sim = Sim::from_env(104);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(8, 4, 4));
     c.yields_complete.set(Y);
@@ -143,7 +143,7 @@ fn b039_kill_inside_complete_recorded_done_survives_and_is_not_repeated() {
 
 #[test]
 fn b039_kill_while_parked_between_iterations_fails_outstanding_and_closes() {
-    let sim = Sim::new(105);
+    let sim = Sim::from_env(105);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 1, 1));
     let a = g.submit(rq(1, 5), 1).unwrap();
@@ -186,7 +186,7 @@ fn b039_kill_while_parked_between_iterations_fails_outstanding_and_closes() {
 
 #[test]
 fn b021_fcfs_large_head_charge_blocks_smaller_younger_requests() {
-    let sim = Sim::new(106);
+    let sim = Sim::from_env(106);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(8, 4, 4));
     let a = g.submit(rq(1, 1), 3).unwrap();
@@ -243,7 +243,7 @@ fn b021_fcfs_large_head_charge_blocks_smaller_younger_requests() {
 
 #[test]
 fn b048_cancel_of_waiting_member_excluded_before_next_vector() {
-    let sim = Sim::new(107);
+    let sim = Sim::from_env(107);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 1, 1));
     let a = g.submit(rq(1, 1), 1).unwrap();
@@ -290,7 +290,7 @@ fn b048_cancel_of_waiting_member_excluded_before_next_vector() {
 /// both (release, `reserved_units` wrapped to 0).
 #[test]
 fn b022_admission_near_u64_max_units_keeps_the_resource_bound() {
-    let sim = Sim::new(1222);
+    let sim = Sim::from_env(1222);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 4, u64::MAX));
     let big = g.submit(rq(1, 1), u64::MAX).unwrap();
@@ -333,7 +333,7 @@ fn settle_sim(sim: &Sim) {
 
 #[test]
 fn b022_cancel_of_blocked_member_releases_charge_once() {
-    let sim = Sim::new(108);
+    let sim = Sim::from_env(108);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 2, 3));
     let a = g.submit(rq(1, 1), 3).unwrap();
@@ -361,7 +361,7 @@ fn b022_cancel_of_blocked_member_releases_charge_once() {
 
 #[test]
 fn b025_failed_submits_cause_no_callback_and_count_rejections() {
-    let sim = Sim::new(109);
+    let sim = Sim::from_env(109);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(2, 1, 4));
     let e0 = g.submit(rq(10, 1), 0).unwrap_err();
@@ -397,7 +397,7 @@ fn b025_failed_submits_cause_no_callback_and_count_rejections() {
 
 #[test]
 fn b028_handle_exhaustion_is_range_and_never_wraps() {
-    let sim = Sim::new(110);
+    let sim = Sim::from_env(110);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 2, 2));
     g.debug_set_last_handle(u64::MAX - 1);
@@ -418,7 +418,7 @@ fn b028_handle_exhaustion_is_range_and_never_wraps() {
 
 #[test]
 fn b029_handle_from_another_group_is_inval() {
-    let sim = Sim::new(111);
+    let sim = Sim::from_env(111);
     let lp = sim.new_loop();
     let (g1, _c1) = sync_group(&lp, sync_opts(4, 1, 1));
     let (g2, _c2) = sync_group(&lp, sync_opts(4, 1, 1));
@@ -437,7 +437,7 @@ fn b029_handle_from_another_group_is_inval() {
 
 #[test]
 fn b029_handle_spaces_of_two_groups_never_overlap() {
-    let sim = Sim::new(112);
+    let sim = Sim::from_env(112);
     let lp = sim.new_loop();
     let (g1, c1) = sync_group(&lp, sync_opts(4, 1, 1));
     let (g2, c2) = sync_group(&lp, sync_opts(4, 1, 1));
@@ -501,7 +501,7 @@ fn b128_mutation_from_peer_loop_before_owner_polled_is_inval() {
 
 #[test]
 fn b134_close_escalates_drain_to_cancel_and_never_downgrades() {
-    let sim = Sim::new(113);
+    let sim = Sim::from_env(113);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 2, 2));
     let a = g.submit(rq(1, 1), 1).unwrap();
@@ -532,7 +532,7 @@ fn b134_close_escalates_drain_to_cancel_and_never_downgrades() {
 
 #[test]
 fn b137_close_empty_group_before_first_run_requires_the_driver() {
-    let sim = Sim::new(114);
+    let sim = Sim::from_env(114);
     let lp = sim.new_loop();
     let (g, _c) = sync_group(&lp, sync_opts(2, 1, 1));
     g.close(CloseMode::Cancel).unwrap();
@@ -548,7 +548,7 @@ fn b137_close_empty_group_before_first_run_requires_the_driver() {
 #[test]
 fn b017_failed_create_at_process_spawn_publishes_nothing_and_releases_class() {
     for n in 1..=2 {
-        let sim = Sim::new(116);
+        let sim = Sim::from_env(116);
         let lp = sim.new_loop();
         let class = lp.new_class(3).unwrap();
         let used = lp.budget().used();
@@ -580,7 +580,7 @@ fn b017_failed_create_at_process_spawn_publishes_nothing_and_releases_class() {
 
 #[test]
 fn b175_statistics_match_the_vectors_and_deliveries() {
-    let sim = Sim::new(117);
+    let sim = Sim::from_env(117);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(12, 3, 6));
     c.yields_step.set(Y);
@@ -619,7 +619,7 @@ fn b175_statistics_match_the_vectors_and_deliveries() {
 
 #[test]
 fn b047_peer_cancel_reaches_a_member_of_a_nonyielding_step() {
-    let sim = Sim::new(118);
+    let sim = Sim::from_env(118);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(2, 1, 1));
     c.give_up_after.set(2000);
@@ -649,7 +649,7 @@ fn b017_steady_state_submits_allocate_nothing() {
     let probe_box = std::hint::black_box(Box::new(7u64));
     assert!(allocs() > before, "the counting allocator counts");
     drop(probe_box);
-    let sim = Sim::new(140);
+    let sim = Sim::from_env(140);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(8, 8, 8));
     let grown = Rc::new(RefCell::new(Vec::new()));
@@ -805,7 +805,7 @@ fn b148_destroy_after_normal_exit_waits_for_the_finalizer() {
 
 #[test]
 fn b014_failed_destroy_keeps_the_class_registration() {
-    let sim = Sim::new(145);
+    let sim = Sim::from_env(145);
     let lp = sim.new_loop();
     let class = lp.new_class(2).unwrap();
     let o = SyncOpts {
@@ -827,7 +827,7 @@ fn b014_failed_destroy_keeps_the_class_registration() {
 /// joins at the very next boundary while the others continue (B-002, B-003).
 #[test]
 fn b003_waiting_members_refill_at_the_next_boundary() {
-    let sim = Sim::new(146);
+    let sim = Sim::from_env(146);
     let lp = sim.new_loop();
     let (g, c) = sync_group(&lp, sync_opts(4, 2, 2));
     let a = g.submit(rq(1, 1), 1).unwrap();
@@ -851,7 +851,7 @@ fn b003_waiting_members_refill_at_the_next_boundary() {
 /// group of the same loop (a pipeline), and that group runs it (B-041).
 #[test]
 fn b041_callback_of_one_group_may_mutate_another_group() {
-    let sim = Sim::new(147);
+    let sim = Sim::from_env(147);
     let lp = sim.new_loop();
     let (g2, c2) = sync_group(&lp, sync_opts(8, 4, 4));
     let forwarded = Rc::new(RefCell::new(Vec::new()));

@@ -20,7 +20,7 @@ use xtc::rt::Sim;
 
 #[test]
 fn b118_owner_submit_is_again_while_a_hand_in_is_held() {
-    let sim = Sim::new(118);
+    let sim = Sim::from_env(118);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
     let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
@@ -55,7 +55,7 @@ fn b118_owner_submit_is_again_while_a_hand_in_is_held() {
 
 #[test]
 fn b177_an_accepted_hand_in_is_never_a_rejection_and_refused_mt_calls_count_apart() {
-    let sim = Sim::new(177);
+    let sim = Sim::from_env(177);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
     let [a, _h1, _h2] = one_blocked_two_held(&sim, &c, &g, &r);
@@ -88,7 +88,7 @@ fn b177_an_accepted_hand_in_is_never_a_rejection_and_refused_mt_calls_count_apar
 /// `mt_rejections`, as the same owner-loop submit counts in `rejections`.
 #[test]
 fn b177_submit_mt_refused_for_its_charge_counts_in_mt_rejections() {
-    let sim = Sim::new(1771);
+    let sim = Sim::from_env(1771);
     let lp = sim.new_loop();
     let (g, _c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Inline);
     assert_eq!(g.submit(rq(1, 1), 101).unwrap_err().error, Error::Range);
@@ -104,7 +104,7 @@ fn b177_submit_mt_refused_for_its_charge_counts_in_mt_rejections() {
 
 #[test]
 fn b122_cancel_mt_applies_held_waiting_active_and_in_flight() {
-    let sim = Sim::new(122);
+    let sim = Sim::from_env(122);
     let lp = sim.new_loop();
     // capacity 3, one active place: F in flight, B blocked cannot coexist, so
     // use W waiting behind F, X a second waiting, two held behind them.
@@ -168,7 +168,7 @@ fn b122_cancel_mt_applies_held_waiting_active_and_in_flight() {
 
 #[test]
 fn b122_resume_mt_of_a_blocked_member_and_cancel_mt_of_an_active_one() {
-    let sim = Sim::new(1222);
+    let sim = Sim::from_env(1222);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(2, 2, 2), Kind::Inline);
     let a = g.submit(rq(1, 1), 1).unwrap();
@@ -191,7 +191,7 @@ fn b122_resume_mt_of_a_blocked_member_and_cancel_mt_of_an_active_one() {
 
 #[test]
 fn b123_cancel_mt_of_a_completed_handle_10000_times_costs_nothing() {
-    let sim = Sim::new(123);
+    let sim = Sim::from_env(123);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 4), Kind::Inline);
     let first = submit_mt(&r, 1, 1).unwrap();
@@ -236,7 +236,7 @@ fn b123_cancel_mt_of_a_completed_handle_10000_times_costs_nothing() {
 
 #[test]
 fn b112_slots_all_blocked_behind_held_hand_ins_stay_controllable() {
-    let sim = Sim::new(112);
+    let sim = Sim::from_env(112);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
     let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
@@ -266,7 +266,7 @@ fn b112_slots_all_blocked_behind_held_hand_ins_stay_controllable() {
 
 #[test]
 fn b141_submit_mt_after_close_is_again_without_issuing_a_handle() {
-    let sim = Sim::new(141);
+    let sim = Sim::from_env(141);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Inline);
     let h = g.submit(rq(1, 1), 1).unwrap();
@@ -288,7 +288,7 @@ fn b141_submit_mt_after_close_is_again_without_issuing_a_handle() {
 
 #[test]
 fn b143_controls_matter_during_a_drain_and_are_inval_after_the_driver_finished() {
-    let sim = Sim::new(143);
+    let sim = Sim::from_env(143);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(2, 2, 2), Kind::Inline);
     let a = g.submit(rq(1, 1), 1).unwrap();
@@ -319,7 +319,7 @@ fn b143_controls_matter_during_a_drain_and_are_inval_after_the_driver_finished()
 
 #[test]
 fn b052_owner_cancel_of_a_held_mt_handle_never_runs_it() {
-    let sim = Sim::new(52);
+    let sim = Sim::from_env(52);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
     let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
@@ -345,7 +345,7 @@ fn b052_owner_cancel_of_a_held_mt_handle_never_runs_it() {
 
 #[test]
 fn b120_owner_and_mt_handles_interleave_strictly_increasing() {
-    let sim = Sim::new(120);
+    let sim = Sim::from_env(120);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(16, 4, 16), Kind::Inline);
     let mut hs = Vec::new();
@@ -368,7 +368,7 @@ fn b120_owner_and_mt_handles_interleave_strictly_increasing() {
 
 #[test]
 fn b119_driver_killed_with_hand_ins_on_the_ring_and_held_completes_each_once() {
-    let sim = Sim::new(119);
+    let sim = Sim::from_env(119);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 3), Kind::Inline);
     let [a, h1, h2] = one_blocked_two_held(&sim, &c, &g, &r);
@@ -395,7 +395,7 @@ fn b119_driver_killed_with_hand_ins_on_the_ring_and_held_completes_each_once() {
 /// collect with ABORTED, a held hand-in one Internal completion.
 #[test]
 fn b119_kill_while_parked_on_a_future_with_a_held_hand_in() {
-    let sim = Sim::new(1191);
+    let sim = Sim::from_env(1191);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Future);
     let f = g.submit(rq(1, 2), 1).unwrap();
@@ -423,7 +423,7 @@ fn b119_kill_while_parked_on_a_future_with_a_held_hand_in() {
 
 #[test]
 fn b075_future_resolved_from_another_thread_after_destroy_is_safe() {
-    let sim = Sim::new(75);
+    let sim = Sim::from_env(75);
     let lp = sim.new_loop();
     let (g, c, _r) = mt_group(&lp, mt_opts(2, 2, 1), Kind::Future);
     let h = g.submit(rq(1, 1), 1).unwrap();
@@ -505,7 +505,7 @@ fn b142_close_cancel_aborts_held_and_ring_hand_ins_without_running_them() {
 /// close was drained; it then runs (DRAIN).
 #[test]
 fn b143_hand_ins_accepted_before_close_are_drained_before_the_driver_ends() {
-    let sim = Sim::new(1431);
+    let sim = Sim::from_env(1431);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 4), Kind::Inline);
     let hs: Vec<_> = (0..4).map(|i| submit_mt(&r, i, 2).unwrap()).collect();
@@ -522,7 +522,7 @@ fn b143_hand_ins_accepted_before_close_are_drained_before_the_driver_ends() {
 /// get exactly one completion.
 #[test]
 fn b119_kill_before_the_first_run_with_hand_ins_on_the_ring() {
-    let sim = Sim::new(1192);
+    let sim = Sim::from_env(1192);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 4), Kind::Inline);
     let hs: Vec<_> = (0..3).map(|i| submit_mt(&r, i, 1).unwrap()).collect();
@@ -540,7 +540,7 @@ fn b119_kill_before_the_first_run_with_hand_ins_on_the_ring() {
 /// nothing; handle exhaustion on the mt path is `Range`, never a wrap.
 #[test]
 fn b120_foreign_handles_and_exhaustion_on_the_mt_path() {
-    let sim = Sim::new(1201);
+    let sim = Sim::from_env(1201);
     let lp = sim.new_loop();
     let (g1, c1, r1) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Inline);
     let (g2, _c2, r2) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Inline);
@@ -572,7 +572,7 @@ fn b120_foreign_handles_and_exhaustion_on_the_mt_path() {
 /// untouched.
 #[test]
 fn b052_owner_cancel_of_a_ring_hand_in_during_an_operation_wait() {
-    let sim = Sim::new(521);
+    let sim = Sim::from_env(521);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Future);
     let f = g.submit(rq(1, 1), 1).unwrap();
@@ -596,7 +596,7 @@ fn b052_owner_cancel_of_a_ring_hand_in_during_an_operation_wait() {
 /// process, no charge), and a smaller ring then fits.
 #[test]
 fn b109_a_ring_the_budget_cannot_hold_fails_create_with_nothing_published() {
-    let sim = Sim::new(109);
+    let sim = Sim::from_env(109);
     let lp = sim.new_loop_with_budget(1 << 20);
     let c = C::default();
     c.kind.set(Some(Kind::Inline));
@@ -660,7 +660,7 @@ fn b122_cancel_mt_accepted_during_the_wait_is_consumed_at_its_completion() {
 /// and the promise set in one turn of a peer, before the driver runs again.
 #[test]
 fn b094_owner_cancel_racing_the_completion_fires_the_hint_and_aborts() {
-    let sim = Sim::new(1294);
+    let sim = Sim::from_env(1294);
     let lp = sim.new_loop();
     let (g, c, _r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Future);
     let a = g.submit(rq(1, 3), 1).unwrap();
@@ -721,7 +721,7 @@ fn b123_a_stale_owner_cancel_never_wedges_cross_loop_admission() {
 /// slot (`queued` 1) and refuse the owner submit with `Again`.
 #[test]
 fn b117_owner_cancel_of_a_ring_hand_in_takes_no_slot_before_the_boundary() {
-    let sim = Sim::new(1217);
+    let sim = Sim::from_env(1217);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(1, 1, 2), Kind::Inline);
     let x = submit_mt(&r, 1, 1).unwrap();
@@ -748,7 +748,7 @@ fn b117_owner_cancel_of_a_ring_hand_in_takes_no_slot_before_the_boundary() {
 /// owner submit refused with `Again` and counted as a rejection.
 #[test]
 fn b117_a_hand_in_landing_during_an_operation_wait_takes_no_slot_before_the_boundary() {
-    let sim = Sim::new(1317);
+    let sim = Sim::from_env(1317);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Future);
     let a = g.submit(rq(1, 1), 1).unwrap();
@@ -786,7 +786,7 @@ fn b117_a_hand_in_landing_during_an_operation_wait_takes_no_slot_before_the_boun
 /// dropped (not resumable).
 #[test]
 fn b052_b122_hand_ins_set_aside_by_a_wait_are_cancelled_as_on_the_ring() {
-    let sim = Sim::new(1318);
+    let sim = Sim::from_env(1318);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(3, 1, 3), Kind::Future);
     let a = g.submit(rq(1, 1), 1).unwrap();
@@ -838,7 +838,7 @@ fn resolve_rounds(sim: &Sim, c: &Ctl, rounds: usize) {
 /// issuing handles for the dead group (each then failed `Internal`).
 #[test]
 fn b039_b024_driver_exit_closes_the_ring_to_submit_mt_at_once() {
-    let sim = Sim::new(1039);
+    let sim = Sim::from_env(1039);
     let lp = sim.new_loop();
     let (g, c, r) = mt_group(&lp, mt_opts(2, 1, 2), Kind::Blocking);
     let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
@@ -914,7 +914,7 @@ fn b041_b122_mt_calls_from_the_groups_own_callbacks_apply_at_the_next_drain() {
         }
     }
 
-    let sim = Sim::new(1041);
+    let sim = Sim::from_env(1041);
     let lp = sim.new_loop();
     let slot: Slot = Rc::default();
     let log: Log = Rc::default();
@@ -1012,7 +1012,7 @@ fn b119_b122_kill_with_hand_ins_set_aside_by_the_wait() {
 #[test]
 fn b078_b122_blocking_wait_with_cross_loop_controls_close_and_kill() {
     for kill in [false, true] {
-        let sim = Sim::new(1078);
+        let sim = Sim::from_env(1078);
         let lp = sim.new_loop();
         let (g, c, r) = mt_group(&lp, mt_opts(3, 2, 2), Kind::Blocking);
         let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);

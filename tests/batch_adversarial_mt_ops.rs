@@ -67,7 +67,7 @@ fn b085_sim_wait_ends_at_the_deadline_across_cross_loop_wakes() {
 /// its promise later ends nothing (the next operation waits for its own).
 #[test]
 fn b072_a_promise_resolved_after_its_timeout_does_not_end_the_next_wait() {
-    let sim = Sim::new(72);
+    let sim = Sim::from_env(72);
     let lp = sim.new_loop();
     let o = AsyncOpts {
         exec_timeout: Some(Duration::from_millis(5)),

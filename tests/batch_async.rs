@@ -162,7 +162,7 @@ fn device(lp: &Loop, g: &Group<Req>, seen: &SeenRc, value: Option<xtc::Result<()
 
 #[test]
 fn inline_collect_runs_once_per_submit_with_the_same_vector() {
-    let sim = Sim::new(21);
+    let sim = Sim::from_env(21);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(&lp, Kind::Inline, async_opts(8, 3, None), &log);
@@ -193,7 +193,7 @@ fn inline_collect_runs_once_per_submit_with_the_same_vector() {
 
 #[test]
 fn future_resolved_by_a_peer_continues_variable_length_batching() {
-    let sim = Sim::new(22);
+    let sim = Sim::from_env(22);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(&lp, Kind::Future, async_opts(8, 4, None), &log);
@@ -219,7 +219,7 @@ fn failed_or_dropped_promise_is_a_negative_status() {
         (Some(Err(Error::Nomem)), Error::Nomem),
         (None, Error::Aborted),
     ] {
-        let sim = Sim::new(23);
+        let sim = Sim::from_env(23);
         let lp = sim.new_loop();
         let log = Log::default();
         let (g, seen) = make(&lp, Kind::Future, async_opts(4, 4, None), &log);
@@ -241,7 +241,7 @@ fn failed_or_dropped_promise_is_a_negative_status() {
 
 #[test]
 fn timeout_honours_done_and_error_and_ends_the_rest_again() {
-    let sim = Sim::new(24);
+    let sim = Sim::from_env(24);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(
@@ -275,7 +275,7 @@ fn timeout_honours_done_and_error_and_ends_the_rest_again() {
 
 #[test]
 fn cancel_of_an_in_flight_member_hints_once_and_ends_it_aborted_after_collect() {
-    let sim = Sim::new(25);
+    let sim = Sim::from_env(25);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(&lp, Kind::Future, async_opts(4, 4, None), &log);
@@ -342,7 +342,7 @@ fn device_later(lp: &Loop, g: &Group<Req>, seen: &SeenRc) {
 
 #[test]
 fn close_cancel_ends_a_future_wait_with_aborted() {
-    let sim = Sim::new(26);
+    let sim = Sim::from_env(26);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(&lp, Kind::Future, async_opts(4, 2, None), &log);
@@ -366,7 +366,7 @@ fn close_cancel_ends_a_future_wait_with_aborted() {
 
 #[test]
 fn killed_driver_parked_on_a_future_collects_once_with_aborted() {
-    let sim = Sim::new(27);
+    let sim = Sim::from_env(27);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(&lp, Kind::Future, async_opts(4, 2, None), &log);
@@ -403,7 +403,7 @@ fn killed_driver_parked_on_a_future_collects_once_with_aborted() {
 
 #[test]
 fn submit_error_fails_the_members_without_an_operation() {
-    let sim = Sim::new(28);
+    let sim = Sim::from_env(28);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(&lp, Kind::SubmitFails, async_opts(4, 4, None), &log);
@@ -424,7 +424,7 @@ fn submit_error_fails_the_members_without_an_operation() {
 
 #[test]
 fn failed_collect_fails_the_vector() {
-    let sim = Sim::new(29);
+    let sim = Sim::from_env(29);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, _) = make(&lp, Kind::CollectFails, async_opts(4, 4, None), &log);
@@ -436,7 +436,7 @@ fn failed_collect_fails_the_vector() {
 
 #[test]
 fn fence_is_not_sim_reachable() {
-    let sim = Sim::new(30);
+    let sim = Sim::from_env(30);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(&lp, Kind::Fence, async_opts(4, 4, None), &log);
@@ -453,7 +453,7 @@ fn fence_is_not_sim_reachable() {
 
 #[test]
 fn blocking_operation_runs_on_the_pool() {
-    let sim = Sim::new(31);
+    let sim = Sim::from_env(31);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(
@@ -477,7 +477,7 @@ fn blocking_operation_runs_on_the_pool() {
 
 #[test]
 fn killed_driver_waits_for_a_blocking_closure_before_collect() {
-    let sim = Sim::new(32);
+    let sim = Sim::from_env(32);
     let lp = sim.new_loop();
     let log = Log::default();
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
@@ -536,7 +536,7 @@ fn killed_driver_waits_for_a_blocking_closure_before_collect() {
 
 #[test]
 fn async_stats_are_zero_on_a_sync_group() {
-    let sim = Sim::new(33);
+    let sim = Sim::from_env(33);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = Group::create(&lp, sync_opts(2, 1, 1), countdown_step(), log.complete()).unwrap();
@@ -549,7 +549,7 @@ fn async_stats_are_zero_on_a_sync_group() {
 
 #[test]
 fn async_create_validates_like_sync() {
-    let sim = Sim::new(34);
+    let sim = Sim::from_env(34);
     let lp = sim.new_loop();
     let log = Log::default();
     let seen = SeenRc::default();
