@@ -3,7 +3,9 @@
 //! timeout, and a seeded randomized mix of every owner and mt call (with
 //! close or kill at a random moment) checked against the exactly-once and
 //! accounting invariants. Companions: `batch_adversarial_mt.rs` (held
-//! hand-ins, controls, close/kill ordering), `batch_adversarial_mt_threads.rs`.
+//! hand-ins, controls), `batch_adversarial_mt_close.rs` (close/kill
+//! ordering), `batch_adversarial_mt_wait.rs` (operation waits),
+//! `batch_adversarial_mt_threads.rs`.
 //!
 //! Each test is named for the clause (B-NNN, `spec/clauses.md`) it attacks.
 
