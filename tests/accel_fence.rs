@@ -221,7 +221,7 @@ fn fences_are_ready_in_a_loop_when_signalled_from_a_thread() {
 fn fence_readiness_is_nosys_under_sim() {
     use std::cell::Cell;
     use std::rc::Rc;
-    let sim = xtc::rt::Sim::new(7);
+    let sim = xtc::rt::Sim::from_env(7);
     let lp = sim.new_loop();
     let fence = EventFence::new().unwrap();
     let got = Rc::new(Cell::new(None));

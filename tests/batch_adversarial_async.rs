@@ -18,7 +18,7 @@ use xtc::rt::{self, Loop, Sim};
 
 #[test]
 fn b015_create_async_after_first_step_is_again() {
-    let sim = Sim::new(115);
+    let sim = Sim::from_env(115);
     let lp = sim.new_loop();
     let (g, _c) = async_group(&lp, async_opts(2, 1, None), Kind::Inline);
     assert!(sim.step());
@@ -33,7 +33,7 @@ fn b015_create_async_after_first_step_is_again() {
 
 #[test]
 fn b041_deadlk_from_peer_during_async_submit_collect_and_cancel_hint() {
-    let sim = Sim::new(119);
+    let sim = Sim::from_env(119);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Future);
     c.yields_submit.set(Y);
@@ -82,7 +82,7 @@ fn b041_deadlk_from_peer_during_async_submit_collect_and_cancel_hint() {
 
 #[test]
 fn b094_cancel_hint_once_per_member_and_does_not_end_the_wait() {
-    let sim = Sim::new(120);
+    let sim = Sim::from_env(120);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 3, None), Kind::Future);
     let hs: Vec<_> = (0..3).map(|i| g.submit(rq(i, 1), 1).unwrap()).collect();
@@ -115,7 +115,7 @@ fn b094_cancel_hint_once_per_member_and_does_not_end_the_wait() {
 
 #[test]
 fn b097_close_cancel_ends_future_wait_aborted_and_drain_does_not_downgrade() {
-    let sim = Sim::new(121);
+    let sim = Sim::from_env(121);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Future);
     // left 1: collect writes DONE, which ABORTED must override (B-090).
@@ -156,7 +156,7 @@ fn b097_close_cancel_ends_future_wait_aborted_and_drain_does_not_downgrade() {
 
 #[test]
 fn b089_timeout_honours_done_and_error_and_ends_the_rest_again() {
-    let sim = Sim::new(122);
+    let sim = Sim::from_env(122);
     let lp = sim.new_loop();
     let (g, c) = async_group(
         &lp,
@@ -259,7 +259,7 @@ fn b086_negative_statuses_fail_every_member_and_count_offload_errors() {
 
 #[test]
 fn b048_cancel_of_waiting_member_during_future_wait_never_runs() {
-    let sim = Sim::new(126);
+    let sim = Sim::from_env(126);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 1, None), Kind::Future);
     let a = g.submit(rq(1, 2), 1).unwrap();
@@ -289,7 +289,7 @@ fn b048_cancel_of_waiting_member_during_future_wait_never_runs() {
 
 #[test]
 fn b101_kill_parked_on_future_hints_all_then_collects_once_with_same_vector() {
-    let sim = Sim::new(127);
+    let sim = Sim::from_env(127);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 3, None), Kind::Future);
     let hs: Vec<_> = (0..3).map(|i| g.submit(rq(i, 5), 1).unwrap()).collect();
@@ -325,7 +325,7 @@ fn b101_kill_parked_on_future_hints_all_then_collects_once_with_same_vector() {
 
 #[test]
 fn b100_kill_inside_collect_never_collects_or_completes_twice() {
-    let sim = Sim::new(128);
+    let sim = Sim::from_env(128);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Inline);
     c.yields_step.set(Y);
@@ -343,7 +343,7 @@ fn b100_kill_inside_collect_never_collects_or_completes_twice() {
 
 #[test]
 fn b100_kill_inside_async_submit_has_no_operation_to_collect() {
-    let sim = Sim::new(129);
+    let sim = Sim::from_env(129);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Future);
     c.yields_submit.set(Y);
@@ -365,7 +365,7 @@ fn b100_kill_inside_async_submit_has_no_operation_to_collect() {
 
 #[test]
 fn b094_kill_inside_cancel_hint_fires_no_second_hint() {
-    let sim = Sim::new(130);
+    let sim = Sim::from_env(130);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Future);
     c.yields_hint.set(Y);
@@ -392,7 +392,7 @@ fn b094_kill_inside_cancel_hint_fires_no_second_hint() {
 
 #[test]
 fn b039_kill_inside_async_complete_recorded_done_survives() {
-    let sim = Sim::new(131);
+    let sim = Sim::from_env(131);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 3, None), Kind::Inline);
     c.yields_complete.set(Y);
@@ -414,7 +414,7 @@ fn b039_kill_inside_async_complete_recorded_done_survives() {
 
 #[test]
 fn b148_destroy_is_again_while_finalizer_parked_on_blocking_teardown() {
-    let sim = Sim::new(132);
+    let sim = Sim::from_env(132);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(2, 1, None), Kind::Blocking);
     let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
@@ -453,7 +453,7 @@ fn b148_destroy_is_again_while_finalizer_parked_on_blocking_teardown() {
 #[test]
 fn b155_same_seed_same_schedule() {
     let once = || {
-        let sim = Sim::new(141);
+        let sim = Sim::from_env(141);
         let lp = sim.new_loop();
         let (g, c) = async_group(
             &lp,
@@ -490,7 +490,7 @@ fn b155_same_seed_same_schedule() {
 
 #[test]
 fn b078_blocking_wait_hints_on_cancel_but_close_cancel_does_not_end_it() {
-    let sim = Sim::new(142);
+    let sim = Sim::from_env(142);
     let lp = sim.new_loop();
     let (g, c) = async_group(&lp, async_opts(4, 2, None), Kind::Blocking);
     let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
@@ -531,7 +531,7 @@ fn b078_blocking_wait_hints_on_cancel_but_close_cancel_does_not_end_it() {
 
 #[test]
 fn b088_blocked_after_ok_collect_keeps_charge_until_resumed() {
-    let sim = Sim::new(143);
+    let sim = Sim::from_env(143);
     let lp = sim.new_loop();
     let o = AsyncOpts {
         resource_capacity: 5,
@@ -566,7 +566,7 @@ fn b088_blocked_after_ok_collect_keeps_charge_until_resumed() {
 
 #[test]
 fn b085_timeout_deadline_holds_across_spurious_wakes() {
-    let sim = Sim::new(144);
+    let sim = Sim::from_env(144);
     let lp = sim.new_loop();
     let t = Duration::from_micros(10);
     let (g, c) = async_group(&lp, async_opts(4, 3, Some(t)), Kind::Future);

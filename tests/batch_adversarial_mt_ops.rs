@@ -3,7 +3,9 @@
 //! timeout, and a seeded randomized mix of every owner and mt call (with
 //! close or kill at a random moment) checked against the exactly-once and
 //! accounting invariants. Companions: `batch_adversarial_mt.rs` (held
-//! hand-ins, controls, close/kill ordering), `batch_adversarial_mt_threads.rs`.
+//! hand-ins, controls), `batch_adversarial_mt_close.rs` (close/kill
+//! ordering), `batch_adversarial_mt_wait.rs` (operation waits),
+//! `batch_adversarial_mt_threads.rs`.
 //!
 //! Each test is named for the clause (B-NNN, `spec/clauses.md`) it attacks.
 
@@ -67,7 +69,7 @@ fn b085_sim_wait_ends_at_the_deadline_across_cross_loop_wakes() {
 /// its promise later ends nothing (the next operation waits for its own).
 #[test]
 fn b072_a_promise_resolved_after_its_timeout_does_not_end_the_next_wait() {
-    let sim = Sim::new(72);
+    let sim = Sim::from_env(72);
     let lp = sim.new_loop();
     let o = AsyncOpts {
         exec_timeout: Some(Duration::from_millis(5)),

@@ -2,7 +2,8 @@
 //! loops (bounded work, channels and flags, never sleeps, for
 //! synchronisation): producers racing close and owner cancels, cancel_mt
 //! hammering an operation wait, a stopped owner loop. The deterministic
-//! cases are in `batch_adversarial_mt.rs`.
+//! cases are in `batch_adversarial_mt.rs`, `batch_adversarial_mt_close.rs`
+//! and `batch_adversarial_mt_wait.rs`.
 //!
 //! Each test is named for the clause (B-NNN, `spec/clauses.md`) it attacks.
 

@@ -98,17 +98,6 @@ impl AsyncStep<Req> for App {
     }
 }
 
-fn opts(capacity: usize, max_active: usize, timeout: Option<Duration>) -> AsyncOpts {
-    AsyncOpts {
-        capacity,
-        max_active,
-        resource_capacity: 100,
-        exec_timeout: timeout,
-        sched_class: None,
-        mt_queue_cap: 0,
-    }
-}
-
 fn make(lp: &Loop, kind: Kind, o: AsyncOpts, log: &Log) -> (Group<Req>, SeenRc) {
     let seen = SeenRc::default();
     let slot = Rc::new(RefCell::new(None));
@@ -173,10 +162,10 @@ fn device(lp: &Loop, g: &Group<Req>, seen: &SeenRc, value: Option<xtc::Result<()
 
 #[test]
 fn inline_collect_runs_once_per_submit_with_the_same_vector() {
-    let sim = Sim::new(21);
+    let sim = Sim::from_env(21);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, seen) = make(&lp, Kind::Inline, opts(8, 3, None), &log);
+    let (g, seen) = make(&lp, Kind::Inline, async_opts(8, 3, None), &log);
     for i in 1..=5 {
         g.submit(req(i, i), 10).unwrap();
     }
@@ -204,10 +193,10 @@ fn inline_collect_runs_once_per_submit_with_the_same_vector() {
 
 #[test]
 fn future_resolved_by_a_peer_continues_variable_length_batching() {
-    let sim = Sim::new(22);
+    let sim = Sim::from_env(22);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, seen) = make(&lp, Kind::Future, opts(8, 4, None), &log);
+    let (g, seen) = make(&lp, Kind::Future, async_opts(8, 4, None), &log);
     for i in 1..=6 {
         g.submit(req(i, 1 + i % 3), 1).unwrap();
     }
@@ -230,10 +219,10 @@ fn failed_or_dropped_promise_is_a_negative_status() {
         (Some(Err(Error::Nomem)), Error::Nomem),
         (None, Error::Aborted),
     ] {
-        let sim = Sim::new(23);
+        let sim = Sim::from_env(23);
         let lp = sim.new_loop();
         let log = Log::default();
-        let (g, seen) = make(&lp, Kind::Future, opts(4, 4, None), &log);
+        let (g, seen) = make(&lp, Kind::Future, async_opts(4, 4, None), &log);
         g.submit(req(1, 3), 1).unwrap();
         g.submit(req(2, 3), 1).unwrap();
         g.close(CloseMode::Drain).unwrap();
@@ -252,13 +241,13 @@ fn failed_or_dropped_promise_is_a_negative_status() {
 
 #[test]
 fn timeout_honours_done_and_error_and_ends_the_rest_again() {
-    let sim = Sim::new(24);
+    let sim = Sim::from_env(24);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(
         &lp,
         Kind::Future,
-        opts(4, 4, Some(Duration::from_millis(5))),
+        async_opts(4, 4, Some(Duration::from_millis(5))),
         &log,
     );
     let h1 = g.submit(req(1, 1), 1).unwrap(); // countdown makes it DONE
@@ -286,10 +275,10 @@ fn timeout_honours_done_and_error_and_ends_the_rest_again() {
 
 #[test]
 fn cancel_of_an_in_flight_member_hints_once_and_ends_it_aborted_after_collect() {
-    let sim = Sim::new(25);
+    let sim = Sim::from_env(25);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, seen) = make(&lp, Kind::Future, opts(4, 4, None), &log);
+    let (g, seen) = make(&lp, Kind::Future, async_opts(4, 4, None), &log);
     let h1 = g.submit(req(1, 2), 1).unwrap();
     let h2 = g.submit(req(2, 2), 1).unwrap();
     let (g2, s2) = (g.clone(), seen.clone());
@@ -353,10 +342,10 @@ fn device_later(lp: &Loop, g: &Group<Req>, seen: &SeenRc) {
 
 #[test]
 fn close_cancel_ends_a_future_wait_with_aborted() {
-    let sim = Sim::new(26);
+    let sim = Sim::from_env(26);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, seen) = make(&lp, Kind::Future, opts(4, 2, None), &log);
+    let (g, seen) = make(&lp, Kind::Future, async_opts(4, 2, None), &log);
     let hs: Vec<_> = (1..=3).map(|i| g.submit(req(i, 5), 1).unwrap()).collect();
     let s2 = seen.clone();
     close_when(&lp, &g, CloseMode::Cancel, move |_| {
@@ -377,10 +366,10 @@ fn close_cancel_ends_a_future_wait_with_aborted() {
 
 #[test]
 fn killed_driver_parked_on_a_future_collects_once_with_aborted() {
-    let sim = Sim::new(27);
+    let sim = Sim::from_env(27);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, seen) = make(&lp, Kind::Future, opts(4, 2, None), &log);
+    let (g, seen) = make(&lp, Kind::Future, async_opts(4, 2, None), &log);
     let hs: Vec<_> = (1..=3).map(|i| g.submit(req(i, 5), 1).unwrap()).collect();
     g.cancel(hs[2]).unwrap();
     let (k, s2) = (g.clone(), seen.clone());
@@ -414,10 +403,10 @@ fn killed_driver_parked_on_a_future_collects_once_with_aborted() {
 
 #[test]
 fn submit_error_fails_the_members_without_an_operation() {
-    let sim = Sim::new(28);
+    let sim = Sim::from_env(28);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, seen) = make(&lp, Kind::SubmitFails, opts(4, 4, None), &log);
+    let (g, seen) = make(&lp, Kind::SubmitFails, async_opts(4, 4, None), &log);
     g.submit(req(1, 2), 1).unwrap();
     g.submit(req(2, 2), 1).unwrap();
     g.close(CloseMode::Drain).unwrap();
@@ -435,10 +424,10 @@ fn submit_error_fails_the_members_without_an_operation() {
 
 #[test]
 fn failed_collect_fails_the_vector() {
-    let sim = Sim::new(29);
+    let sim = Sim::from_env(29);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, _) = make(&lp, Kind::CollectFails, opts(4, 4, None), &log);
+    let (g, _) = make(&lp, Kind::CollectFails, async_opts(4, 4, None), &log);
     g.submit(req(1, 2), 1).unwrap();
     g.close(CloseMode::Drain).unwrap();
     run_idle(&sim);
@@ -447,10 +436,10 @@ fn failed_collect_fails_the_vector() {
 
 #[test]
 fn fence_is_not_sim_reachable() {
-    let sim = Sim::new(30);
+    let sim = Sim::from_env(30);
     let lp = sim.new_loop();
     let log = Log::default();
-    let (g, seen) = make(&lp, Kind::Fence, opts(4, 4, None), &log);
+    let (g, seen) = make(&lp, Kind::Fence, async_opts(4, 4, None), &log);
     g.submit(req(1, 2), 1).unwrap();
     g.close(CloseMode::Drain).unwrap();
     run_idle(&sim);
@@ -464,13 +453,13 @@ fn fence_is_not_sim_reachable() {
 
 #[test]
 fn blocking_operation_runs_on_the_pool() {
-    let sim = Sim::new(31);
+    let sim = Sim::from_env(31);
     let lp = sim.new_loop();
     let log = Log::default();
     let (g, seen) = make(
         &lp,
         Kind::Blocking,
-        opts(4, 2, Some(Duration::from_nanos(1))),
+        async_opts(4, 2, Some(Duration::from_nanos(1))),
         &log,
     );
     for i in 1..=3 {
@@ -488,7 +477,7 @@ fn blocking_operation_runs_on_the_pool() {
 
 #[test]
 fn killed_driver_waits_for_a_blocking_closure_before_collect() {
-    let sim = Sim::new(32);
+    let sim = Sim::from_env(32);
     let lp = sim.new_loop();
     let log = Log::default();
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
@@ -524,7 +513,7 @@ fn killed_driver_waits_for_a_blocking_closure_before_collect() {
         ran: ran_tx,
         collected: collected.clone(),
     };
-    let g = Group::create_async(&lp, opts(2, 1, None), gate, log.complete()).unwrap();
+    let g = Group::create_async(&lp, async_opts(2, 1, None), gate, log.complete()).unwrap();
     let h = g.submit(req(1, 1), 1).unwrap();
     let k = g.clone();
     lp.spawn(async move {
@@ -547,7 +536,7 @@ fn killed_driver_waits_for_a_blocking_closure_before_collect() {
 
 #[test]
 fn async_stats_are_zero_on_a_sync_group() {
-    let sim = Sim::new(33);
+    let sim = Sim::from_env(33);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = Group::create(&lp, sync_opts(2, 1, 1), countdown_step(), log.complete()).unwrap();
@@ -560,7 +549,7 @@ fn async_stats_are_zero_on_a_sync_group() {
 
 #[test]
 fn async_create_validates_like_sync() {
-    let sim = Sim::new(34);
+    let sim = Sim::from_env(34);
     let lp = sim.new_loop();
     let log = Log::default();
     let seen = SeenRc::default();
@@ -571,7 +560,7 @@ fn async_create_validates_like_sync() {
     };
     let bad = AsyncOpts {
         max_active: 0,
-        ..opts(2, 1, None)
+        ..async_opts(2, 1, None)
     };
     assert_eq!(
         Group::create_async(&lp, bad, app(), log.complete()).unwrap_err(),
@@ -579,17 +568,17 @@ fn async_create_validates_like_sync() {
     );
     let bad = AsyncOpts {
         resource_capacity: 0,
-        ..opts(2, 1, None)
+        ..async_opts(2, 1, None)
     };
     assert_eq!(
         Group::create_async(&lp, bad, app(), log.complete()).unwrap_err(),
         Error::Inval
     );
-    let g = Group::create_async(&lp, opts(2, 1, None), app(), log.complete()).unwrap();
+    let g = Group::create_async(&lp, async_opts(2, 1, None), app(), log.complete()).unwrap();
     g.close(CloseMode::Drain).unwrap();
     run_idle(&sim);
     assert_eq!(
-        Group::create_async(&lp, opts(2, 1, None), app(), log.complete()).unwrap_err(),
+        Group::create_async(&lp, async_opts(2, 1, None), app(), log.complete()).unwrap_err(),
         Error::Again
     );
     g.destroy().unwrap();

@@ -18,7 +18,7 @@ fn group(lp: &Loop, opts: SyncOpts, log: &Log) -> Group<Req> {
 
 #[test]
 fn killed_driver_never_notifies_twice_and_recorded_outcomes_survive() {
-    let sim = Sim::new(15);
+    let sim = Sim::from_env(15);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = Group::create(
@@ -85,7 +85,7 @@ fn killed_driver_never_notifies_twice_and_recorded_outcomes_survive() {
 
 #[test]
 fn killed_driver_mid_step_fails_the_vector_internal_or_aborted() {
-    let sim = Sim::new(16);
+    let sim = Sim::from_env(16);
     let lp = sim.new_loop();
     let log = Log::default();
     struct Parked;
@@ -118,7 +118,7 @@ fn killed_driver_mid_step_fails_the_vector_internal_or_aborted() {
 
 #[test]
 fn kill_before_the_first_run_still_completes_everything() {
-    let sim = Sim::new(17);
+    let sim = Sim::from_env(17);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = group(&lp, sync_opts(4, 1, 1), &log);
@@ -131,7 +131,7 @@ fn kill_before_the_first_run_still_completes_everything() {
 
 #[test]
 fn lifetime_close_run_destroy() {
-    let sim = Sim::new(18);
+    let sim = Sim::from_env(18);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = group(&lp, sync_opts(2, 1, 1), &log);
@@ -180,7 +180,7 @@ fn stopping_a_loop_is_not_draining() {
 
 #[test]
 fn mutation_from_another_loop_is_inval() {
-    let sim = Sim::new(19);
+    let sim = Sim::from_env(19);
     let (a, b) = (sim.new_loop(), sim.new_loop());
     let log = Log::default();
     let g = group(&a, sync_opts(2, 1, 1), &log);

@@ -27,7 +27,7 @@ impl AsyncStep<u32> for Nop {
 
 #[test]
 fn every_entry_point_is_nosys() {
-    let sim = Sim::new(1);
+    let sim = Sim::from_env(1);
     let lp = sim.new_loop();
     let complete = |_: Handle, _: u32, _: xtc::Result<()>| {};
     let step = step_fn(|_: &mut [Item<'_, u32>], _: &mut [StepResult]| Ok(()));

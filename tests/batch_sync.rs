@@ -25,7 +25,7 @@ fn slot_get(s: &Slot) -> Group<Req> {
 
 #[test]
 fn create_validates_options() {
-    let sim = Sim::new(1);
+    let sim = Sim::from_env(1);
     let lp = sim.new_loop();
     let log = Log::default();
     for (c, m, u) in [(0, 0, 1), (1, 2, 1), (2, 0, 1), (2, 1, 0)] {
@@ -53,7 +53,7 @@ fn create_validates_options() {
 
 #[test]
 fn create_after_first_run_is_again() {
-    let sim = Sim::new(2);
+    let sim = Sim::from_env(2);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = group(&lp, sync_opts(2, 1, 1), &log);
@@ -69,7 +69,7 @@ fn create_after_first_run_is_again() {
 
 #[test]
 fn sched_class_must_be_own_and_unshared_between_groups() {
-    let sim = Sim::new(3);
+    let sim = Sim::from_env(3);
     let (a, b) = (sim.new_loop(), sim.new_loop());
     let log = Log::default();
     let foreign = b.new_class(2).unwrap();
@@ -99,7 +99,7 @@ fn sched_class_must_be_own_and_unshared_between_groups() {
 #[test]
 fn failed_create_publishes_nothing() {
     for n in 0..3 {
-        let sim = Sim::new(4);
+        let sim = Sim::from_env(4);
         let lp = sim.new_loop();
         let used = lp.budget().used();
         lp.budget().fail_after(n);
@@ -126,7 +126,7 @@ fn failed_create_publishes_nothing() {
 
 #[test]
 fn iterations_hand_the_whole_vector_once() {
-    let sim = Sim::new(5);
+    let sim = Sim::from_env(5);
     let lp = sim.new_loop();
     let log = Log::default();
     let sizes = Rc::new(RefCell::new(Vec::new()));
@@ -178,7 +178,7 @@ fn iterations_hand_the_whole_vector_once() {
 
 #[test]
 fn result_words_and_step_errors() {
-    let sim = Sim::new(6);
+    let sim = Sim::from_env(6);
     let lp = sim.new_loop();
     let log = Log::default();
     let calls = Rc::new(Cell::new(0));
@@ -231,7 +231,7 @@ fn result_words_and_step_errors() {
 
 #[test]
 fn submit_errors_hand_the_request_back_and_count_rejections() {
-    let sim = Sim::new(7);
+    let sim = Sim::from_env(7);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = group(&lp, sync_opts(2, 1, 5), &log);
@@ -256,7 +256,7 @@ fn submit_errors_hand_the_request_back_and_count_rejections() {
 
 #[test]
 fn handles_are_paired_with_their_group_and_never_wrap() {
-    let sim = Sim::new(8);
+    let sim = Sim::from_env(8);
     let lp = sim.new_loop();
     let log = Log::default();
     let a = group(&lp, sync_opts(4, 1, 1), &log);
@@ -296,7 +296,7 @@ fn blocking_first() -> impl Step<Req> {
 
 #[test]
 fn blocked_members_keep_slot_and_charge_until_resumed() {
-    let sim = Sim::new(9);
+    let sim = Sim::from_env(9);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = Group::create(&lp, sync_opts(3, 1, 4), blocking_first(), log.complete()).unwrap();
@@ -335,7 +335,7 @@ fn run_idle_or_parked(sim: &Sim) {
 
 #[test]
 fn all_blocked_and_waiting_close_cancel_makes_progress() {
-    let sim = Sim::new(10);
+    let sim = Sim::from_env(10);
     let lp = sim.new_loop();
     let log = Log::default();
     let step = step_fn(|_: &mut [Item<'_, Req>], res: &mut [StepResult]| {
@@ -369,7 +369,7 @@ fn all_blocked_and_waiting_close_cancel_makes_progress() {
 
 #[test]
 fn cancel_rules_at_the_boundary() {
-    let sim = Sim::new(11);
+    let sim = Sim::from_env(11);
     let lp = sim.new_loop();
     let log = Log::default();
     let seen = Rc::new(RefCell::new(Vec::new()));
@@ -406,7 +406,7 @@ fn cancel_rules_at_the_boundary() {
 
 #[test]
 fn cancel_during_the_last_iteration_reports_done_once() {
-    let sim = Sim::new(12);
+    let sim = Sim::from_env(12);
     let lp = sim.new_loop();
     let log = Log::default();
     let g = Group::create(
@@ -459,7 +459,7 @@ fn cancel_during_the_last_iteration_reports_done_once() {
 #[test]
 fn cancel_after_done_in_the_same_iteration_finishes_once() {
     // A peer cancels while the step (which returns DONE) is suspended.
-    let sim = Sim::new(13);
+    let sim = Sim::from_env(13);
     let lp = sim.new_loop();
     let log = Log::default();
     struct YieldStep;
@@ -495,7 +495,7 @@ fn cancel_after_done_in_the_same_iteration_finishes_once() {
 
 #[test]
 fn mutators_are_deadlk_during_callbacks_and_stats_stay_readable() {
-    let sim = Sim::new(14);
+    let sim = Sim::from_env(14);
     let lp = sim.new_loop();
     let log = Log::default();
     let slot: Slot = Rc::new(RefCell::new(None));

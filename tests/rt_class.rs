@@ -32,7 +32,7 @@ fn a_real_loop_gives_turns_in_proportion_to_weight() {
 
 #[test]
 fn a_sim_picks_classes_in_proportion_to_weight() {
-    let sim = Sim::new(11);
+    let sim = Sim::from_env(11);
     let lp = sim.new_loop();
     let log = Rc::new(RefCell::new(String::new()));
     let a = lp.new_class(900).unwrap();
@@ -115,7 +115,7 @@ impl Drop for DropFlag {
 
 #[test]
 fn spawn_pair_spawns_both_or_neither() {
-    let sim = Sim::new(3);
+    let sim = Sim::from_env(3);
     let lp = sim.new_loop();
     let class = lp.new_class(2).unwrap();
     let used = lp.budget().used();

@@ -154,17 +154,45 @@ impl HostNuma {
     /// Checks a parsed `numa_node` against the online nodes.
     ///
     /// # Errors
-    /// The note text for a value that is no usable node.
-    pub fn check(&self, node: NumaNode) -> Result<u32, String> {
+    /// [`NumaError::NoAffinity`] for `-1`, [`NumaError::Offline`] for a node
+    /// that is not online (when the host lists its online nodes).
+    pub fn check(&self, node: NumaNode) -> Result<u32, NumaError> {
         match (node, &self.online) {
-            (NumaNode::NoNode, _) => Err("numa_node: -1 (no NUMA affinity)".into()),
-            (NumaNode::Node(n), Some(online)) if !online.contains(&n) => Err(format!(
-                "numa_node: {n} is not an online node (online: {})",
-                sysfs::format_cpulist(online)
-            )),
+            (NumaNode::NoNode, _) => Err(NumaError::NoAffinity),
+            (NumaNode::Node(n), Some(online)) if !online.contains(&n) => Err(NumaError::Offline {
+                node: n,
+                online: online.clone(),
+            }),
             (NumaNode::Node(n), _) => Ok(n),
         }
     }
+}
+
+/// Why a node has no usable `numa_node` (its text becomes one of the
+/// device's [`Device::notes`]; the placement then falls back to loop 0,
+/// B-163).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NumaError {
+    /// The attribute is absent.
+    #[error("numa_node: missing")]
+    Missing,
+    /// The attribute exists but could not be read; carries the I/O error's text.
+    #[error("numa_node: unreadable: {0}")]
+    Unreadable(String),
+    /// The attribute does not parse ([`ParseError::Empty`] included).
+    #[error("numa_node: {0}")]
+    Parse(ParseError),
+    /// `-1`: the device has no NUMA affinity.
+    #[error("numa_node: -1 (no NUMA affinity)")]
+    NoAffinity,
+    /// A node number the host does not list as online.
+    #[error("numa_node: {node} is not an online node (online: {list})", list = sysfs::format_cpulist(.online))]
+    Offline {
+        /// The node the attribute names.
+        node: u32,
+        /// The host's online nodes.
+        online: Vec<u32>,
+    },
 }
 
 /// Why the probe as a whole failed (one bad node never fails it).
@@ -267,7 +295,7 @@ fn probe_node(fs: &Rooted, host: &HostNuma, kind: NodeKind, number: u32) -> Devi
         .map(|t| sysfs::parse_uevent(&t))
         .unwrap_or_default();
     dev.numa_node = read_numa(fs, host, &sys)
-        .map_err(|n| dev.notes.push(n))
+        .map_err(|n| dev.notes.push(n.to_string()))
         .ok();
     dev.pci = read_pci(fs, &sys, &uevent);
     dev.local_cpus = read_local_cpus(fs, host, &sys, dev.numa_node);
@@ -275,17 +303,13 @@ fn probe_node(fs: &Rooted, host: &HostNuma, kind: NodeKind, number: u32) -> Devi
     dev
 }
 
-fn read_numa(fs: &Rooted, host: &HostNuma, sys: &str) -> Result<u32, String> {
+fn read_numa(fs: &Rooted, host: &HostNuma, sys: &str) -> Result<u32, NumaError> {
     let text = match fs.read_attr(format!("{sys}/numa_node")) {
         Ok(Some(t)) => t,
-        Ok(None) => return Err("numa_node: missing".into()),
-        Err(e) => return Err(format!("numa_node: unreadable: {e}")),
+        Ok(None) => return Err(NumaError::Missing),
+        Err(e) => return Err(NumaError::Unreadable(e.to_string())),
     };
-    match sysfs::parse_numa_node(&text) {
-        Ok(node) => host.check(node),
-        Err(ParseError::Empty) => Err("numa_node: empty".into()),
-        Err(e) => Err(format!("numa_node: {e}")),
-    }
+    host.check(sysfs::parse_numa_node(&text).map_err(NumaError::Parse)?)
 }
 
 /// PCI facts: the nearest PCI device at or above the node's `device` (a

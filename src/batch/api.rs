@@ -1,6 +1,6 @@
 //! [`Group`]: the public handle of a batch group (`xtc_batch_t`).
 //!
-//! A cheap-clone, `!Send` handle over the shared state ([`Shared`]): the core
+//! A cheap-clone, `!Send` handle over the shared state ([`GroupState`]): the core
 //! in a `RefCell`, the owner loop, the handle allocator, the driver's wake
 //! slot, and the two process ids whose absence `destroy` checks.
 
@@ -62,7 +62,7 @@ impl Drop for ClassReg {
 }
 
 /// State shared by the group's handles, its driver and its finalizer.
-pub(crate) struct Shared<R> {
+pub(crate) struct GroupState<R> {
     pub(crate) core: RefCell<Core<R>>,
     pub(crate) lp: Loop,
     pub(crate) handles: HandleAlloc,
@@ -79,7 +79,7 @@ pub(crate) struct Shared<R> {
     pub(crate) mt: Option<RefCell<MtState<R>>>,
 }
 
-impl<R> Shared<R> {
+impl<R> GroupState<R> {
     /// Signals boundary work to the driver and wakes it (B-135).
     pub(crate) fn signal(&self) {
         self.signal.set(true);
@@ -152,7 +152,7 @@ fn feature_gate() -> Result<()> {
 /// }
 /// ```
 pub struct Group<R: 'static> {
-    sh: Rc<Shared<R>>,
+    sh: Rc<GroupState<R>>,
 }
 
 impl<R: 'static> Clone for Group<R> {
@@ -262,7 +262,7 @@ impl<R: 'static> Group<R> {
         let core = Core::new(l)?;
         let handles = HandleAlloc::new()?;
         let mt = remote::create(&l, &handles)?;
-        let sh = Rc::new(Shared {
+        let sh = Rc::new(GroupState {
             core: RefCell::new(core),
             lp: lp.clone(),
             handles,
@@ -458,12 +458,6 @@ impl<R: 'static> Group<R> {
     #[doc(hidden)]
     pub fn debug_set_last_handle(&self, last: u64) {
         self.sh.handles.set_last(last);
-    }
-
-    /// The shared state, for the cross-loop ring (`remote.rs`).
-    #[allow(dead_code)]
-    pub(crate) fn shared(&self) -> &Rc<Shared<R>> {
-        &self.sh
     }
 }
 

@@ -25,7 +25,7 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-use super::api::Shared;
+use super::api::GroupState;
 use super::group::{Core, Member};
 use super::remote;
 use super::{Complete, Item, StepResult};
@@ -46,7 +46,7 @@ pub(crate) enum Phase {
 }
 
 /// The frozen vector and its operation (owned by the driver future).
-pub(crate) struct InFlight<R> {
+pub(crate) struct FrozenVector<R> {
     pub(crate) members: Vec<Member<R>>,
     pub(crate) phase: Phase,
     /// A BLOCKING closure's result: awaited even after a kill (B-103).
@@ -97,10 +97,10 @@ fn recycle<'a, 'b, R>(mut v: Vec<Item<'a, R>>) -> Vec<Item<'b, R>> {
 pub(crate) trait Engine<R: 'static>: 'static {
     /// Runs one iteration over `fl.members` (the frozen ready vector) and
     /// records every member's result in the core.
-    async fn iterate(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, bufs: &mut Bufs<R>);
+    async fn iterate(&mut self, sh: &GroupState<R>, fl: &mut FrozenVector<R>, bufs: &mut Bufs<R>);
 
     /// After a kill: finalizes the in-flight vector according to its phase.
-    async fn teardown(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, bufs: &mut Bufs<R>);
+    async fn teardown(&mut self, sh: &GroupState<R>, fl: &mut FrozenVector<R>, bufs: &mut Bufs<R>);
 }
 
 /// Counts a callback in flight (B-041) for the guard's lifetime; the count
@@ -108,7 +108,7 @@ pub(crate) trait Engine<R: 'static>: 'static {
 pub(crate) struct InCallback<'a, R>(&'a RefCell<Core<R>>);
 
 impl<'a, R> InCallback<'a, R> {
-    pub(crate) fn enter(sh: &'a Shared<R>) -> Self {
+    pub(crate) fn enter(sh: &'a GroupState<R>) -> Self {
         sh.core.borrow_mut().in_callback += 1;
         InCallback(&sh.core)
     }
@@ -159,7 +159,7 @@ pub(crate) fn fail_vector<R>(core: &mut Core<R>, members: &mut Vec<Member<R>>, e
 pub(crate) struct Parts<R: 'static, E, C> {
     engine: E,
     complete: C,
-    fl: InFlight<R>,
+    fl: FrozenVector<R>,
     bufs: Bufs<R>,
 }
 
@@ -196,7 +196,7 @@ impl<P> ExitSlot<P> {
 
 /// The driver process's state; its `Drop` is the exit hook.
 struct Driver<R: 'static, E, C> {
-    sh: Rc<Shared<R>>,
+    sh: Rc<GroupState<R>>,
     parts: Option<Parts<R, E, C>>,
     exit: Rc<ExitSlot<Parts<R, E, C>>>,
     normal: bool,
@@ -280,7 +280,7 @@ impl<R: 'static, E, C> Drop for Driver<R, E, C> {
 /// The iteration boundary: the one place where cross-loop hand-ins are
 /// drained (ring hook), then cancels consumed (B-048), recorded outcomes
 /// delivered (B-039) and waiting members admitted FCFS (B-021).
-async fn boundary<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
+async fn boundary<R, C: Complete<R>>(sh: &GroupState<R>, complete: &mut C) {
     drain_ring(sh);
     sh.core.borrow_mut().consume_cancels();
     deliver_all(sh, complete).await;
@@ -291,12 +291,12 @@ async fn boundary<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
 /// The ring hook of the boundary: drains the cross-loop admission ring into
 /// `Core::hand_in` and applies its cancel/resume controls, before cancels are
 /// consumed (B-117, B-121, B-122). A group without one drains nothing.
-fn drain_ring<R>(sh: &Shared<R>) {
+fn drain_ring<R>(sh: &GroupState<R>) {
     remote::drain(sh);
 }
 
 /// Delivers every recorded outcome, recording each invocation first.
-async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
+async fn deliver_all<R, C: Complete<R>>(sh: &GroupState<R>, complete: &mut C) {
     loop {
         let next = sh.core.borrow_mut().pop_delivery();
         let Some((h, request, outcome)) = next else {
@@ -312,7 +312,7 @@ async fn deliver_all<R, C: Complete<R>>(sh: &Shared<R>, complete: &mut C) {
 
 /// Parks the driver until a mutator signals boundary work; returns whether
 /// it suspended (false when work was already signalled).
-async fn park<R>(sh: &Shared<R>) -> bool {
+async fn park<R>(sh: &GroupState<R>) -> bool {
     let mut suspended = false;
     poll_fn(|cx| {
         if sh.take_signal() || remote::arm(sh, cx.waker()) {
@@ -329,7 +329,7 @@ async fn park<R>(sh: &Shared<R>) -> bool {
 /// The finalizer process: parked until the driver exits; after a kill it
 /// finishes every outstanding member exactly once.
 async fn finalizer<R: 'static, E: Engine<R>, C: Complete<R>>(
-    sh: Rc<Shared<R>>,
+    sh: Rc<GroupState<R>>,
     slot: Rc<ExitSlot<Parts<R, E, C>>>,
 ) {
     let Exit::Killed(mut p) = slot.take().await else {
@@ -354,11 +354,11 @@ fn try_vec<T>(n: usize) -> Result<Vec<T>> {
 
 /// Spawns the driver and its finalizer (B-001) as one unit
 /// ([`Loop::spawn_pair`](crate::rt::Loop::spawn_pair)): on failure neither
-/// process was published, both futures (and their `Rc<Shared>`: class
+/// process was published, both futures (and their `Rc<GroupState>`: class
 /// registration, storage charge) are already dropped, and the table holds
 /// nothing of the group (B-017). Returns (driver, finalizer).
 pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
-    sh: &Rc<Shared<R>>,
+    sh: &Rc<GroupState<R>>,
     engine: E,
     complete: C,
     class: Option<&SchedClass>,
@@ -368,7 +368,7 @@ pub(crate) fn spawn<R: 'static, E: Engine<R>, C: Complete<R> + 'static>(
         results: try_vec(max)?,
         items: try_vec(max)?,
     };
-    let fl = InFlight {
+    let fl = FrozenVector {
         members: try_vec(max)?,
         phase: Phase::Idle,
         blocking: None,

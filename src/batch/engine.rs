@@ -10,8 +10,8 @@ use std::pin::{Pin, pin};
 use std::rc::Rc;
 use std::task::Poll;
 
-use super::api::Shared;
-use super::driver::{Bufs, Engine, InCallback, InFlight, Phase, fail_vector, record};
+use super::api::GroupState;
+use super::driver::{Bufs, Engine, FrozenVector, InCallback, Phase, fail_vector, record};
 use super::group::{Core, Member};
 use super::remote;
 use super::{AsyncStep, CloseMode, Exec, ExecStatus, Item, Step, StepResult};
@@ -30,7 +30,7 @@ impl<S> SyncEngine<S> {
 }
 
 impl<R: 'static, S: Step<R> + 'static> Engine<R> for SyncEngine<S> {
-    async fn iterate(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, bufs: &mut Bufs<R>) {
+    async fn iterate(&mut self, sh: &GroupState<R>, fl: &mut FrozenVector<R>, bufs: &mut Bufs<R>) {
         bufs.reset_results(fl.members.len());
         fl.phase = Phase::Callback;
         let mut items = bufs.items(&mut fl.members);
@@ -48,7 +48,12 @@ impl<R: 'static, S: Step<R> + 'static> Engine<R> for SyncEngine<S> {
         );
     }
 
-    async fn teardown(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, _bufs: &mut Bufs<R>) {
+    async fn teardown(
+        &mut self,
+        sh: &GroupState<R>,
+        fl: &mut FrozenVector<R>,
+        _bufs: &mut Bufs<R>,
+    ) {
         // Killed inside the step: its results are unknown (B-039).
         fail_vector(&mut sh.core.borrow_mut(), &mut fl.members, Error::Internal);
         fl.phase = Phase::Idle;
@@ -81,7 +86,7 @@ fn status_of(r: Result<()>) -> ExecStatus {
 }
 
 impl<R: 'static, A: AsyncStep<R> + 'static> Engine<R> for AsyncEngine<A> {
-    async fn iterate(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, bufs: &mut Bufs<R>) {
+    async fn iterate(&mut self, sh: &GroupState<R>, fl: &mut FrozenVector<R>, bufs: &mut Bufs<R>) {
         bufs.reset_results(fl.members.len());
         fl.phase = Phase::Callback;
         let mut items = bufs.items(&mut fl.members);
@@ -125,7 +130,7 @@ impl<R: 'static, A: AsyncStep<R> + 'static> Engine<R> for AsyncEngine<A> {
         record_async(&mut c, &mut fl.members, &bufs.results, status, ret, cancels);
     }
 
-    async fn teardown(&mut self, sh: &Shared<R>, fl: &mut InFlight<R>, bufs: &mut Bufs<R>) {
+    async fn teardown(&mut self, sh: &GroupState<R>, fl: &mut FrozenVector<R>, bufs: &mut Bufs<R>) {
         if fl.phase != Phase::Waiting {
             // Killed in submit or collect: the operation's fate was already
             // reported or none is outstanding; results are unknown.
@@ -161,7 +166,7 @@ impl<A> AsyncEngine<A> {
     /// the caller clears only after collect returned.
     async fn await_exec<R>(
         &mut self,
-        sh: &Shared<R>,
+        sh: &GroupState<R>,
         items: &[Item<'_, R>],
         exec: Exec,
         blocking: &mut Option<rt::Future<Result<()>>>,
@@ -205,7 +210,7 @@ impl<A> AsyncEngine<A> {
     /// FENCE or FUTURE wait with ABORTED (B-068, B-094, B-097).
     async fn wait<R, F>(
         &mut self,
-        sh: &Shared<R>,
+        sh: &GroupState<R>,
         items: &[Item<'_, R>],
         mut op: Pin<&mut F>,
         deadline: Option<Instant>,
@@ -266,7 +271,7 @@ impl<A> AsyncEngine<A> {
     /// and collect. A cancel of a member written behind a position whose
     /// producer is still writing is waited for by yielding (a producer
     /// never pauses mid-write).
-    async fn completion_boundary<R>(&mut self, sh: &Shared<R>, items: &[Item<'_, R>], seq0: u64)
+    async fn completion_boundary<R>(&mut self, sh: &GroupState<R>, items: &[Item<'_, R>], seq0: u64)
     where
         A: AsyncStep<R>,
     {
@@ -288,7 +293,7 @@ impl<A> AsyncEngine<A> {
 
     /// Fires `cancel_hint` once per member that is cancelled (or every
     /// member, `all`, for a forced teardown) and not yet hinted (B-094).
-    async fn hints<R>(&mut self, sh: &Shared<R>, items: &[Item<'_, R>], all: bool)
+    async fn hints<R>(&mut self, sh: &GroupState<R>, items: &[Item<'_, R>], all: bool)
     where
         A: AsyncStep<R>,
     {

@@ -57,7 +57,7 @@ use std::task::Waker;
 
 use std::cell::RefCell;
 
-use super::api::Shared;
+use super::api::GroupState;
 use super::group::{Core, Limits};
 use super::ring::Pop;
 use super::ring::admission::{Admission, ControlOp, HandIn, HandleSpace, Inbox};
@@ -539,21 +539,21 @@ pub(crate) fn create<R>(l: &Limits, handles: &HandleAlloc) -> Result<Option<RefC
 }
 
 /// Boundary, first step: drain the ring into the core (B-117).
-pub(crate) fn drain<R>(sh: &Shared<R>) {
+pub(crate) fn drain<R>(sh: &GroupState<R>) {
     if let Some(mt) = &sh.mt {
         mt.borrow_mut().drain(&mut *sh.core.borrow_mut());
     }
 }
 
 /// Boundary, last step: return records of hand-ins no longer held (B-111).
-pub(crate) fn settle<R>(sh: &Shared<R>) {
+pub(crate) fn settle<R>(sh: &GroupState<R>) {
     if let Some(mt) = &sh.mt {
         mt.borrow_mut().settle(&*sh.core.borrow());
     }
 }
 
 /// Owner-loop cancel of a handle the core does not know (B-052, B-053).
-pub(crate) fn owner_cancel<R>(sh: &Shared<R>, h: Handle) -> Result<()> {
+pub(crate) fn owner_cancel<R>(sh: &GroupState<R>, h: Handle) -> Result<()> {
     let mt = sh.mt.as_ref().ok_or(Error::Inval)?;
     let handle = NonZeroU64::new(h.get()).expect("handles are nonzero");
     mt.borrow_mut().owner_cancel(handle)
@@ -566,7 +566,7 @@ pub(crate) fn owner_cancel<R>(sh: &Shared<R>, h: Handle) -> Result<()> {
 /// the driver looked at the ring. Returns `true` when a cancel of one of
 /// `in_flight` is written behind a position still being written (the caller
 /// yields and drains again: a producer never pauses mid-write).
-pub(crate) fn drain_at_completion<R>(sh: &Shared<R>, in_flight: &[Item<'_, R>]) -> bool {
+pub(crate) fn drain_at_completion<R>(sh: &GroupState<R>, in_flight: &[Item<'_, R>]) -> bool {
     let Some(mt) = &sh.mt else {
         return false;
     };
@@ -580,26 +580,26 @@ pub(crate) fn drain_at_completion<R>(sh: &Shared<R>, in_flight: &[Item<'_, R>]) 
 }
 
 /// `close` (either mode): the ring refuses submits from now on (B-141).
-pub(crate) fn close<R>(sh: &Shared<R>) {
+pub(crate) fn close<R>(sh: &GroupState<R>) {
     if let Some(mt) = &sh.mt {
         mt.borrow_mut().close();
     }
 }
 
 /// Whether every hand-in that raced close has been drained (B-143).
-pub(crate) fn may_finish<R>(sh: &Shared<R>) -> bool {
+pub(crate) fn may_finish<R>(sh: &GroupState<R>) -> bool {
     sh.mt.as_ref().is_none_or(|mt| mt.borrow().may_finish())
 }
 
 /// The driver finished: controls answer `Inval` (B-143).
-pub(crate) fn finish<R>(sh: &Shared<R>) {
+pub(crate) fn finish<R>(sh: &GroupState<R>) {
     if let Some(mt) = &sh.mt {
         mt.borrow_mut().finish();
     }
 }
 
 /// Before the driver parks: arm the doorbell; `true` if a hand-in is ready.
-pub(crate) fn arm<R>(sh: &Shared<R>, waker: &Waker) -> bool {
+pub(crate) fn arm<R>(sh: &GroupState<R>, waker: &Waker) -> bool {
     sh.mt.as_ref().is_some_and(|mt| mt.borrow().arm(waker))
 }
 
@@ -608,7 +608,7 @@ pub(crate) fn arm<R>(sh: &Shared<R>, waker: &Waker) -> bool {
 /// recorded at once, so its hint fires, B-094; a submit is set aside for the
 /// next boundary, B-117) and re-arms. Returns `true` when the drain recorded
 /// a cancel (the wait then fires hints).
-pub(crate) fn drain_while_waiting<R>(sh: &Shared<R>, waker: &Waker) -> bool {
+pub(crate) fn drain_while_waiting<R>(sh: &GroupState<R>, waker: &Waker) -> bool {
     if !arm(sh, waker) {
         return false;
     }
@@ -625,7 +625,7 @@ pub(crate) fn drain_while_waiting<R>(sh: &Shared<R>, waker: &Waker) -> bool {
 /// After an unexpected driver exit: close the ring and drain every hand-in
 /// that reserved before, so each gets its one completion (B-119). A producer
 /// still writing is waited for by yielding (it never blocks mid-write).
-pub(crate) async fn drain_for_exit<R>(sh: &Shared<R>) {
+pub(crate) async fn drain_for_exit<R>(sh: &GroupState<R>) {
     let Some(mt) = &sh.mt else {
         return;
     };
@@ -643,7 +643,7 @@ pub(crate) async fn drain_for_exit<R>(sh: &Shared<R>) {
 }
 
 /// `mt_queued` and `mt_rejections` of the async statistics (B-104).
-pub(crate) fn add_stats<R>(sh: &Shared<R>, a: &mut AsyncStats) {
+pub(crate) fn add_stats<R>(sh: &GroupState<R>, a: &mut AsyncStats) {
     if let Some(mt) = &sh.mt {
         let mt = mt.borrow();
         a.mt_queued = mt.mt_queued();

@@ -21,9 +21,9 @@ struct Slot<T> {
     taken: bool,
 }
 
-type Shared<T> = Arc<Mutex<Slot<T>>>;
+type SharedSlot<T> = Arc<Mutex<Slot<T>>>;
 
-fn lock<T>(s: &Shared<T>) -> MutexGuard<'_, Slot<T>> {
+fn lock<T>(s: &SharedSlot<T>) -> MutexGuard<'_, Slot<T>> {
     // No code runs under this lock that could leave the slot half-written.
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -53,7 +53,7 @@ pub fn future_pair<T>() -> (Future<T>, Promise<T>) {
 /// Awaited once: polling again after it resolved gives `Err(Inval)`.
 #[must_use = "a future does nothing unless awaited"]
 pub struct Future<T> {
-    shared: Shared<T>,
+    shared: SharedSlot<T>,
 }
 
 impl<T> std::fmt::Debug for Future<T> {
@@ -105,7 +105,7 @@ impl<T> Drop for Future<T> {
 
 /// The producer half. `Send` when `T: Send`; set it from any thread.
 pub struct Promise<T> {
-    shared: Option<Shared<T>>,
+    shared: Option<SharedSlot<T>>,
 }
 
 impl<T> std::fmt::Debug for Promise<T> {
@@ -131,7 +131,7 @@ impl<T> Promise<T> {
     }
 }
 
-fn fulfil<T>(shared: &Shared<T>, value: Result<T>) {
+fn fulfil<T>(shared: &SharedSlot<T>, value: Result<T>) {
     let waker = {
         let mut slot = lock(shared);
         if slot.future_gone {

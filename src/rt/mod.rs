@@ -70,7 +70,7 @@ pub use executor::{Executor, Topology};
 pub use future_pair::{Future, Promise, future_pair};
 pub use io::{WaitReadable, wait_readable};
 pub use mailbox::{Receiver, Recv, Sender, mailbox};
-pub use sim::{Sim, SimStall, TraceEvent, TraceKind};
+pub use sim::{SEED_ENV, Sim, SimStall, TraceEvent, TraceKind};
 pub use timer::{Sleep, YieldNow, current_pid, now, sleep, sleep_until, yield_now};
 
 use std::fmt;

@@ -102,6 +102,27 @@ impl fmt::Display for SimStall {
 
 impl std::error::Error for SimStall {}
 
+/// The environment variable that overrides a test's seed ([`Sim::from_env`]).
+pub const SEED_ENV: &str = "XTC_SEED";
+
+/// `XTC_SEED` parsed (decimal or `0x` hex), or `default` when it is unset.
+fn seed_from_env(default: u64) -> u64 {
+    let Some(text) = std::env::var_os(SEED_ENV) else {
+        return default;
+    };
+    let t = text.to_string_lossy();
+    parse_seed(&t).unwrap_or_else(|| panic!("{SEED_ENV}={t:?} is not a u64 seed"))
+}
+
+/// A seed as `XTC_SEED` spells it: decimal or `0x` hex, spaces around ignored.
+fn parse_seed(text: &str) -> Option<u64> {
+    let t = text.trim();
+    match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => t.parse().ok(),
+    }
+}
+
 /// A deterministic simulator (see the module docs).
 pub struct Sim {
     seed: u64,
@@ -131,6 +152,19 @@ impl Sim {
             }),
             loops: RefCell::new(Vec::new()),
         }
+    }
+
+    /// A simulator seeded from the environment variable [`SEED_ENV`]
+    /// (`XTC_SEED`, decimal or `0x` hex) when it is set, else from `default`:
+    /// a test names its own seed and a failure replays under another without
+    /// an edit (`XTC_SEED=7 cargo test -p xtc --test batch_sync name`; a
+    /// stall report names the seed it ran).
+    ///
+    /// # Panics
+    /// When `XTC_SEED` is set but is not a `u64` (a replay that silently
+    /// ran another seed would mislead).
+    pub fn from_env(default: u64) -> Sim {
+        Sim::new(seed_from_env(default))
     }
 
     /// A new loop of this simulator (unlimited budget). The `Sim` keeps it alive.
@@ -264,4 +298,20 @@ fn total_weight(loops: &[Loop]) -> u64 {
         .iter()
         .map(|l| l.inner().ready.borrow().weight_sum())
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_seed;
+
+    #[test]
+    fn seeds_parse_as_decimal_or_hex() {
+        assert_eq!(parse_seed("142"), Some(142));
+        assert_eq!(parse_seed(" 0x8e\n"), Some(142));
+        assert_eq!(parse_seed("0X8E"), Some(142));
+        assert_eq!(parse_seed("18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_seed(""), None);
+        assert_eq!(parse_seed("-1"), None);
+        assert_eq!(parse_seed("seven"), None);
+    }
 }

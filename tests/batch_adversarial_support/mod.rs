@@ -10,11 +10,15 @@
 #![allow(dead_code)] // each test binary uses a subset
 
 pub mod mt;
+#[path = "../batch_support/opts.rs"]
+mod opts;
+
+#[allow(unused_imports)] // each test binary uses a subset
+pub use opts::{async_opts, sync_opts};
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::Duration;
 
 use xtc::Error;
 use xtc::batch::{
@@ -275,26 +279,6 @@ impl AsyncStep<Rq> for A {
 
 pub fn handles(items: &[Item<'_, Rq>]) -> Vec<Handle> {
     items.iter().map(|i| i.handle).collect()
-}
-
-pub fn sync_opts(capacity: usize, max_active: usize, units: u64) -> SyncOpts {
-    SyncOpts {
-        capacity,
-        max_active,
-        resource_capacity: units,
-        sched_class: None,
-    }
-}
-
-pub fn async_opts(capacity: usize, max_active: usize, timeout: Option<Duration>) -> AsyncOpts {
-    AsyncOpts {
-        capacity,
-        max_active,
-        resource_capacity: 100,
-        exec_timeout: timeout,
-        sched_class: None,
-        mt_queue_cap: 0,
-    }
 }
 
 pub fn sync_group(lp: &Loop, o: SyncOpts) -> (Group<Rq>, C) {

@@ -65,3 +65,15 @@ pub fn one_blocked_two_held(sim: &Sim, c: &Ctl, g: &Group<Rq>, r: &Remote<Rq>) -
     settle(sim);
     [a, h1, h2]
 }
+
+/// `rounds` times: every outstanding FUTURE operation succeeds, then the
+/// loop settles (the driver collects and starts the next iteration).
+pub fn resolve_rounds(sim: &Sim, c: &Ctl, rounds: usize) {
+    for _ in 0..rounds {
+        c.promises
+            .borrow_mut()
+            .drain(..)
+            .for_each(|p| p.set(Ok(())));
+        settle(sim);
+    }
+}

@@ -1,11 +1,16 @@
 //! Shared helpers of the `batch_*` integration tests.
 #![allow(dead_code)]
 
+mod opts;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use xtc::Error;
 use xtc::batch::{Handle, Item, StepResult};
+
+#[allow(unused_imports)] // each test binary uses a subset
+pub use opts::{async_opts, sync_opts};
 
 /// A request: an id and how many more iterations it needs before DONE.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,15 +69,6 @@ pub fn countdown_step() -> impl xtc::batch::Step<Req> + 'static {
         countdown(items, results);
         Ok(())
     })
-}
-
-pub fn sync_opts(capacity: usize, max_active: usize, units: u64) -> xtc::batch::SyncOpts {
-    xtc::batch::SyncOpts {
-        capacity,
-        max_active,
-        resource_capacity: units,
-        sched_class: None,
-    }
 }
 
 /// Runs a Sim to idle and panics with the stall report (it names the seed).

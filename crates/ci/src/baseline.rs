@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::file_error::FileError;
 use super::status::Status;
 
 /// The expected failures: case name → the status it is expected to fail with.
@@ -21,18 +22,19 @@ impl FailureBaseline {
     /// and blank lines are ignored; columns after the second too.
     ///
     /// # Errors
-    /// The file cannot be read, or a line has no status or an unknown one
-    /// (naming the line).
-    pub fn load(path: &Path) -> Result<FailureBaseline, String> {
+    /// [`FileError::Read`] when the file cannot be read,
+    /// [`FileError::Invalid`] when a record does not parse or a line has no
+    /// status or an unknown one (naming the line).
+    pub fn load(path: &Path) -> Result<FailureBaseline, FileError> {
         let mut rd = csv::ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
             .comment(Some(b'#'))
             .from_path(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            .map_err(|e| FileError::read(path, e))?;
         let mut map = HashMap::new();
         for rec in rd.records() {
-            let rec = rec.map_err(|e| format!("{}: {e}", path.display()))?;
+            let rec = rec.map_err(|e| FileError::invalid(path, None, e))?;
             let line = rec.position().map(|p| p.line()).unwrap_or(0);
             let name = rec.get(0).unwrap_or("").trim();
             if name.is_empty() {
@@ -40,9 +42,11 @@ impl FailureBaseline {
             }
             let status = rec
                 .get(1)
-                .ok_or_else(|| format!("{}:{line}: {name:?} has no status", path.display()))?
+                .ok_or_else(|| {
+                    FileError::invalid(path, Some(line), format!("{name:?} has no status"))
+                })?
                 .parse::<Status>()
-                .map_err(|e| format!("{}:{line}: {e}", path.display()))?;
+                .map_err(|e| FileError::invalid(path, Some(line), e))?;
             map.insert(name.to_owned(), status);
         }
         Ok(FailureBaseline(map))
@@ -88,11 +92,11 @@ impl<T: Serialize + DeserializeOwned> DeviceTable<T> {
     /// Reads a table.
     ///
     /// # Errors
-    /// The file cannot be read or is not such a table (serde's message).
-    pub fn load(path: &Path) -> Result<DeviceTable<T>, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    /// [`FileError::Read`] when the file cannot be read,
+    /// [`FileError::Invalid`] when it is not such a table (serde's message).
+    pub fn load(path: &Path) -> Result<DeviceTable<T>, FileError> {
+        let text = std::fs::read_to_string(path).map_err(|e| FileError::read(path, e))?;
+        serde_json::from_str(&text).map_err(|e| FileError::invalid(path, None, e))
     }
 
     /// Reads a table, or an empty one when `path` does not exist (for
@@ -100,7 +104,7 @@ impl<T: Serialize + DeserializeOwned> DeviceTable<T> {
     ///
     /// # Errors
     /// As [`DeviceTable::load`] for a file that exists.
-    pub fn load_or_default(path: &Path) -> Result<DeviceTable<T>, String> {
+    pub fn load_or_default(path: &Path) -> Result<DeviceTable<T>, FileError> {
         if path.exists() {
             DeviceTable::load(path)
         } else {
@@ -123,11 +127,13 @@ impl<T: Serialize + DeserializeOwned> DeviceTable<T> {
     /// Writes the table (pretty JSON, a newline at the end).
     ///
     /// # Errors
-    /// The file cannot be written.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
-        let mut text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+    /// [`FileError::Write`] when the file cannot be written,
+    /// [`FileError::Serialize`] when the table cannot be serialized.
+    pub fn save(&self, path: &Path) -> Result<(), FileError> {
+        let mut text =
+            serde_json::to_string_pretty(self).map_err(|e| FileError::Serialize(e.to_string()))?;
         text.push('\n');
-        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+        std::fs::write(path, text).map_err(|e| FileError::write(path, e))
     }
 }
 
@@ -151,9 +157,18 @@ mod tests {
         assert_eq!(b.get("xtc.a.e"), None);
         std::fs::write(&p, "xtc.a.b,Broken\n").unwrap();
         let e = FailureBaseline::load(&p).unwrap_err();
-        assert!(e.contains(":1:") && e.contains("Broken"), "{e}");
+        assert!(
+            matches!(&e, FileError::Invalid { line: Some(1), msg, .. } if msg.contains("Broken")),
+            "{e}"
+        );
+        assert!(e.to_string().contains(":1:"), "{e}");
         std::fs::write(&p, "xtc.a.b\n").unwrap();
-        assert!(FailureBaseline::load(&p).unwrap_err().contains("no status"));
+        let e = FailureBaseline::load(&p).unwrap_err();
+        assert!(e.to_string().contains("no status"), "{e}");
+        assert!(
+            FailureBaseline::load(&dir.path().join("none.csv"))
+                .is_err_and(|e| matches!(e, FileError::Read { .. }))
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@
 //! [`Case::new`] call there. The tables are built so the coming work is a
 //! few lines each:
 //! - **A quantized kernel** (`qmm_*`, `qembed_*`, `argmax_part`, `rope_*`):
-//!   `suites::qkernels` (registered from `suites::kernels::specs`) holds
+//!   `suites::kernels::qkernels` (a child of the kernels suite) holds
 //!   their table: one line per shape and form, each naming the entry point
 //!   it must dispatch, against `decode::model::vulkan::qops`' references with the
 //!   activation and KV buffers guarded; the unit test
@@ -76,6 +76,7 @@
 pub mod baseline;
 pub mod case;
 pub mod check;
+pub mod file_error;
 pub mod output;
 pub mod protocol;
 pub mod registry;
@@ -89,5 +90,6 @@ pub use case::{
     Case, CaseError, CaseFn, CaseResult, Ctx, DeviceId, Measure, Outcome, Record, Suite, case_seed,
     ensure,
 };
+pub use file_error::FileError;
 pub use rig::Rig;
 pub use status::{Counts, Status};

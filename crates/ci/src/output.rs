@@ -11,15 +11,17 @@ use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, Te
 
 use super::baseline::DeviceTable;
 use super::case::{Measure, Record};
+use super::file_error::FileError;
 use super::runner::{CaseRun, RunResult};
 use super::status::{Counts, Status};
 
 /// Writes every output file into `dir` (created if missing).
 ///
 /// # Errors
-/// A file or the folder cannot be written (naming it).
-pub fn write_all(dir: &Path, run: &RunResult, seed: u64) -> Result<(), String> {
-    let io = |p: &Path, e: std::io::Error| format!("cannot write {}: {e}", p.display());
+/// [`FileError::Write`] naming the file or folder that cannot be written;
+/// [`FileError::Serialize`] when a report cannot be serialized.
+pub fn write_all(dir: &Path, run: &RunResult, seed: u64) -> Result<(), FileError> {
+    let io = |p: &Path, e: std::io::Error| FileError::write(p, e);
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     write_csv(&dir.join("results.csv"), run.cases.iter())?;
     write_csv(
@@ -50,9 +52,12 @@ pub fn write_all(dir: &Path, run: &RunResult, seed: u64) -> Result<(), String> {
 /// format `--baseline` reads.
 ///
 /// # Errors
-/// The file cannot be written.
-pub fn write_csv<'a>(path: &Path, cases: impl Iterator<Item = &'a CaseRun>) -> Result<(), String> {
-    let err = |e: csv::Error| format!("cannot write {}: {e}", path.display());
+/// [`FileError::Write`] when the file cannot be written.
+pub fn write_csv<'a>(
+    path: &Path,
+    cases: impl Iterator<Item = &'a CaseRun>,
+) -> Result<(), FileError> {
+    let err = |e: csv::Error| FileError::write(path, e);
     let mut w = csv::WriterBuilder::new()
         .has_headers(false)
         .from_path(path)
@@ -65,8 +70,7 @@ pub fn write_csv<'a>(path: &Path, cases: impl Iterator<Item = &'a CaseRun>) -> R
         ])
         .map_err(err)?;
     }
-    w.flush()
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    w.flush().map_err(|e| FileError::write(path, e))
 }
 
 /// This run's perf figures and golden tokens, keyed by its device.
@@ -116,8 +120,8 @@ pub fn records(run: &RunResult) -> (DeviceTable<Measure>, DeviceTable<Vec<u32>>)
 /// with the message as system-out.
 ///
 /// # Errors
-/// Serialization failed.
-pub fn junit(run: &RunResult, seed: u64) -> Result<String, String> {
+/// [`FileError::Serialize`] when serialization failed.
+pub fn junit(run: &RunResult, seed: u64) -> Result<String, FileError> {
     let mut report = Report::new("xtc ci");
     report.set_time(run.wall);
     let mut suites: Vec<(String, TestSuite)> = Vec::new();
@@ -162,7 +166,9 @@ pub fn junit(run: &RunResult, seed: u64) -> Result<String, String> {
         suites[idx].1.add_test_case(tc);
     }
     report.add_test_suites(suites.into_iter().map(|(_, s)| s));
-    report.to_string().map_err(|e| e.to_string())
+    report
+        .to_string()
+        .map_err(|e| FileError::Serialize(e.to_string()))
 }
 
 /// The table printed at the end of a run: one line per case whose status is

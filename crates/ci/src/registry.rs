@@ -4,6 +4,7 @@
 use regex::{Regex, RegexSet};
 
 use super::case::{Case, Suite};
+use super::file_error::FileError;
 use super::suites;
 
 /// Every registered case, suites in [`Suite::ALL`] order then the hidden
@@ -62,20 +63,22 @@ pub fn select(all: &[Case], sel: &Selection) -> (Vec<Case>, Vec<Case>) {
 /// comments and blank lines ignored (the format of deqp-runner's lists).
 ///
 /// # Errors
-/// The file cannot be read, or a line is not a regex (naming the line).
-pub fn read_regex_list(path: &std::path::Path) -> Result<RegexSet, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+/// [`FileError::Read`] when the file cannot be read, [`FileError::Invalid`]
+/// when a line is not a regex (naming the line) or the set does not build.
+pub fn read_regex_list(path: &std::path::Path) -> Result<RegexSet, FileError> {
+    let text = std::fs::read_to_string(path).map_err(|e| FileError::read(path, e))?;
     let mut pats = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let l = line.trim();
         if l.is_empty() || l.starts_with('#') {
             continue;
         }
-        Regex::new(l).map_err(|e| format!("{}:{}: not a regex: {e}", path.display(), i + 1))?;
+        Regex::new(l).map_err(|e| {
+            FileError::invalid(path, Some(i as u64 + 1), format!("not a regex: {e}"))
+        })?;
         pats.push(l.to_owned());
     }
-    RegexSet::new(pats).map_err(|e| format!("{}: {e}", path.display()))
+    RegexSet::new(pats).map_err(|e| FileError::invalid(path, None, e))
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use xtc_decode::model::text::chat::user_prompt;
 use xtc_decode::model::text::sampling::argmax;
 use xtc_decode::model::{KvGeometry, find_model};
 use xtc_decode::serve::kv::KvLedger;
-use xtc_decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
+use xtc_decode::serve::seq::{self, DecodeSeq, Outcome, RequestSpec};
 
 const BLOCK_SIZE: usize = 16;
 const KV_BLOCKS: usize = 10;
@@ -87,7 +87,7 @@ pub fn run() -> Result<Vec<Vec<u32>>, Box<dyn std::error::Error>> {
         "{}: KV cache {KV_BLOCKS} blocks x {BLOCK_SIZE} positions; token budget {TOKEN_BUDGET}\n",
         model.describe()
     );
-    let (mut waiting, mut active) = (VecDeque::<Sequence>::new(), Vec::<Sequence>::new());
+    let (mut waiting, mut active) = (VecDeque::<DecodeSeq>::new(), Vec::<DecodeSeq>::new());
     let mut finished = Vec::new();
     for iter in 0.. {
         // 1. arrivals: a request's charge covers its prompt and longest answer
@@ -100,7 +100,7 @@ pub fn run() -> Result<Vec<Vec<u32>>, Box<dyn std::error::Error>> {
                     spec.prompt.len(),
                     account.charge()
                 );
-                waiting.push_back(Sequence::new(spec, account, Some(eos), Instant::now()));
+                waiting.push_back(DecodeSeq::new(spec, account, Some(eos), Instant::now()));
             }
         }
         // 2. FCFS admission while the charge fits in the cache
@@ -122,7 +122,7 @@ pub fn run() -> Result<Vec<Vec<u32>>, Box<dyn std::error::Error>> {
             break;
         }
         // 3. one plan for the whole ready vector
-        let mut members: Vec<&mut Sequence> = active.iter_mut().collect();
+        let mut members: Vec<&mut DecodeSeq> = active.iter_mut().collect();
         let plan = seq::pack(&mut members, TOKEN_BUDGET, &mut kv, Instant::now())?;
         let shares: Vec<String> = members
             .iter()

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use xtc_decode::Model;
 use xtc_decode::model::adapters::{ToyModel, toy_reference};
 use xtc_decode::serve::kv::KvLedger;
-use xtc_decode::serve::seq::{self, Outcome, RequestSpec, Sequence};
+use xtc_decode::serve::seq::{self, DecodeSeq, Outcome, RequestSpec};
 
 const VOCAB: usize = 1000;
 const BLOCK_SIZE: usize = 4;
@@ -44,8 +44,8 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
             cancel_after: None,
         })
         .collect();
-    let mut waiting: VecDeque<Sequence> = VecDeque::new();
-    let mut active: Vec<Sequence> = Vec::new();
+    let mut waiting: VecDeque<DecodeSeq> = VecDeque::new();
+    let mut active: Vec<DecodeSeq> = Vec::new();
     let mut finished = Vec::new();
     println!(
         "KV cache: {KV_BLOCKS} blocks x {BLOCK_SIZE} positions; token budget {TOKEN_BUDGET}\n"
@@ -60,7 +60,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
                     spec.id,
                     account.charge()
                 );
-                waiting.push_back(Sequence::new(spec, account, None, Instant::now()));
+                waiting.push_back(DecodeSeq::new(spec, account, None, Instant::now()));
             }
         }
         // 2. FCFS admission while the charge fits in the cache
@@ -82,7 +82,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
         // 3. one plan for the whole ready vector
-        let mut members: Vec<&mut Sequence> = active.iter_mut().collect();
+        let mut members: Vec<&mut DecodeSeq> = active.iter_mut().collect();
         let plan = seq::pack(&mut members, TOKEN_BUDGET, &mut kv, Instant::now())?;
         let shares: Vec<String> = members
             .iter()

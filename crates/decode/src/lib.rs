@@ -24,12 +24,13 @@
 //!   fd the completion owns (`Rc<dyn AsFd>`), or host work for the blocking
 //!   pool. It is the only "how to wait" type on the model side; the serving
 //!   side maps it onto the batch engine's `Exec` in one place
-//!   (`serve::grouped`) and the local driver waits on it in the calling
+//!   (`serve::batch_driver`) and the local driver waits on it in the calling
 //!   thread ([`Completion::wait_here`]).
 //! - The vocabulary both sides speak, defined in [`model`] and re-exported
 //!   here: [`BatchPlan`] / [`SeqWork`] (one iteration's token rows, positions
 //!   and block tables) and [`Config`] (the model's shape: `vocab_size`,
-//!   `seq_len`, ...). [`DeviceError`] is a launch or finish failure.
+//!   `seq_len`, ...). [`DeviceError`] is a launch or finish failure, by kind
+//!   (lost, out of memory, unsupported, failed).
 //!
 //! # Import rule (checked by `tests/layout.rs`)
 //! - `decode::model` may import `xtc_vk`, `xtc::Error` / `xtc::Result`
@@ -102,10 +103,78 @@ impl std::fmt::Debug for Completion {
     }
 }
 
-/// A model's launch or finish failure, with the model's message.
+/// A model's launch or finish failure, by what the caller can do about it
+/// (the kinds of wgpu-hal's `DeviceError`); each variant carries the
+/// model's message. The serving side maps it onto the batch engine's code
+/// with [`serve::job::JobError::engine_code`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("device model: {0}")]
-pub struct DeviceError(pub String);
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The device is gone (`VK_ERROR_DEVICE_LOST`, a driver reset): nothing
+    /// in flight completes and no later launch will; reopen the device.
+    #[error("device model: device lost: {0}")]
+    Lost(String),
+    /// Device or host memory ran out for the plan's buffers: a smaller
+    /// batch or context may fit.
+    #[error("device model: out of memory: {0}")]
+    OutOfMemory(String),
+    /// The plan or the model asks for what this device or model cannot run
+    /// (a missing feature or limit, a format without a kernel).
+    #[error("device model: unsupported: {0}")]
+    Unsupported(String),
+    /// Any other failure (a kernel fault, a misuse such as `finish` without
+    /// a launch, a CPU reference error), with the model's message.
+    #[error("device model: {0}")]
+    Failed(String),
+}
+
+impl DeviceError {
+    /// [`DeviceError::Failed`] with `msg`: the constructor for a failure of
+    /// no other kind.
+    pub fn failed(msg: impl Into<String>) -> DeviceError {
+        DeviceError::Failed(msg.into())
+    }
+
+    /// [`DeviceError::Lost`] with `msg`.
+    pub fn lost(msg: impl Into<String>) -> DeviceError {
+        DeviceError::Lost(msg.into())
+    }
+
+    /// [`DeviceError::OutOfMemory`] with `msg`.
+    pub fn out_of_memory(msg: impl Into<String>) -> DeviceError {
+        DeviceError::OutOfMemory(msg.into())
+    }
+
+    /// [`DeviceError::Unsupported`] with `msg`.
+    pub fn unsupported(msg: impl Into<String>) -> DeviceError {
+        DeviceError::Unsupported(msg.into())
+    }
+
+    /// True for [`DeviceError::Lost`]: the device must be reopened before
+    /// anything else runs on it (a CI runner moves to a fresh process).
+    pub fn is_lost(&self) -> bool {
+        matches!(self, DeviceError::Lost(_))
+    }
+
+    /// The model's message, without the kind.
+    pub fn message(&self) -> &str {
+        match self {
+            DeviceError::Lost(m)
+            | DeviceError::OutOfMemory(m)
+            | DeviceError::Unsupported(m)
+            | DeviceError::Failed(m) => m,
+        }
+    }
+}
+
+/// Transition shim: `DeviceError(msg)` as the tuple struct was called, now
+/// [`DeviceError::Failed`]. The call sites in `model` move to
+/// [`DeviceError::failed`] or to the typed variants; then this goes.
+#[doc(hidden)]
+#[allow(non_snake_case)]
+pub fn DeviceError(msg: String) -> DeviceError {
+    DeviceError::Failed(msg)
+}
 
 /// A model that runs one packed iteration at a time: the one trait between
 /// [`model`] and [`serve`] (see the module doc for its contract).

@@ -223,7 +223,7 @@ fn vulkan_model_completes_on_a_fence_and_refuses_bad_plans() {
         }],
     };
     let e = vk.launch(&beyond).unwrap_err();
-    assert!(e.0.contains("submit"), "{e}");
+    assert!(e.message().contains("submit"), "{e}");
     assert!(
         vk.finish().is_err(),
         "nothing in flight after a refused launch"

@@ -42,9 +42,9 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use super::publish::stage_own;
-use super::scheduler::DrainStall;
-use super::state::Shared;
+use super::state::RunState;
 use super::step::{Point, Yielder};
+use super::task::DrainStall;
 use xtc::Error;
 
 const NO_TASK: usize = usize::MAX;
@@ -58,7 +58,7 @@ struct Spin {
 }
 
 impl Spin {
-    fn start(sh: &Shared, point: Point) -> Spin {
+    fn start(sh: &RunState, point: Point) -> Spin {
         Spin {
             point,
             since_ns: sh.now(),
@@ -66,13 +66,13 @@ impl Spin {
     }
 
     /// Whether this spin has waited past the run's watchdog budget.
-    fn overdue(self, sh: &Shared) -> bool {
+    fn overdue(self, sh: &RunState) -> bool {
         sh.now().saturating_sub(self.since_ns) > sh.opts.watchdog_ns
     }
 
     /// Ends the run: records the stall (the run's first wins), latches the
     /// run failed and abandons the drain.
-    fn give_up(self, sh: &Shared, t: usize, attempt: u64, waiting_for: Vec<usize>) {
+    fn give_up(self, sh: &RunState, t: usize, attempt: u64, waiting_for: Vec<usize>) {
         let stall = DrainStall {
             thread: t,
             point: self.point,
@@ -123,7 +123,7 @@ impl DrainState {
 
     /// Thread `t` holds `task` and starts a drain for `block_num` blocks;
     /// false when another drain is active (the caller re-pushes the task).
-    pub fn enter(&self, sh: &Shared, t: usize, task: usize, block_num: u32) -> bool {
+    pub fn enter(&self, sh: &RunState, t: usize, task: usize, block_num: u32) -> bool {
         if self
             .pending
             .compare_exchange(0, -1, Ordering::AcqRel, Ordering::Relaxed)
@@ -149,12 +149,12 @@ impl DrainState {
         self.go.store(0, Ordering::Relaxed);
     }
 
-    fn all(&self, v: &[AtomicU64], sh: &Shared, a: u64) -> bool {
+    fn all(&self, v: &[AtomicU64], sh: &RunState, a: u64) -> bool {
         v.iter().all(|x| x.load(Ordering::Acquire) == tok(sh, a))
     }
 
     /// The threads whose word in `v` is not yet that of attempt `a`.
-    fn missing(&self, v: &[AtomicU64], sh: &Shared, a: u64) -> Vec<usize> {
+    fn missing(&self, v: &[AtomicU64], sh: &RunState, a: u64) -> Vec<usize> {
         (0..v.len())
             .filter(|&q| v[q].load(Ordering::Acquire) != tok(sh, a))
             .collect()
@@ -178,7 +178,7 @@ impl DrainState {
 
     /// A reset happened since attempt `a` (tagged: the attempt moved on;
     /// untagged: our ack bit was cleared / the election word was cleared).
-    fn reset_since(&self, sh: &Shared, t: usize, a: u64, follower: bool) -> bool {
+    fn reset_since(&self, sh: &RunState, t: usize, a: u64, follower: bool) -> bool {
         if sh.opts.generation_tags {
             self.attempt() != a
         } else if follower {
@@ -189,16 +189,16 @@ impl DrainState {
     }
 }
 
-fn tok(sh: &Shared, a: u64) -> u64 {
+fn tok(sh: &RunState, a: u64) -> u64 {
     if sh.opts.generation_tags { a } else { 1 }
 }
 
-fn free(sh: &Shared, a: u64) -> u64 {
+fn free(sh: &RunState, a: u64) -> u64 {
     if sh.opts.generation_tags { a << 8 } else { 0 }
 }
 
 /// Called from the scheduler loop while `pending != 0`.
-pub(crate) async fn handle_drain(sh: &Shared, t: usize, y: &Yielder) {
+pub(crate) async fn handle_drain(sh: &RunState, t: usize, y: &Yielder) {
     let d = &sh.drain;
     let esc = sh.opts.escapes;
     // Sentinel wait.
@@ -251,11 +251,11 @@ pub(crate) async fn handle_drain(sh: &Shared, t: usize, y: &Yielder) {
     }
 }
 
-fn abandon(sh: &Shared) {
+fn abandon(sh: &RunState) {
     sh.m.c.drains_abandoned.fetch_add(1, Ordering::Relaxed);
 }
 
-async fn elected(sh: &Shared, t: usize, a: u64, y: &Yielder) {
+async fn elected(sh: &RunState, t: usize, a: u64, y: &Yielder) {
     let d = &sh.drain;
     let task = d.task.load(Ordering::Acquire);
     if task == NO_TASK {
@@ -302,7 +302,7 @@ async fn elected(sh: &Shared, t: usize, a: u64, y: &Yielder) {
     d.pending.store(0, Ordering::Release);
 }
 
-async fn follower(sh: &Shared, t: usize, a: u64, y: &Yielder) {
+async fn follower(sh: &RunState, t: usize, a: u64, y: &Yielder) {
     let d = &sh.drain;
     let mut staged = false;
     let spin = Spin::start(sh, Point::Follower);

@@ -63,14 +63,16 @@ pub mod scenarios;
 pub mod scheduler;
 mod state;
 pub mod step;
+pub mod task;
 pub mod watermark;
 
 pub use metrics::{PopRecord, Summary, chrome_trace};
 pub use npu_step::{NpuDevice, NpuStep, NpuWork};
 pub use profile::DeviceProfile;
-pub use scheduler::{
-    DrainStall, Escapes, Graph, OrchStep, Probe, ProbePolicy, PublishMode, RunError, RunOpts,
-    RunReport, Scheduler, Shape, SimOpts, Stall, StallEnd, StepOpts, TaskSpec,
-};
+pub use scheduler::{Probe, ProbePolicy, Scheduler, SimOpts, StepOpts};
 pub use state::PublishHandle;
 pub use step::{Hang, Point};
+pub use task::{
+    DrainStall, Escapes, FenceCountError, Graph, OrchStep, PublishMode, RunError, RunOpts,
+    RunReport, Shape, Stall, StallEnd, TaskSpec,
+};

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use serde::Serialize;
 
 use super::emu::CoreEvent;
-use super::scheduler::Shape;
+use super::task::Shape;
 
 /// What one pop (one `pop_ready_tasks_batch` call, or one thread's drain
 /// staging) published.

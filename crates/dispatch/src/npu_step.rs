@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Sender, unbounded};
 
 use super::profile::DeviceProfile;
-use super::scheduler::{Graph, RunOpts, RunReport, Scheduler, TaskSpec};
+use super::scheduler::Scheduler;
+use super::task::{Graph, RunOpts, RunReport, TaskSpec};
 use xtc::batch::{AsyncStep, Exec, ExecStatus, Item, StepResult};
 use xtc::rt::{self, Promise};
 use xtc::{Error, Result};

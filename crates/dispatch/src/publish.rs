@@ -20,8 +20,8 @@
 use std::sync::atomic::{Ordering, fence};
 
 use super::metrics::PopRecord;
-use super::scheduler::{PublishMode, Shape};
-use super::state::{PublishHandle, Shared, Tracker};
+use super::state::{PublishHandle, RunState, Tracker};
+use super::task::{PublishMode, Shape};
 
 /// The handle array of one pop (capacity `clusters * 3`, D-03).
 pub(crate) struct PublishBatch {
@@ -45,7 +45,7 @@ impl PublishBatch {
 
     /// One release fence, then every doorbell store; records counts and the
     /// first/last store times in `rec`.
-    pub fn flush(&mut self, sh: &Shared, rec: &mut PopRecord) {
+    pub fn flush(&mut self, sh: &RunState, rec: &mut PopRecord) {
         if self.handles.is_empty() {
             return;
         }
@@ -70,7 +70,7 @@ impl PublishBatch {
 
 /// Phase 4: dispatches MIX, then AIC and AIV (order flipped by thread parity).
 /// Returns (progress, entered_drain).
-pub(crate) fn dispatch_ready(sh: &Shared, t: usize) -> (bool, bool) {
+pub(crate) fn dispatch_ready(sh: &RunState, t: usize) -> (bool, bool) {
     let order = if t.is_multiple_of(2) {
         [Shape::Mix, Shape::Aic, Shape::Aiv]
     } else {
@@ -88,7 +88,7 @@ pub(crate) fn dispatch_ready(sh: &Shared, t: usize) -> (bool, bool) {
 }
 
 /// Dispatches ready tasks of one shape on thread `t`'s idle units.
-pub(crate) fn dispatch_shape(sh: &Shared, t: usize, shape: Shape) -> (bool, bool) {
+pub(crate) fn dispatch_shape(sh: &RunState, t: usize, shape: Shape) -> (bool, bool) {
     let mut tr = sh.trackers[t].lock().unwrap();
     let mut units = tr.idle_units(shape);
     let mut pb = PublishBatch::new(sh.prof.clusters);
@@ -146,7 +146,7 @@ pub(crate) fn dispatch_shape(sh: &Shared, t: usize, shape: Shape) -> (bool, bool
 /// claimed block's cores. Re-pushes the task when blocks remain (peers may
 /// claim them). Returns true when it prepared anything.
 fn prepare_task(
-    sh: &Shared,
+    sh: &RunState,
     tr: &mut Tracker,
     units: &mut Vec<(usize, usize)>,
     pb: &mut PublishBatch,
@@ -172,7 +172,7 @@ fn prepare_task(
 
 /// Drain staging: thread `t` claims what its idle units allow of the held
 /// cohort `task`, prepares, and publishes with one fence. Returns the blocks staged.
-pub(crate) fn stage_own(sh: &Shared, t: usize, task: usize) -> u32 {
+pub(crate) fn stage_own(sh: &RunState, t: usize, task: usize) -> u32 {
     let shape = sh.tasks[task].spec.shape;
     let mut tr = sh.trackers[t].lock().unwrap();
     let mut units = tr.idle_units(shape);

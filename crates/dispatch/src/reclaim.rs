@@ -14,12 +14,12 @@
 
 use std::sync::atomic::Ordering;
 
-use super::scheduler::{Stall, StallEnd};
-use super::state::Shared;
+use super::state::RunState;
 use super::step::{Point, Yielder};
+use super::task::{Stall, StallEnd};
 use xtc::Error;
 
-impl Shared {
+impl RunState {
     /// Scheduler thread 0, every iteration (D-10): serves a pending request.
     pub(crate) fn service_requests(&self) -> bool {
         self.wm

@@ -1,7 +1,7 @@
 //! Task graphs of the proofs and benchmarks (reference §6, §7.5), scaled to a
 //! profile's cluster count.
 
-use super::scheduler::{Graph, Shape, TaskSpec};
+use super::task::{Graph, Shape, TaskSpec};
 
 fn dur(rng: &mut fastrand::Rng) -> u64 {
     rng.u64(2_000..20_000)

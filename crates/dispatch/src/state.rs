@@ -22,8 +22,8 @@ use super::drain::DrainState;
 use super::emu::{COND_FIN, Desc, Regs, next_token};
 use super::metrics::Metrics;
 use super::profile::{CORES_PER_CLUSTER, DeviceProfile};
-use super::scheduler::{DrainStall, OrchStep, RunOpts, Shape, Stall, TaskSpec};
 use super::step::Clock;
+use super::task::{DrainStall, OrchStep, RunOpts, Shape, Stall, TaskSpec};
 use super::watermark::Watermark;
 use xtc::Error;
 
@@ -98,7 +98,7 @@ pub(crate) struct TaskRt {
 
 /// The run: everything the scheduler threads, the core host and the
 /// orchestrator share.
-pub(crate) struct Shared {
+pub(crate) struct RunState {
     pub prof: DeviceProfile,
     pub opts: RunOpts,
     pub regs: Arc<Regs>,
@@ -127,14 +127,14 @@ pub(crate) fn expected_value(task: usize, block: u32, sub: u32) -> u64 {
     ((task as u64 + 1) << 32) | u64::from(block * 3 + sub + 1)
 }
 
-impl Shared {
+impl RunState {
     pub fn new(
         prof: DeviceProfile,
         opts: RunOpts,
         regs: Arc<Regs>,
         clock: Clock,
         script: Vec<OrchStep>,
-    ) -> Shared {
+    ) -> RunState {
         let mut tasks = Vec::new();
         let mut out_len = 0usize;
         for s in &script {
@@ -158,7 +158,7 @@ impl Shared {
             .map(|t| Mutex::new(Tracker::new(prof.clusters_of(t), prof.cores())))
             .collect();
         regs.reset();
-        Shared {
+        RunState {
             drain: DrainState::new(prof.sched_threads),
             wm: Watermark::new(opts.watermark_k),
             out: (0..out_len).map(|_| AtomicU64::new(0)).collect(),

@@ -117,17 +117,17 @@ struct Log {
     failure: Option<String>,
 }
 
-type Shared = Rc<RefCell<Log>>;
+type SharedLog = Rc<RefCell<Log>>;
 
 /// The device work of one iteration: one argmax row per member, ONE
 /// command buffer.
 struct Device {
     rig: Rig,
-    log: Shared,
+    log: SharedLog,
 }
 
 impl Device {
-    fn new(ctx: &mut Ctx, log: &Shared) -> Result<Device, CaseError> {
+    fn new(ctx: &mut Ctx, log: &SharedLog) -> Result<Device, CaseError> {
         let kernels = ctx.kernels()?;
         let rig = Rig::new(
             kernels,
@@ -283,7 +283,7 @@ fn created<T>(r: xtc::Result<T>) -> Result<T, CaseError> {
     }
 }
 
-fn completer(log: &Shared) -> impl FnMut(Handle, Req, xtc::Result<()>) + 'static {
+fn completer(log: &SharedLog) -> impl FnMut(Handle, Req, xtc::Result<()>) + 'static {
     let log = log.clone();
     move |_h, req: Req, outcome| {
         let mut l = log.borrow_mut();
@@ -306,12 +306,12 @@ fn opts(capacity: usize, timeout: Option<Duration>, mt: usize) -> AsyncOpts {
 struct Setup {
     lp: Loop,
     group: Group<Req>,
-    log: Shared,
+    log: SharedLog,
     gate: Rc<EventFence>,
 }
 
 fn async_group(ctx: &mut Ctx, o: AsyncOpts, mode: Await) -> Result<Setup, CaseError> {
-    let log = Shared::default();
+    let log = SharedLog::default();
     let dev = Device::new(ctx, &log)?;
     let lp = Loop::new()?;
     let gate = Rc::new(EventFence::new()?);
@@ -356,7 +356,7 @@ fn outcomes_ok(log: &Log, n: usize) -> Result<(), CaseError> {
 }
 
 fn sync_group(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
-    let log = Shared::default();
+    let log = SharedLog::default();
     let dev = Device::new(ctx, &log)?;
     let lp = Loop::new()?;
     let o = SyncOpts {
@@ -629,7 +629,7 @@ fn cross_loop(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let s = async_group(ctx, opts(32, None, 64), Await::Device)?;
     let remote = created(s.group.remote())?;
     let seed = ctx.case_seed();
-    let producer = std::thread::spawn(move || -> Result<(), String> {
+    let producer = std::thread::spawn(move || -> Result<(), CaseError> {
         for id in 0..N {
             let mut req = Req::new(id, seed, 2);
             loop {
@@ -639,7 +639,9 @@ fn cross_loop(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
                         req = e.into_inner();
                         std::thread::sleep(Duration::from_micros(100));
                     }
-                    Err(e) => return Err(format!("submit_mt of {id}: {}", e.error)),
+                    Err(e) => {
+                        return Err(CaseError::Fail(format!("submit_mt of {id}: {}", e.error)));
+                    }
                 }
             }
         }
@@ -656,8 +658,7 @@ fn cross_loop(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     finish(&s)?;
     producer
         .join()
-        .map_err(|_| CaseError::Fail("the producer thread panicked".into()))?
-        .map_err(CaseError::Fail)?;
+        .map_err(|_| CaseError::Fail("the producer thread panicked".into()))??;
     let l = s.log.borrow();
     outcomes_ok(&l, N)?;
     let mut ids: Vec<usize> = l.done.iter().map(|d| d.0).collect();

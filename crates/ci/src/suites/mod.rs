@@ -7,6 +7,5 @@ pub mod dispatch;
 pub mod fence;
 pub mod kernels;
 pub mod perf;
-pub mod qkernels;
 pub mod selftest;
 pub mod smollm;

@@ -20,6 +20,7 @@
 //! The model file absent: `Skip` outside CI, `Fail` with `CI` set (naming
 //! the fetch script).
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use crate::case::{Case, CaseError, Ctx, Measure, Outcome, Record, Suite, ensure};
@@ -86,13 +87,29 @@ pub fn perf_cases(v: &mut Vec<Case>) {
     }
 }
 
+/// Why the real model cannot serve the cases (kept for the child process,
+/// so every case reports the same reason).
+#[derive(Debug, Clone, thiserror::Error)]
+enum ModelUnavailable {
+    /// No model file where [`find_model`] looks.
+    #[error("{0}")]
+    NotFound(String),
+    /// The file is there but does not load (GGUF or tokenizer).
+    #[error("{}: {msg}", path.display())]
+    Unloadable { path: PathBuf, msg: String },
+}
+
 /// The model and tokenizer, loaded once per child process.
 fn model(ctx: &Ctx) -> Result<&'static (Llama, Bpe), CaseError> {
-    static MODEL: OnceLock<Result<(Llama, Bpe), String>> = OnceLock::new();
+    static MODEL: OnceLock<Result<(Llama, Bpe), ModelUnavailable>> = OnceLock::new();
     let m = MODEL.get_or_init(|| {
-        let path = find_model(None).map_err(|e| e.to_string())?;
-        let m = Llama::load(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let t = Bpe::from_gguf(m.gguf()).map_err(|e| format!("{}: {e}", path.display()))?;
+        let path = find_model(None).map_err(|e| ModelUnavailable::NotFound(e.to_string()))?;
+        let unloadable = |e: &dyn std::fmt::Display| ModelUnavailable::Unloadable {
+            path: path.clone(),
+            msg: e.to_string(),
+        };
+        let m = Llama::load(&path).map_err(|e| unloadable(&e))?;
+        let t = Bpe::from_gguf(m.gguf()).map_err(|e| unloadable(&e))?;
         Ok((m, t))
     });
     match m {
@@ -100,7 +117,7 @@ fn model(ctx: &Ctx) -> Result<&'static (Llama, Bpe), CaseError> {
         Err(e) if ctx.ci() => Err(CaseError::Fail(format!(
             "CI is set but the model is missing: {e} (run {FETCH_SCRIPT})"
         ))),
-        Err(e) => Err(CaseError::Skip(e.clone())),
+        Err(e) => Err(CaseError::Skip(e.to_string())),
     }
 }
 

@@ -649,7 +649,7 @@ mod tests {
         };
         work();
         let e = m.finish().unwrap_err();
-        assert!(e.0.contains("beyond the block table"), "{e}");
+        assert!(e.message().contains("beyond the block table"), "{e}");
     }
 }
 
@@ -706,7 +706,8 @@ mod llama_tests {
         m.launch(&bad).unwrap().wait_here();
         let e = m.finish().unwrap_err();
         assert!(
-            e.0.contains("block 9 is not below the cache's 8 blocks"),
+            e.message()
+                .contains("block 9 is not below the cache's 8 blocks"),
             "{e}"
         );
     }

@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use crate::serve::kv::{KvError, KvLedger};
-use crate::serve::seq::{RequestSpec, Sequence, TokenCountMismatch};
+use crate::serve::seq::{DecodeSeq, RequestSpec, TokenCountMismatch};
 use crate::serve::trace::{Scaling, Trace};
 use crate::{DeviceError, Model};
 
@@ -138,7 +138,7 @@ pub enum Status {
 #[derive(Debug)]
 pub struct Finished {
     /// Its final sequence state (generated tokens, timing).
-    pub seq: Sequence,
+    pub seq: DecodeSeq,
     /// How it ended.
     pub status: Status,
 }
@@ -287,6 +287,24 @@ pub enum JobError {
     /// Options that cannot run.
     #[error("invalid options: {0}")]
     Opts(String),
+}
+
+impl JobError {
+    /// The batch engine's code for this failure, as the batch driver returns
+    /// it from its step (the run's error itself is this `JobError`):
+    /// [`JobError::Batch`] keeps the engine's own code; a model's
+    /// [`DeviceError::OutOfMemory`] is `Nomem` and
+    /// [`DeviceError::Unsupported`] is `Nosys`; everything else (a lost
+    /// device, a failed model, the ledger, the token count, the options) is
+    /// `Internal`.
+    pub fn engine_code(&self) -> xtc::Error {
+        match self {
+            JobError::Batch(c) => *c,
+            JobError::Model(DeviceError::OutOfMemory(_)) => xtc::Error::Nomem,
+            JobError::Model(DeviceError::Unsupported(_)) => xtc::Error::Nosys,
+            _ => xtc::Error::Internal,
+        }
+    }
 }
 
 /// What `Nosys` from the batch engine means for a run: the batch API is

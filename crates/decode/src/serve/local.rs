@@ -20,15 +20,15 @@ use crate::serve::job::{
     check_opts, rejection,
 };
 use crate::serve::kv::KvLedger;
-use crate::serve::seq::{self, Outcome, RequestSpec, Sequence};
+use crate::serve::seq::{self, DecodeSeq, Outcome, RequestSpec};
 
 struct State<'w> {
     opts: JobOpts,
     kv: KvLedger,
     start: Instant,
     arrivals: VecDeque<&'w RequestSpec>,
-    queue: VecDeque<Sequence>,
-    active: Vec<Sequence>,
+    queue: VecDeque<DecodeSeq>,
+    active: Vec<DecodeSeq>,
     out: RunOutput,
 }
 
@@ -92,7 +92,7 @@ impl State<'_> {
                 Some(r) => self.out.rejected.push(r),
                 None => {
                     let kv = self.kv.account(spec.prompt.len(), spec.output_tokens);
-                    let s = Sequence::new(spec, kv, self.opts.stop_token, at);
+                    let s = DecodeSeq::new(spec, kv, self.opts.stop_token, at);
                     self.queue.push_back(s);
                 }
             }
@@ -147,7 +147,7 @@ impl State<'_> {
 
     fn iterate(&mut self, model: &mut dyn Model) -> Result<(), JobError> {
         let t0 = Instant::now();
-        let mut members: Vec<&mut Sequence> = self.active.iter_mut().collect();
+        let mut members: Vec<&mut DecodeSeq> = self.active.iter_mut().collect();
         let plan = seq::pack(&mut members, self.opts.token_budget, &mut self.kv, t0)?;
         let (prefill_tokens, decode_tokens) = seq::scheduled_rows(&members);
         // `finish` blocks until the device is done: no need to poll the fence here.
@@ -174,7 +174,7 @@ impl State<'_> {
         Ok(())
     }
 
-    fn finish(&mut self, mut s: Sequence, status: Status, now: Instant) -> Result<(), JobError> {
+    fn finish(&mut self, mut s: DecodeSeq, status: Status, now: Instant) -> Result<(), JobError> {
         self.kv.free(&mut s.kv)?;
         s.timing.finished = Some(now);
         self.out.finished.push(Finished { seq: s, status });

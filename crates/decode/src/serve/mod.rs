@@ -7,7 +7,7 @@
 //! - [`kv`]: the ONE KV ledger, [`kv::KvLedger`]: a request's charge, its
 //!   admission against the cache, the growth of its block table and the
 //!   return of its blocks. Nothing else allocates or frees a KV block.
-//! - [`seq`]: a member's sequence state ([`seq::Sequence`], which carries its
+//! - [`seq`]: a member's sequence state ([`seq::DecodeSeq`], which carries its
 //!   [`kv::KvAccount`]) and the pure iteration logic: [`seq::pack`] the ready
 //!   vector into ONE [`BatchPlan`](crate::BatchPlan) under the token
 //!   budget, [`seq::apply`] the sampled tokens back.
@@ -15,7 +15,7 @@
 //!   workload from a trace, the rejection of requests that can never fit,
 //!   what a run observed ([`job::RunOutput`]) and why it failed
 //!   ([`job::JobError`]). No driver: the drivers import it, never the reverse.
-//! - [`grouped`]: the run on one async batch group ([`run`], the `xtc decode`
+//! - [`batch_driver`]: the run on one async batch group ([`run`], the `xtc decode`
 //!   driver): the step (submit packs and launches, collect applies), the
 //!   completion of a member, the arrival process, the canceller; and the ONE
 //!   place a model's [`Completion`](crate::Completion) becomes the
@@ -28,7 +28,7 @@
 //! - [`metrics`]: Prometheus metrics of a run with vLLM's names and buckets
 //!   (`xtc:time_to_first_token_seconds`, ...) and the batch group's
 //!   statistics ([`metrics::DecodeMetrics`], updated by
-//!   [`grouped::run_with_metrics`]).
+//!   [`batch_driver::run_with_metrics`]).
 //! - [`prompts`]: real-text prompts (windows of a tokenized text) for a workload.
 //! - [`run_config`]: what produced a report ([`run_config::RunConfig`]:
 //!   trace, scaling, seed, model, KV cache, limits, device, SLO).
@@ -60,7 +60,7 @@
 //!
 //! [`Model`]: crate::Model
 
-pub mod grouped;
+pub mod batch_driver;
 pub mod job;
 pub mod kv;
 pub mod latency;
@@ -73,4 +73,4 @@ pub mod seq;
 pub mod sweep;
 pub mod trace;
 
-pub use grouped::{run, run_with_metrics};
+pub use batch_driver::{run, run_with_metrics};

@@ -20,10 +20,11 @@ const SALT: u64 = 0x7e47_5769_6e64_6f77;
 /// text), wrapping around the corpus's end.
 ///
 /// # Errors
-/// An empty corpus (nothing to cut prompts from).
-pub fn text_windows(wl: &mut Workload, corpus: &[u32], seed: u64) -> Result<(), String> {
+/// [`EmptyCorpus`] when the corpus has no tokens (nothing to cut prompts
+/// from).
+pub fn text_windows(wl: &mut Workload, corpus: &[u32], seed: u64) -> Result<(), EmptyCorpus> {
     if corpus.is_empty() {
-        return Err("the prompt text has no tokens".into());
+        return Err(EmptyCorpus);
     }
     let mut rng = fastrand::Rng::with_seed(seed ^ SALT);
     let mut used = std::collections::HashSet::new();
@@ -40,6 +41,19 @@ pub fn text_windows(wl: &mut Workload, corpus: &[u32], seed: u64) -> Result<(), 
         r.prompt = corpus.iter().copied().cycle().skip(start).take(n).collect();
     }
     Ok(())
+}
+
+/// A prompt corpus without tokens ([`text_windows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the prompt text has no tokens")]
+pub struct EmptyCorpus;
+
+/// The text of [`EmptyCorpus`], for callers whose own errors are still
+/// strings (the `xtc decode` command).
+impl From<EmptyCorpus> for String {
+    fn from(e: EmptyCorpus) -> String {
+        e.to_string()
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! A request's sequence state and the packing of one iteration's work.
 //!
-//! Each member of the decode group carries a [`Sequence`] as its request
+//! Each member of the decode group carries a [`DecodeSeq`] as its request
 //! value: its prompt, the tokens generated so far, how many positions are in
 //! the KV cache, its KV account (charge and block table, changed only by the
 //! [`KvLedger`]) and its timing. Every iteration [`pack`]
@@ -65,7 +65,7 @@ pub struct Timing {
 /// The request value of a decode-group member: one sequence's state.
 /// Not `Clone`: it owns its KV account.
 #[derive(Debug)]
-pub struct Sequence {
+pub struct DecodeSeq {
     /// Request index (from [`RequestSpec::id`]).
     pub id: usize,
     /// Prompt token ids.
@@ -89,11 +89,16 @@ pub struct Sequence {
     pub timing: Timing,
 }
 
-impl Sequence {
+/// The old name of [`DecodeSeq`] (it collided with `model::llama::Sequence`),
+/// kept while the `xtc decode` command still names it; use [`DecodeSeq`].
+#[doc(hidden)]
+pub type Sequence = DecodeSeq;
+
+impl DecodeSeq {
     /// A fresh sequence for `spec`, arrived at `now`, with its KV account
     /// ([`KvLedger::account`] of its prompt and output).
     pub fn new(spec: &RequestSpec, kv: KvAccount, stop_token: Option<u32>, now: Instant) -> Self {
-        Sequence {
+        DecodeSeq {
             id: spec.id,
             prompt: spec.prompt.clone(),
             max_output: spec.output_tokens,
@@ -171,7 +176,7 @@ impl Sequence {
 /// [`KvError`] when the ledger cannot cover a member (not admitted, or its
 /// charge was wrong).
 pub fn pack(
-    members: &mut [&mut Sequence],
+    members: &mut [&mut DecodeSeq],
     token_budget: usize,
     kv: &mut KvLedger,
     now: Instant,
@@ -202,7 +207,7 @@ pub fn pack(
 
 /// `(prefill rows, decode rows)` of the members' scheduled work (call
 /// between [`pack`] and [`apply`]).
-pub fn scheduled_rows(members: &[&mut Sequence]) -> (usize, usize) {
+pub fn scheduled_rows(members: &[&mut DecodeSeq]) -> (usize, usize) {
     members.iter().fold((0, 0), |(p, d), s| match s.scheduled {
         Some(w) if s.is_prefill() => (p + w.n_tokens, d),
         Some(w) => (p, d + w.n_tokens),
@@ -212,7 +217,7 @@ pub fn scheduled_rows(members: &[&mut Sequence]) -> (usize, usize) {
 
 /// Whether `s`'s client wants it cancelled now (it has received the tokens
 /// after which it cancels, and the sequence is not already done).
-pub fn cancel_due(s: &Sequence) -> bool {
+pub fn cancel_due(s: &DecodeSeq) -> bool {
     !s.is_done() && s.cancel_after.is_some_and(|k| s.generated.len() >= k)
 }
 
@@ -243,7 +248,7 @@ pub struct TokenCountMismatch {
 /// # Errors
 /// [`TokenCountMismatch`] (nothing is changed then).
 pub fn apply(
-    members: &mut [&mut Sequence],
+    members: &mut [&mut DecodeSeq],
     tokens: &[u32],
     now: Instant,
 ) -> Result<Vec<Outcome>, TokenCountMismatch> {
@@ -277,7 +282,7 @@ pub fn apply(
     Ok(outcomes)
 }
 
-fn push_token(s: &mut Sequence, token: u32, now: Instant) {
+fn push_token(s: &mut DecodeSeq, token: u32, now: Instant) {
     s.generated.push(token);
     let t = &mut s.timing;
     match t.last_token {
@@ -292,7 +297,7 @@ mod tests {
     use super::*;
 
     /// An admitted member of `kv`.
-    fn seq(kv: &mut KvLedger, id: usize, prompt: usize, out: usize) -> Sequence {
+    fn seq(kv: &mut KvLedger, id: usize, prompt: usize, out: usize) -> DecodeSeq {
         let spec = RequestSpec {
             id,
             arrival: Duration::ZERO,
@@ -302,7 +307,7 @@ mod tests {
         };
         let mut acct = kv.account(prompt, out);
         kv.admit(&mut acct).unwrap();
-        Sequence::new(&spec, acct, None, Instant::now())
+        DecodeSeq::new(&spec, acct, None, Instant::now())
     }
 
     #[test]

@@ -263,23 +263,45 @@ impl Sweep {
     /// The points as CSV: a header, then one row per policy and rate.
     ///
     /// # Errors
-    /// The CSV writer's (it writes to memory: none in practice).
-    pub fn csv(&self) -> Result<String, String> {
+    /// [`SweepOutputError::Csv`] with the CSV writer's message (it writes to
+    /// memory: none in practice).
+    pub fn csv(&self) -> Result<String, SweepOutputError> {
+        let csv = |e: &dyn std::fmt::Display| SweepOutputError::Csv(e.to_string());
         let mut w = csv::Writer::from_writer(Vec::new());
         for p in &self.points {
-            w.serialize(p).map_err(|e| e.to_string())?;
+            w.serialize(p).map_err(|e| csv(&e))?;
         }
-        let bytes = w.into_inner().map_err(|e| e.to_string())?;
-        String::from_utf8(bytes).map_err(|e| e.to_string())
+        let bytes = w.into_inner().map_err(|e| csv(&e))?;
+        String::from_utf8(bytes).map_err(|e| csv(&e))
     }
 
     /// Normalized latency (left) and SLO attainment (right) against the
     /// request rate, one line per policy, as an SVG document.
     ///
     /// # Errors
-    /// The plotting library's message.
-    pub fn plot_svg(&self) -> Result<String, String> {
-        plot::svg(self).map_err(|e| format!("plotting the sweep: {e}"))
+    /// [`SweepOutputError::Plot`] with the plotting library's message.
+    pub fn plot_svg(&self) -> Result<String, SweepOutputError> {
+        plot::svg(self).map_err(|e| SweepOutputError::Plot(e.to_string()))
+    }
+}
+
+/// Why a sweep's CSV or plot could not be produced; carries the library's
+/// message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SweepOutputError {
+    /// The CSV writer failed ([`Sweep::csv`]).
+    #[error("{0}")]
+    Csv(String),
+    /// The plotting library failed ([`Sweep::plot_svg`]).
+    #[error("plotting the sweep: {0}")]
+    Plot(String),
+}
+
+/// The text of a [`SweepOutputError`], for callers whose own errors are
+/// still strings (the `xtc decode` command).
+impl From<SweepOutputError> for String {
+    fn from(e: SweepOutputError) -> String {
+        e.to_string()
     }
 }
 

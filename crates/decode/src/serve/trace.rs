@@ -142,24 +142,73 @@ impl Scaling {
     /// sped up by `time_scale`.
     ///
     /// # Errors
-    /// A message naming `--time-scale` and the arrival that does not fit.
-    pub fn check_arrivals(&self, requests: &[TraceRequest]) -> Result<(), String> {
+    /// [`ArrivalError`] naming the time scale and the latest arrival, which
+    /// does not fit.
+    pub fn check_arrivals(&self, requests: &[TraceRequest]) -> Result<(), ArrivalError> {
         let Some(last) = requests.iter().map(|r| r.arrival).max() else {
             return Ok(());
         };
         match self.arrival(last) {
             Some(_) => Ok(()),
-            None => Err(format!(
-                "--time-scale {:?}: the arrival {:.3} s after the first row would be replayed \
-                 {:.3e} s after the start, past the {} s (about 584 years) a run's clock holds; \
-                 use a larger --time-scale",
-                self.time_scale,
-                last.as_secs_f64(),
-                last.as_secs_f64() / self.time_scale,
-                MAX_ARRIVAL.as_secs()
-            )),
+            None => Err(ArrivalError {
+                time_scale: self.time_scale,
+                last,
+            }),
         }
     }
+}
+
+/// A trace whose latest arrival, sped up by the time scale, falls past the
+/// clock of a run ([`MAX_ARRIVAL`]): the caller picks a larger time scale.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error(
+    "--time-scale {time_scale:?}: the arrival {:.3} s after the first row would be replayed \
+     {:.3e} s after the start, past the {} s (about 584 years) a run's clock holds; \
+     use a larger --time-scale",
+    last.as_secs_f64(),
+    last.as_secs_f64() / time_scale,
+    MAX_ARRIVAL.as_secs()
+)]
+pub struct ArrivalError {
+    /// The speed-up asked for.
+    pub time_scale: f64,
+    /// The latest arrival after the first row, unscaled.
+    pub last: Duration,
+}
+
+/// The text of an [`ArrivalError`], for callers whose own errors are still
+/// strings (the `xtc decode` command).
+impl From<ArrivalError> for String {
+    fn from(e: ArrivalError) -> String {
+        e.to_string()
+    }
+}
+
+/// Why a `TIMESTAMP` field does not parse ([`parse_timestamp`]); carries
+/// the field's text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimestampError {
+    /// Neither a date and time nor a number.
+    #[error("TIMESTAMP `{0}` is not YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM] or a number of seconds")]
+    Malformed(String),
+    /// Digits and dots that are no number of seconds (`.`, `1.2.3`, too large).
+    #[error("TIMESTAMP `{0}` is not a number of seconds")]
+    NotSeconds(String),
+}
+
+/// Why one trace row does not parse (the message of [`TraceError::Row`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum RowError {
+    #[error("missing field {0}")]
+    MissingField(&'static str),
+    #[error(transparent)]
+    Timestamp(#[from] TimestampError),
+    #[error("{column} `{text}` is not a non-negative integer")]
+    NotACount { column: &'static str, text: String },
+    #[error("ContextTokens is 0 (a request needs at least one prompt token)")]
+    NoPrompt,
+    #[error("GeneratedTokens is 0 (a request decodes at least one token)")]
+    NoOutput,
 }
 
 /// The latest arrival a trace (and a scaled replay of it) can hold: `u64::MAX`
@@ -219,8 +268,10 @@ pub fn parse(text: &str) -> Result<Trace, TraceError> {
             row_error(line, &e)
         })?;
         let line = rec.position().map_or(0, |p| p.line());
-        let (ts, prompt, output) =
-            parse_row(&rec, idx).map_err(|msg| TraceError::Row { line, msg })?;
+        let (ts, prompt, output) = parse_row(&rec, idx).map_err(|e| TraceError::Row {
+            line,
+            msg: e.to_string(),
+        })?;
         if ts < prev_ns {
             return Err(TraceError::Row {
                 line,
@@ -264,20 +315,22 @@ fn column_indices(headers: &csv::StringRecord) -> Result<[usize; 3], TraceError>
     Ok(idx)
 }
 
-fn parse_row(rec: &csv::StringRecord, idx: [usize; 3]) -> Result<(i128, usize, usize), String> {
-    let field = |i: usize, name: &str| rec.get(i).ok_or_else(|| format!("missing field {name}"));
+fn parse_row(rec: &csv::StringRecord, idx: [usize; 3]) -> Result<(i128, usize, usize), RowError> {
+    let field = |i: usize, name: &'static str| rec.get(i).ok_or(RowError::MissingField(name));
     let ts = parse_timestamp(field(idx[0], "TIMESTAMP")?)?;
-    let count = |name: &str, s: &str| {
-        s.parse::<usize>()
-            .map_err(|_| format!("{name} `{s}` is not a non-negative integer"))
+    let count = |column: &'static str, s: &str| {
+        s.parse::<usize>().map_err(|_| RowError::NotACount {
+            column,
+            text: s.to_owned(),
+        })
     };
     let prompt = count("ContextTokens", field(idx[1], "ContextTokens")?)?;
     let output = count("GeneratedTokens", field(idx[2], "GeneratedTokens")?)?;
     if prompt == 0 {
-        return Err("ContextTokens is 0 (a request needs at least one prompt token)".into());
+        return Err(RowError::NoPrompt);
     }
     if output == 0 {
-        return Err("GeneratedTokens is 0 (a request decodes at least one token)".into());
+        return Err(RowError::NoOutput);
     }
     Ok((ts, prompt, output))
 }
@@ -288,16 +341,14 @@ fn parse_row(rec: &csv::StringRecord, idx: [usize; 3]) -> Result<(i128, usize, u
 /// (`12`, `0.25`; digits past nanoseconds are dropped).
 ///
 /// # Errors
-/// A message naming what is wrong with the timestamp.
-pub fn parse_timestamp(s: &str) -> Result<i128, String> {
+/// [`TimestampError::NotSeconds`] for digits and dots that are no number,
+/// [`TimestampError::Malformed`] for anything else that is not of the form
+/// (including a day its month lacks).
+pub fn parse_timestamp(s: &str) -> Result<i128, TimestampError> {
     if s.bytes().all(|b| b.is_ascii_digit() || b == b'.') && !s.is_empty() {
         return parse_seconds(s);
     }
-    let bad = || {
-        format!(
-            "TIMESTAMP `{s}` is not YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM] or a number of seconds"
-        )
-    };
+    let bad = || TimestampError::Malformed(s.to_owned());
     let (date, time) = s.split_once([' ', 'T']).ok_or_else(bad)?;
     let (time, offset_s) = split_zone(time).ok_or_else(bad)?;
     let d: Vec<&str> = date.split('-').collect();
@@ -330,8 +381,8 @@ pub fn parse_timestamp(s: &str) -> Result<i128, String> {
 }
 
 /// Plain seconds (`12`, `0.009930`) as nanoseconds.
-fn parse_seconds(s: &str) -> Result<i128, String> {
-    let bad = || format!("TIMESTAMP `{s}` is not a number of seconds");
+fn parse_seconds(s: &str) -> Result<i128, TimestampError> {
+    let bad = || TimestampError::NotSeconds(s.to_owned());
     let (int, frac) = s.split_once('.').unwrap_or((s, ""));
     if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
         return Err(bad());

@@ -2,7 +2,7 @@
 //!
 //! One [`rt::Loop`] per run holds:
 //! - the group (`Group::create_async`), whose request value is a
-//!   [`Sequence`] and whose resource is the KV cache: `resource_capacity` =
+//!   [`DecodeSeq`] and whose resource is the KV cache: `resource_capacity` =
 //!   KV blocks, a request's charge = the blocks it may need, so FCFS
 //!   admission never over-commits the cache (B-036..B-040);
 //! - `DecodeStep`: `submit` records the charges of newly admitted members in
@@ -37,7 +37,7 @@ use crate::serve::job::{
 use crate::serve::kv::{KvError, KvLedger};
 use crate::serve::latency::RequestLatency;
 use crate::serve::metrics::{Completed, DecodeMetrics};
-use crate::serve::seq::{self, Outcome, RequestSpec, Sequence};
+use crate::serve::seq::{self, DecodeSeq, Outcome, RequestSpec};
 use xtc::Error;
 use xtc::batch::{
     AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult,
@@ -45,7 +45,7 @@ use xtc::batch::{
 use xtc::rt;
 
 /// The iteration in flight (between submit and collect).
-struct InFlight {
+struct LaunchedIteration {
     t0: Instant,
     ready: usize,
     scheduled: usize,
@@ -77,7 +77,7 @@ fn exec_for(c: Completion, keep: &mut Option<Rc<dyn AsFd>>) -> Exec {
 
 /// State shared by the step, `complete` and the processes (one loop: plain
 /// `RefCell`, never borrowed across an `.await`).
-struct Shared {
+struct JobState {
     kv: KvLedger,
     out: RunOutput,
     start: Instant,
@@ -85,7 +85,7 @@ struct Shared {
     accounted: usize,
     generated: usize,
     active: usize,
-    in_flight: Option<InFlight>,
+    in_flight: Option<LaunchedIteration>,
     progress: Box<dyn FnMut(&Progress)>,
     error: Option<JobError>,
     cancel_tx: Option<rt::Sender<Handle>>,
@@ -95,7 +95,7 @@ struct Shared {
     metrics: Option<Rc<DecodeMetrics>>,
     /// The group, for its statistics (taken out when the loop returns, which
     /// breaks the group -> step -> shared -> group cycle).
-    group: Option<Group<Sequence>>,
+    group: Option<Group<DecodeSeq>>,
     /// The workload's arrival times, ascending (for the waiting requests
     /// the static arrival process holds before it submits them).
     arrivals: Vec<std::time::Duration>,
@@ -103,13 +103,10 @@ struct Shared {
     submitted: usize,
 }
 
-impl Shared {
+impl JobState {
     /// Records the first failure; returns the code the engine gets.
     fn fail(&mut self, e: JobError) -> Error {
-        let code = match &e {
-            JobError::Batch(c) => *c,
-            _ => Error::Internal,
-        };
+        let code = e.engine_code();
         self.error.get_or_insert(e);
         code
     }
@@ -157,16 +154,16 @@ impl Shared {
 /// The group's async step: one packed plan per iteration.
 struct DecodeStep {
     model: SharedModel,
-    sh: Rc<RefCell<Shared>>,
+    sh: Rc<RefCell<JobState>>,
     budget: usize,
 }
 
-fn members<'a>(items: &'a mut [Item<'_, Sequence>]) -> Vec<&'a mut Sequence> {
+fn members<'a>(items: &'a mut [Item<'_, DecodeSeq>]) -> Vec<&'a mut DecodeSeq> {
     items.iter_mut().map(|i| &mut *i.request).collect()
 }
 
-impl AsyncStep<Sequence> for DecodeStep {
-    async fn submit(&mut self, items: &mut [Item<'_, Sequence>]) -> xtc::Result<Exec> {
+impl AsyncStep<DecodeSeq> for DecodeStep {
+    async fn submit(&mut self, items: &mut [Item<'_, DecodeSeq>]) -> xtc::Result<Exec> {
         let t0 = Instant::now();
         let mut ms = members(items);
         let mut sh = self.sh.borrow_mut();
@@ -179,7 +176,7 @@ impl AsyncStep<Sequence> for DecodeStep {
         let (prefill, decode) = seq::scheduled_rows(&ms);
         let launched = !plan.seqs.is_empty();
         sh.active = ms.len();
-        sh.in_flight = Some(InFlight {
+        sh.in_flight = Some(LaunchedIteration {
             t0,
             ready: ms.len(),
             scheduled: plan.seqs.len(),
@@ -205,7 +202,7 @@ impl AsyncStep<Sequence> for DecodeStep {
 
     async fn collect(
         &mut self,
-        items: &mut [Item<'_, Sequence>],
+        items: &mut [Item<'_, DecodeSeq>],
         results: &mut [StepResult],
         status: ExecStatus,
     ) -> xtc::Result<()> {
@@ -279,7 +276,7 @@ impl AsyncStep<Sequence> for DecodeStep {
 
 /// Observes each new first token (TTFT) and token gap of `members`, which
 /// had `before[i]` tokens before this iteration.
-fn observe_tokens(m: &DecodeMetrics, members: &[&mut Sequence], before: &[usize]) {
+fn observe_tokens(m: &DecodeMetrics, members: &[&mut DecodeSeq], before: &[usize]) {
     for (s, &b) in members.iter().zip(before) {
         if s.generated.len() <= b {
             continue;
@@ -297,7 +294,7 @@ fn observe_tokens(m: &DecodeMetrics, members: &[&mut Sequence], before: &[usize]
 
 /// Records in the ledger the charges of the members the group admitted since
 /// the last iteration (the group reserved them under the same capacity).
-fn admit_new(members: &mut [&mut Sequence], kv: &mut KvLedger) -> Result<(), KvError> {
+fn admit_new(members: &mut [&mut DecodeSeq], kv: &mut KvLedger) -> Result<(), KvError> {
     members
         .iter_mut()
         .filter(|s| s.kv.is_pending())
@@ -314,7 +311,7 @@ fn set_results(results: &mut [StepResult], outcomes: &[Outcome]) {
 }
 
 /// `complete`: frees the member's KV account and records how it ended.
-fn complete(sh: &Rc<RefCell<Shared>>, mut s: Sequence, outcome: xtc::Result<()>) {
+fn complete(sh: &Rc<RefCell<JobState>>, mut s: DecodeSeq, outcome: xtc::Result<()>) {
     let mut sh = sh.borrow_mut();
     if let Err(e) = sh.kv.free(&mut s.kv) {
         sh.fail(e.into());
@@ -339,7 +336,7 @@ fn complete(sh: &Rc<RefCell<Shared>>, mut s: Sequence, outcome: xtc::Result<()>)
 }
 
 /// A completed, cancelled or failed member, into the metrics.
-fn record_completion(m: &DecodeMetrics, s: &Sequence, status: &Status) {
+fn record_completion(m: &DecodeMetrics, s: &DecodeSeq, status: &Status) {
     match status {
         Status::Done => {
             let t = &s.timing;
@@ -443,7 +440,7 @@ pub fn run_with_metrics(
     let start = Instant::now();
     let rt_start = lp.now();
     let (cancel_tx, cancel_rx) = rt::mailbox::<Handle>();
-    let sh = Rc::new(RefCell::new(Shared {
+    let sh = Rc::new(RefCell::new(JobState {
         kv: KvLedger::new(opts.kv_blocks, opts.block_size)?,
         out: RunOutput::new(opts.mode, model.borrow().describe(), opts.kv_blocks, start),
         start,
@@ -481,7 +478,7 @@ pub fn run_with_metrics(
         &lp,
         gopts,
         step,
-        move |_h: Handle, s: Sequence, o: xtc::Result<()>| complete(&sh_c, s, o),
+        move |_h: Handle, s: DecodeSeq, o: xtc::Result<()>| complete(&sh_c, s, o),
     )?;
     sh.borrow_mut().group = Some(group.clone());
     let arrivals = Arrivals {
@@ -512,7 +509,7 @@ pub fn run_with_metrics(
     finish(sh, start)
 }
 
-fn finish(sh: Rc<RefCell<Shared>>, start: Instant) -> Result<RunOutput, JobError> {
+fn finish(sh: Rc<RefCell<JobState>>, start: Instant) -> Result<RunOutput, JobError> {
     let mut sh = sh.borrow_mut();
     if let Some(e) = sh.error.take() {
         return Err(e);
@@ -527,8 +524,8 @@ fn finish(sh: Rc<RefCell<Shared>>, start: Instant) -> Result<RunOutput, JobError
 
 /// The arrival process: replays the workload's arrival times.
 struct Arrivals {
-    group: Group<Sequence>,
-    sh: Rc<RefCell<Shared>>,
+    group: Group<DecodeSeq>,
+    sh: Rc<RefCell<JobState>>,
     specs: Vec<RequestSpec>,
     opts: JobOpts,
     seq_len: usize,
@@ -538,7 +535,7 @@ struct Arrivals {
 
 impl Arrivals {
     async fn run(self) {
-        let mut queue: VecDeque<Sequence> = VecDeque::new();
+        let mut queue: VecDeque<DecodeSeq> = VecDeque::new();
         let mut next = 0;
         loop {
             if self.opts.mode == Mode::Static {
@@ -567,7 +564,7 @@ impl Arrivals {
 
     /// Queues every request from `next` on whose arrival time has passed;
     /// returns the new `next`.
-    fn pull_due(&self, queue: &mut VecDeque<Sequence>, mut next: usize) -> usize {
+    fn pull_due(&self, queue: &mut VecDeque<DecodeSeq>, mut next: usize) -> usize {
         let now = Instant::now();
         while let Some(spec) = self.specs.get(next) {
             if self.start + spec.arrival > now {
@@ -580,7 +577,7 @@ impl Arrivals {
     }
 
     /// A request as its member value, or `None` when it can never fit (recorded).
-    fn admit(&self, spec: &RequestSpec) -> Option<Sequence> {
+    fn admit(&self, spec: &RequestSpec) -> Option<DecodeSeq> {
         let mut sh = self.sh.borrow_mut();
         if let Some(r) = rejection(spec, &sh.kv, self.seq_len) {
             if let Some(m) = &sh.metrics {
@@ -591,7 +588,7 @@ impl Arrivals {
             return None;
         }
         let kv = sh.kv.account(spec.prompt.len(), spec.output_tokens);
-        Some(Sequence::new(
+        Some(DecodeSeq::new(
             spec,
             kv,
             self.opts.stop_token,
@@ -599,7 +596,7 @@ impl Arrivals {
         ))
     }
 
-    fn submit(&self, s: Sequence) {
+    fn submit(&self, s: DecodeSeq) {
         let (charge, cancel_now) = (s.kv.charge(), s.cancel_after == Some(0));
         self.sh.borrow_mut().outstanding += 1;
         match self.group.submit(s, charge) {
@@ -634,7 +631,7 @@ impl Arrivals {
 
     /// Static batching: submit up to `max_active` queued requests that fit
     /// the cache together, then wait until every one of them completed.
-    async fn static_batch(&self, queue: &mut VecDeque<Sequence>) {
+    async fn static_batch(&self, queue: &mut VecDeque<DecodeSeq>) {
         let cap = self.opts.kv_blocks as u64;
         let mut blocks = 0;
         let n = queue

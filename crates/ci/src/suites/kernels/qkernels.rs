@@ -21,7 +21,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::kernels::{Spec, spec};
+use super::{Spec, spec};
 use crate::case::{CaseError, CaseResult, Ctx, Outcome, ensure};
 use crate::check::{self, Guarded};
 use xtc_decode::model::cpu::f32_model::argmax;
