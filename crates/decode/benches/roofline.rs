@@ -302,7 +302,7 @@ fn main() {
         "{:<28} {:>10.1} GB/s   (3 x {} MiB f64 arrays)",
         "triad a = b + s*c",
         gbs,
-        n * 8 >> 20
+        (n * 8) >> 20
     );
     println!("{:<28} {:>10.1} GFLOP/s ({fname})", "f32 FMA peak", f32_g);
     println!(
@@ -320,7 +320,7 @@ fn main() {
     );
     if let Some(p) = std::env::var_os("XTC_BENCH_JSON") {
         let v = serde_json::json!({
-            "threads": t, "triad_gbs": gbs, "triad_mib_per_array": n * 8 >> 20,
+            "threads": t, "triad_gbs": gbs, "triad_mib_per_array": (n * 8) >> 20,
             "f32_fma_gflops": f32_g, "f32_path": fname,
             "int8_gops": i8_g, "int8_path": iname,
             "f32_scalar_gflops": f32_scalar_g,
