@@ -25,15 +25,19 @@
 #   The table says which way it ran.
 # - Then scripts/peers/run.py runs, in one go: llama-bench (pp512, tg128,
 #   2 threads), llama-batched-bench (8/16/32 sequences, 32-token prompts,
-#   64 generated), and xtc's equivalents (`cargo bench -p xtc-decode --bench
-#   llama` on the default Vulkan device, lavapipe here, and the CPU
-#   reference through `--bench llama` with XTC_BENCH_CPU_REF=1), printing each figure of
-#   both sides, their ratio, `lscpu`'s model name and the load average
-#   before and after; a text table on stdout and JSON in
-#   target/peers/llama-cpp.json (or --json PATH).
+#   64 generated), then xtc's `cargo bench -p xtc-decode --bench roofline`
+#   and `--bench llama` (the same figures on the default Vulkan device,
+#   lavapipe here, and on the CPU reference, with llama.cpp's passed in
+#   through XTC_PEER_JSON), printing each figure of both sides, their ratio,
+#   `lscpu`'s model name and the load average before and after; a text table
+#   on stdout and JSON in target/peers/llama-cpp.json (or --json PATH).
+# - llama.cpp runs with its defaults (threads spin-wait between ops): on a
+#   machine shared with other work it loses far more than xtc does, so
+#   figures from a loaded machine (see the load average printed) overstate
+#   xtc's ratios; measure on a quiet machine.
 #
 # Options:
-#   --pin VER       llama-cpp-python version (default: $PIN_DEFAULT)
+#   --pin VER       llama-cpp-python version (default: 0.3.36, PIN_DEFAULT below)
 #   --model PATH    GGUF file (default: xtc's, see scripts/fetch-model.sh)
 #   --threads N     llama.cpp threads (default 2)
 #   --json PATH     where the JSON goes (default target/peers/llama-cpp.json)
