@@ -175,7 +175,9 @@ amx_note="no trap (batched probe ran)"
 set +e
 probe "$bin"; rc=$?
 set -e
-if [ $rc -ge 128 ] || [ $rc = 124 ]; then
+if [ $rc = 124 ]; then
+  die "llama-batched-bench's probe ran past 300 s (log: $base/probe.log)"
+elif [ $rc -ge 128 ]; then
   say "llama-batched-bench died (exit $rc, signal $((rc - 128)): the AMX SIGILL trap); retrying with --no-repack"
   set +e
   probe "$bin" --no-repack; rc2=$?
