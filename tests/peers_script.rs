@@ -7,7 +7,10 @@ use std::process::Command;
 
 fn script(args: &[&str]) -> std::process::Output {
     Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/peers/llama-cpp.sh"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/peers/llama-cpp.sh"
+        ))
         .args(args)
         .output()
         .expect("bash runs")
