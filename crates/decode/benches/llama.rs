@@ -1,26 +1,32 @@
 //! SmolLM2-135M-Instruct (Q4_1 GGUF) on the default Vulkan device
-//! (lavapipe here): the figures side by side with llama.cpp's on the
-//! same file and machine kind, as ratios, and where one iteration's time
-//! goes (device timestamps per kernel group, with each product's GFLOP/s and
-//! GB/s at the model's shapes).
+//! (lavapipe here) and on the CPU reference: prompt processing (pp512), one
+//! stream (tg128) and 8/16/32 members decoding together (32-token prompts,
+//! 64 generated, aggregate tokens/s), and where one iteration's time goes on
+//! the device (device timestamps per kernel group, with each product's
+//! GFLOP/s and GB/s at the model's shapes, and the groups per token).
+//!
+//! No peer figures are built in: llama.cpp's are measured beside these by
+//! the peer harness (`scripts/peers/llama-cpp.sh`), which passes them in
+//! through `XTC_PEER_JSON` (a JSON file: `{"label": .., "pp512": ..,
+//! "tg128": .., "agg": {"8": .., "16": .., "32": ..}}`); only then does the
+//! table print a ratio. `XTC_ROOFLINE_JSON` (written by `--bench roofline`)
+//! adds each product's fraction of the machine's peaks to the profile.
+//! `XTC_BENCH_JSON=PATH` writes this bench's figures as JSON.
+//! `XTC_BENCH_SIDES=vulkan,cpu` (the default) picks the sides measured.
 //!
 //! `cargo bench --bench llama` (prints a table; needs the model file, see
-//! `scripts/fetch-model.sh`, and a Vulkan device; skips with a line without
-//! them, or fails when `CI` is set). `XTC_BENCH_QUICK=1` runs shorter loops.
+//! `scripts/fetch-model.sh`, and a Vulkan device for the Vulkan side; skips
+//! with a line without them, or fails when `CI` is set).
+//! `XTC_BENCH_QUICK=1` runs shorter loops.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use xtc_decode::model::cpu::llama::Llama;
+use serde_json::{Value, json};
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork, find_model};
 use xtc_vk::{Device, Selector};
-
-/// llama.cpp on the same GGUF and machine kind (the figures).
-const LLAMA_CPU_TG1: f64 = 116.0;
-const LLAMA_CPU_AGG: [(usize, f64); 3] = [(8, 236.0), (16, 262.0), (32, 253.0)];
-const LLAMA_VK_PP512: f64 = 10.0;
-const LLAMA_VK_TG128: f64 = 2.1;
 
 const BLOCK: usize = 16;
 
@@ -147,23 +153,52 @@ fn macs(label: &str, m: usize, samples: usize) -> Option<(f64, f64)> {
     Some((per_row * rows as f64, bytes))
 }
 
-fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize) {
+/// The machine's peaks (`--bench roofline`'s JSON), when passed in.
+struct Roof {
+    triad_gbs: f64,
+    f32_gflops: f64,
+}
+
+fn read_json(var: &str) -> Option<Value> {
+    let p = std::env::var_os(var)?;
+    match std::fs::read_to_string(&p).map(|t| serde_json::from_str::<Value>(&t)) {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => panic!("{var}={}: not JSON: {e}", p.to_string_lossy()),
+        Err(e) => panic!("{var}={}: {e}", p.to_string_lossy()),
+    }
+}
+
+fn roofline() -> Option<Roof> {
+    let v = read_json("XTC_ROOFLINE_JSON")?;
+    Some(Roof {
+        triad_gbs: v["triad_gbs"].as_f64()?,
+        f32_gflops: v["f32_fma_gflops"].as_f64()?,
+    })
+}
+
+/// Profiles `reps` decode iterations of all members; prints the table and
+/// returns it as JSON.
+fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, roof: Option<&Roof>) -> Value {
     let n = ms.len();
     // Per group, the fastest of `reps` iterations (a shared machine's
     // preemptions only ever add time).
     let mut best: BTreeMap<&'static str, (f64, usize)> = BTreeMap::new();
     let mut order: Vec<&'static str> = vec![];
+    let mut groups = 0;
+    let mut fastest_group = f64::INFINITY;
     for _ in 0..reps {
         let (toks, times) = gpu.profile(&decode_plan(ms)).unwrap();
         for (m, t) in ms.iter_mut().zip(toks) {
             m.pos += 1;
             m.last = t;
         }
+        groups = times.len();
         let mut this: BTreeMap<&'static str, (f64, usize)> = BTreeMap::new();
         for (l, ns) in times {
             if !order.contains(&l) {
                 order.push(l);
             }
+            fastest_group = fastest_group.min(ns);
             let e = this.entry(l).or_insert((0.0, 0));
             e.0 += ns;
             e.1 += 1;
@@ -173,32 +208,56 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize) {
             e.0 = e.0.min(v.0);
         }
     }
+    // The same iteration unprofiled, on the wall clock (fastest of `reps`).
+    let mut wall = f64::INFINITY;
+    for _ in 0..reps {
+        wall = wall.min(decode(gpu, ms, 1));
+    }
     let sum = best;
     let total: f64 = sum.values().map(|v| v.0).sum();
     println!(
-        "\none iteration, {n} member(s) decoding at position {} (device timestamps, fastest of {reps} per group): {:.2} ms",
+        "\none iteration, {n} member(s) decoding at position {} (device timestamps, fastest of {reps} per group): {:.2} ms; wall {:.2} ms",
         ms[0].pos,
-        total / 1e6
+        total / 1e6,
+        wall * 1e3
     );
+    let host_per_group = (wall * 1e9 - total).max(0.0) / groups.max(1) as f64;
     println!(
-        "{:<32} {:>6} {:>9} {:>6} {:>9} {:>8}",
+        "{groups} timed groups (barrier-separated dispatch groups) per iteration; fastest group {:.1} us (a ceiling on the fixed cost of one); wall minus device time {:.1} us per group",
+        fastest_group / 1e3,
+        host_per_group / 1e3
+    );
+    let frac_hdr = if roof.is_some() {
+        format!(" {:>7} {:>7}", "%FMA", "%triad")
+    } else {
+        String::new()
+    };
+    println!(
+        "{:<32} {:>6} {:>9} {:>6} {:>9} {:>8}{frac_hdr}",
         "group", "count", "ms", "share", "GFLOP/s", "GB/s"
     );
+    let mut rows = vec![];
     for l in order {
         let (ns, count) = sum[l];
-
-        let (gf, gb) = match macs(l, n, n) {
-            Some((m, b)) => {
-                let s = ns / count as f64 / 1e9;
-                (
-                    format!("{:.2}", 2.0 * m / s / 1e9),
-                    format!("{:.2}", b / s / 1e9),
-                )
-            }
-            None => ("".into(), "".into()),
+        let rates = macs(l, n, n).map(|(m, b)| {
+            let s = ns / count as f64 / 1e9;
+            (2.0 * m / s / 1e9, b / s / 1e9)
+        });
+        let (gf, gb, fr) = match (rates, roof) {
+            (Some((f, b)), Some(r)) => (
+                format!("{f:.2}"),
+                format!("{b:.2}"),
+                format!(
+                    " {:>6.1}% {:>6.1}%",
+                    100.0 * f / r.f32_gflops,
+                    100.0 * b / r.triad_gbs
+                ),
+            ),
+            (Some((f, b)), None) => (format!("{f:.2}"), format!("{b:.2}"), String::new()),
+            (None, _) => (String::new(), String::new(), String::new()),
         };
         println!(
-            "{:<32} {:>6} {:>9.3} {:>5.1}% {:>9} {:>8}",
+            "{:<32} {:>6} {:>9.3} {:>5.1}% {:>9} {:>8}{fr}",
             l,
             count,
             ns / 1e6,
@@ -206,30 +265,172 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize) {
             gf,
             gb
         );
+        rows.push(json!({
+            "group": l, "count": count, "ms": ns / 1e6,
+            "gflops": rates.map(|r| r.0), "gbs": rates.map(|r| r.1),
+        }));
+    }
+    json!({
+        "members": n, "device_ms": total / 1e6, "wall_ms": wall * 1e3,
+        "groups_per_iteration": groups, "fastest_group_us": fastest_group / 1e3,
+        "wall_minus_device_us_per_group": host_per_group / 1e3, "groups": rows,
+    })
+}
+
+/// The figures of one side, measured by `f(what)` as (tokens, wall s, CPU s).
+struct Table {
+    peer: Option<Value>,
+}
+
+impl Table {
+    fn header(&self, side: &str) {
+        println!(
+            "\n{side}: rates on the wall clock (this machine is shared: read them as lower bounds)"
+        );
+        println!(
+            "and, in brackets, from this process's CPU time spread over 2 cores (a quiet-machine estimate)"
+        );
+        match &self.peer {
+            Some(p) => println!(
+                "{:<36} {:>18} {:>10} {:>16}   (peer: {})",
+                "figure",
+                "xtc",
+                "peer",
+                "ratio",
+                p["label"].as_str().unwrap_or("llama.cpp")
+            ),
+            None => println!(
+                "{:<36} {:>18}   (no peer figures: run scripts/peers/llama-cpp.sh for ratios)",
+                "figure", "xtc"
+            ),
+        }
+    }
+
+    /// Prints one row; returns its JSON.
+    fn row(&self, name: &str, key: &str, tokens: f64, wall: f64, cpu: f64) -> Value {
+        let (r, e) = (tokens / wall, tokens / (cpu / 2.0).max(1e-9));
+        let theirs = self.peer.as_ref().and_then(|p| {
+            if let Some(n) = key.strip_prefix("agg") {
+                p["agg"][n].as_f64()
+            } else {
+                p[key].as_f64()
+            }
+        });
+        match theirs {
+            Some(t) => println!(
+                "{:<36} {:>7.1} [{:>7.1}] {:>10.1} {:>6.2}x [{:>5.2}x]",
+                name,
+                r,
+                e,
+                t,
+                r / t,
+                e / t
+            ),
+            None => println!("{:<36} {:>7.1} [{:>7.1}]", name, r, e),
+        }
+        json!({"key": key, "tokens_per_s": r, "cpu_estimate_tokens_per_s": e, "peer": theirs})
     }
 }
 
-fn main() {
-    let path = match find_model(None) {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            println!("llama bench skipped: {e} (set CI=1 to make this a failure)");
-            return;
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
         }
-        Err(e) => panic!("CI is set but the model file is missing: {e}"),
-    };
-    let dev = match Device::open(&Selector::Auto) {
-        Ok(d) => d,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            println!(
-                "llama bench skipped: no Vulkan device ({e}) (set CI=1 to make this a failure)"
-            );
-            return;
+    }
+    best as u32
+}
+
+/// The CPU reference (`Llama::forward`, rayon's pool: one thread per core).
+fn cpu_side(model: &Llama, t: &Table, quick: bool, prompt: &dyn Fn(usize) -> Vec<u32>) -> Value {
+    t.header("CPU reference (Llama::forward)");
+    let mut rows = vec![];
+    let mut seq = model.new_sequence();
+    let p512 = prompt(512);
+    let (_, w, c) = timed(|| {
+        model
+            .forward(&mut [Chunk {
+                seq: &mut seq,
+                tokens: &p512,
+                logits: Logits::Last,
+            }])
+            .unwrap()
+    });
+    rows.push(t.row("pp512 tokens/s", "pp512", 512.0, w, c));
+    let tg_n = if quick { 32 } else { 128 };
+    let mut seq = model.new_sequence();
+    let first = model
+        .forward(&mut [Chunk {
+            seq: &mut seq,
+            tokens: &prompt(1),
+            logits: Logits::Last,
+        }])
+        .unwrap();
+    let mut last = argmax(&first[0]);
+    let (_, w, c) = timed(|| {
+        for _ in 0..tg_n {
+            let out = model
+                .forward(&mut [Chunk {
+                    seq: &mut seq,
+                    tokens: &[last],
+                    logits: Logits::Last,
+                }])
+                .unwrap();
+            last = argmax(&out[0]);
         }
-        Err(e) => panic!("CI is set but no Vulkan device opened: {e}"),
-    };
-    let quick = std::env::var_os("XTC_BENCH_QUICK").is_some();
-    let model = Llama::load(&path).unwrap();
+    });
+    rows.push(t.row("one stream tg128 tokens/s", "tg128", tg_n as f64, w, c));
+    let generated = if quick { 16 } else { 64 };
+    for n in [8usize, 16, 32] {
+        let mut seqs: Vec<_> = (0..n).map(|_| model.new_sequence()).collect();
+        let p32: Vec<Vec<u32>> = (0..n).map(|i| prompt(32 + i)[i..].to_vec()).collect();
+        let mut chunks: Vec<Chunk> = seqs
+            .iter_mut()
+            .zip(&p32)
+            .map(|(seq, p)| Chunk {
+                seq,
+                tokens: p,
+                logits: Logits::Last,
+            })
+            .collect();
+        let out = model.forward(&mut chunks).unwrap();
+        let mut lasts: Vec<[u32; 1]> = out.iter().map(|l| [argmax(l)]).collect();
+        let (_, w, c) = timed(|| {
+            for _ in 0..generated {
+                let mut chunks: Vec<Chunk> = seqs
+                    .iter_mut()
+                    .zip(&lasts)
+                    .map(|(seq, t)| Chunk {
+                        seq,
+                        tokens: t,
+                        logits: Logits::Last,
+                    })
+                    .collect();
+                let out = model.forward(&mut chunks).unwrap();
+                for (l, o) in lasts.iter_mut().zip(out) {
+                    l[0] = argmax(&o);
+                }
+            }
+        });
+        rows.push(t.row(
+            &format!("{n} streams, aggregate tg tokens/s"),
+            &format!("agg{n}"),
+            (n * generated) as f64,
+            w,
+            c,
+        ));
+    }
+    json!({"side": "cpu-reference", "rows": rows})
+}
+
+fn vulkan_side(
+    dev: &Device,
+    model: &Llama,
+    t: &Table,
+    quick: bool,
+    prompt: &dyn Fn(usize) -> Vec<u32>,
+) -> Value {
     let max_tokens = 256;
     let opts = GpuLlamaOptions {
         kv: KvGeometry {
@@ -243,10 +444,10 @@ fn main() {
         variant: None,
     };
     let t0 = Instant::now();
-    let mut gpu = GpuLlama::new(&dev, &model, opts).unwrap();
+    let mut gpu = GpuLlama::new(dev, model, opts).unwrap();
     let (w, f, kv) = gpu.memory_bytes();
     println!(
-        "device: {} ({:?} forms); load {:.2} s; device memory: quantized weights {:.1} MB, f32 {:.1} MB, KV cache {:.1} MB",
+        "\ndevice: {} ({:?} forms); load {:.2} s; device memory: quantized weights {:.1} MB, f32 {:.1} MB, KV cache {:.1} MB",
         dev.info().name,
         gpu.variant(),
         t0.elapsed().as_secs_f64(),
@@ -254,79 +455,90 @@ fn main() {
         f as f64 / 1e6,
         kv as f64 / 1e6
     );
-    let vocab = gpu.config().vocab_size as u32;
-    let prompt =
-        |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
-
+    t.header(&format!("Vulkan ({})", dev.info().name));
+    let mut rows = vec![];
     // Prompt processing: 512 tokens of one sequence.
     let mut one = members(1, 40);
     let (_, pp, pp_cpu) = timed(|| prefill(&mut gpu, &mut one, &prompt(512), max_tokens));
+    rows.push(t.row("pp512 tokens/s", "pp512", 512.0, pp, pp_cpu));
     // One stream: 128 generated tokens after a one-token prompt (llama.cpp's
     // tg128 starts from an empty context).
     let tg_n = if quick { 32 } else { 128 };
     let mut one = members(1, 40);
     prefill(&mut gpu, &mut one, &prompt(1), max_tokens);
     let (_, tg, tg_cpu) = timed(|| decode(&mut gpu, &mut one, tg_n));
-
-    println!(
-        "\nrates: measured on the wall clock (this machine is shared: read them as lower bounds)"
-    );
-    println!(
-        "and, in brackets, from this process's CPU time spread over 2 cores (a quiet-machine estimate)"
-    );
-    println!(
-        "{:<42} {:>18} {:>10} {:>16}",
-        "figure", "xtc", "llama.cpp", "ratio"
-    );
-    let row = |name: &str, tokens: f64, wall: f64, cpu: f64, theirs: f64| {
-        let (r, e) = (tokens / wall, tokens / (cpu / 2.0).max(1e-9));
-        println!(
-            "{:<42} {:>7.1} [{:>7.1}] {:>10.1} {:>6.2}x [{:>5.2}x]",
-            name,
-            r,
-            e,
-            theirs,
-            r / theirs,
-            e / theirs
-        );
-    };
-    row(
-        "pp512 tokens/s (its Vulkan backend)",
-        512.0,
-        pp,
-        pp_cpu,
-        LLAMA_VK_PP512,
-    );
-    row(
-        "one stream tg tokens/s (its Vulkan backend)",
+    rows.push(t.row(
+        "one stream tg128 tokens/s",
+        "tg128",
         tg_n as f64,
         tg,
         tg_cpu,
-        LLAMA_VK_TG128,
-    );
-    row(
-        "one stream tg tokens/s (its CPU backend)",
-        tg_n as f64,
-        tg,
-        tg_cpu,
-        LLAMA_CPU_TG1,
-    );
+    ));
     let generated = if quick { 16 } else { 64 };
-    for (n, cpu) in LLAMA_CPU_AGG {
+    for n in [8usize, 16, 32] {
         let mut ms = members(n, 6);
         prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
         let (_, dt, dc) = timed(|| decode(&mut gpu, &mut ms, generated));
-        row(
-            &format!("{n} members, aggregate tg tokens/s (CPU)"),
+        rows.push(t.row(
+            &format!("{n} members, aggregate tg tokens/s"),
+            &format!("agg{n}"),
             (n * generated) as f64,
             dt,
             dc,
-            cpu,
-        );
+        ));
     }
+    let roof = roofline();
+    let mut profiles = vec![];
     for n in [1usize, 8, 32] {
-        let mut ms = members(n, 6);
+        // Room for the prompt, the profiled and the timed iterations.
+        let mut ms = members(n, 4);
         prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
-        profile(&mut gpu, &mut ms, if quick { 3 } else { 5 });
+        profiles.push(profile(
+            &mut gpu,
+            &mut ms,
+            if quick { 3 } else { 5 },
+            roof.as_ref(),
+        ));
+    }
+    json!({"side": "vulkan", "device": dev.info().name, "rows": rows, "profiles": profiles})
+}
+
+fn main() {
+    let path = match find_model(None) {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            println!("llama bench skipped: {e} (set CI=1 to make this a failure)");
+            return;
+        }
+        Err(e) => panic!("CI is set but the model file is missing: {e}"),
+    };
+    let sides = std::env::var("XTC_BENCH_SIDES").unwrap_or_else(|_| "vulkan,cpu".into());
+    let want = |s: &str| sides.split(',').any(|x| x.trim() == s);
+    let quick = std::env::var_os("XTC_BENCH_QUICK").is_some();
+    let t = Table {
+        peer: read_json("XTC_PEER_JSON"),
+    };
+    let model = Llama::load(&path).unwrap();
+    let vocab = model.config().shape.vocab_size as u32;
+    let prompt =
+        |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
+    let mut out = vec![];
+    if want("vulkan") {
+        match Device::open(&Selector::Auto) {
+            Ok(dev) => out.push(vulkan_side(&dev, &model, &t, quick, &prompt)),
+            Err(e) if std::env::var_os("CI").is_none() => {
+                println!(
+                    "Vulkan side skipped: no Vulkan device ({e}) (set CI=1 to make this a failure)"
+                );
+            }
+            Err(e) => panic!("CI is set but no Vulkan device opened: {e}"),
+        }
+    }
+    if want("cpu") {
+        out.push(cpu_side(&model, &t, quick, &prompt));
+    }
+    if let Some(p) = std::env::var_os("XTC_BENCH_JSON") {
+        let v = json!({"quick": quick, "sides": out});
+        std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     }
 }

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""The measuring half of scripts/peers/llama-cpp.sh (issue 23): llama.cpp's
+llama-bench and llama-batched-bench, then xtc's `--bench roofline` and
+`--bench llama` (Vulkan and the CPU reference), on one GGUF file and machine,
+in one run; prints a table of both sides and their ratios, the CPU model and
+the load average before and after, and writes JSON.
+
+Called by llama-cpp.sh (which builds llama.cpp and picks --repack); run it
+directly only with a built llama.cpp: `run.py --bin DIR --model FILE`.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def say(msg):
+    print(f"peers: {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg):
+    print(f"peers: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def cpu_model():
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def load():
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run(cmd, env=None, echo=False):
+    say("running: " + " ".join(cmd))
+    t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if echo:
+            sys.stderr.write(line)
+    rc = p.wait()
+    out = "".join(lines)
+    if rc != 0:
+        sys.stderr.write(out[-4000:])
+        die(f"{cmd[0]} exited {rc}")
+    say(f"  took {time.time() - t0:.0f} s")
+    return out
+
+
+def llama_cpp(a):
+    repack = [] if a.repack else ["--repack", "0"]
+    no_repack = [] if a.repack else ["--no-repack"]
+    reps = "1" if a.quick else "3"
+    out = run([f"{a.bin}/llama-bench", "-m", a.model, "-t", str(a.threads), "-p", "512",
+               "-n", "128", "-r", reps, "-o", "json"] + repack)
+    rows = json.loads(out[out.index("["):out.rindex("]") + 1])
+    fig = {}
+    for r in rows:
+        if r.get("n_prompt") == 512 and r.get("n_gen") == 0:
+            fig["pp512"] = r["avg_ts"]
+        elif r.get("n_gen") == 128 and r.get("n_prompt") == 0:
+            fig["tg128"] = r["avg_ts"]
+    ntg = "16" if a.quick else "64"
+    out = run([f"{a.bin}/llama-batched-bench", "-m", a.model, "-t", str(a.threads),
+               "-tb", str(a.threads), "-c", "4096", "-npp", "32", "-ntg", ntg,
+               "-npl", "8,16,32", "--output-format", "jsonl"] + no_repack)
+    agg = {}
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"speed_tg"' in line:
+            r = json.loads(line)
+            agg[str(r["pl"])] = r["speed_tg"]
+    fig["agg"] = agg
+    if "pp512" not in fig or "tg128" not in fig or len(agg) != 3:
+        die(f"could not read llama.cpp's figures: {fig}")
+    return fig
+
+
+def cargo_bench(name, env_extra):
+    env = dict(os.environ)
+    env.update(env_extra)
+    return run(["nice", "-n", "0", "cargo", "bench", "--quiet", "-p", "xtc-decode", "--bench", name],
+               env=env, echo=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="directory holding llama-bench and llama-batched-bench")
+    ap.add_argument("--model", required=True, help="the GGUF file")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repack", type=int, choices=[0, 1], default=1,
+                    help="0: run llama.cpp with --repack 0 / --no-repack (the AMX trap)")
+    ap.add_argument("--json", default=os.path.join(REPO, "target/peers/llama-cpp.json"))
+    ap.add_argument("--peer-version", default="llama.cpp")
+    ap.add_argument("--amx-note", default="")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-xtc", action="store_true")
+    a = ap.parse_args()
+    for tool in ("llama-bench", "llama-batched-bench"):
+        if not os.access(os.path.join(a.bin, tool), os.X_OK):
+            die(f"{a.bin}/{tool} is missing: build it with scripts/peers/llama-cpp.sh --build-only")
+    if not os.path.isfile(a.model):
+        die(f"no model at {a.model}")
+    outdir = os.path.dirname(os.path.abspath(a.json))
+    os.makedirs(outdir, exist_ok=True)
+
+    report = {"cpu": cpu_model(), "nproc": os.cpu_count(), "threads": a.threads,
+              "model": a.model, "peer": a.peer_version, "amx": a.amx_note,
+              "quick": a.quick, "load_before": load(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    say(f"CPU {report['cpu']}; load average before {report['load_before']}")
+
+    peer = llama_cpp(a)
+    peer["label"] = f"{a.peer_version}, CPU backend, {a.threads} threads"
+    report["llama_cpp"] = peer
+    peer_json = os.path.join(outdir, "peer.json")
+    with open(peer_json, "w") as f:
+        json.dump(peer, f, indent=1)
+    report["load_mid"] = load()
+
+    sides = {}
+    if not a.skip_xtc:
+        roof_json = os.path.join(outdir, "roofline.json")
+        extra = {"XTC_BENCH_JSON": roof_json}
+        if a.quick:
+            extra["XTC_BENCH_QUICK"] = "1"
+        cargo_bench("roofline", extra)
+        with open(roof_json) as f:
+            report["roofline"] = json.load(f)
+        xtc_json = os.path.join(outdir, "xtc.json")
+        extra = {"XTC_PEER_JSON": peer_json, "XTC_ROOFLINE_JSON": roof_json,
+                 "XTC_BENCH_JSON": xtc_json}
+        if a.quick:
+            extra["XTC_BENCH_QUICK"] = "1"
+        cargo_bench("llama", extra)
+        with open(xtc_json) as f:
+            x = json.load(f)
+        report["xtc"] = x
+        for s in x["sides"]:
+            sides[s["side"]] = {r["key"]: r["tokens_per_s"] for r in s["rows"]}
+    report["load_after"] = load()
+
+    figs = [("pp512", "pp512 tokens/s (1 sequence)"), ("tg128", "tg128 tokens/s (1 stream)")]
+    figs += [(f"agg{n}", f"{n} sequences, aggregate tg tokens/s") for n in (8, 16, 32)]
+
+    def peer_fig(k):
+        return peer["agg"][k[3:]] if k.startswith("agg") else peer[k]
+
+    cols = [s for s in ("vulkan", "cpu-reference") if s in sides]
+    print()
+    print(f"Beside llama.cpp: {report['peer']}; model {os.path.basename(a.model)}")
+    print(f"CPU: {report['cpu']} ({report['nproc']} cores); llama.cpp threads {a.threads}; AMX: {a.amx_note}")
+    print(f"load average (1/5/15 min): before {report['load_before']}, after llama.cpp "
+          f"{report['load_mid']}, after xtc {report['load_after']}")
+    hdr = f"{'figure':<38} {'llama.cpp':>10}"
+    for c in cols:
+        hdr += f" {'xtc ' + c:>20} {'ratio':>7}"
+    print(hdr)
+    table = []
+    for k, name in figs:
+        p = peer_fig(k)
+        line = f"{name:<38} {p:>10.1f}"
+        row = {"figure": k, "llama_cpp": p}
+        for c in cols:
+            v = sides[c].get(k)
+            if v is None:
+                line += f" {'-':>20} {'-':>7}"
+                continue
+            line += f" {v:>20.1f} {v / p:>6.2f}x"
+            row[c] = v
+            row[c + "_ratio"] = v / p
+        print(line)
+        table.append(row)
+    report["table"] = table
+    if "roofline" in report:
+        r = report["roofline"]
+        print(f"roofline ({r.get('path', '?')}): triad {r['triad_gbs']:.1f} GB/s, f32 FMA "
+              f"{r['f32_fma_gflops']:.1f} GFLOP/s, int8 multiply-add {r['int8_gops']:.1f} GOP/s")
+    print("(a shared machine: rates are noisy, ratios measured side by side are the figures to read)")
+    with open(a.json, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"JSON: {a.json}")
+
+
+if __name__ == "__main__":
+    main()
