@@ -47,7 +47,7 @@ fn the_front_end_reaches_the_engine_only_through_remote() {
         !http.contains("xtc::batch"),
         "http.rs goes through EngineHandle"
     );
-    let engine = std::fs::read_to_string(root.join("engine.rs")).unwrap();
+    let engine = std::fs::read_to_string(root.join("engine/mod.rs")).unwrap();
     // The HTTP side's handle holds a Remote, not the Group (which is !Send
     // and belongs to the engine loop).
     let handle = &engine[engine.find("pub struct EngineHandle").unwrap()..];
