@@ -156,7 +156,10 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`.
+    /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`,
+    /// through the device's pipeline cache, then writes that cache back to
+    /// its file ([`Device::save_pipeline_cache`]; a failed write is a
+    /// warning on stderr).
     ///
     /// # Errors
     /// `Call` if a layout, shader module or pipeline cannot be created.
@@ -209,6 +212,7 @@ impl Kernels {
             let p = me.build(name, spv)?;
             me.pipelines.push((name, p));
         }
+        save_pipeline_cache(dev);
         Ok(me)
     }
 
@@ -228,10 +232,11 @@ impl Kernels {
             .stage(stage)
             .layout(self.layout)];
         // SAFETY: module and layout are live; the shader's interface matches the
-        // layout (kernel ABI above); `info` lives across the call. The module
-        // may be destroyed once the pipeline exists.
+        // layout (kernel ABI above); `info` lives across the call; the
+        // device's pipeline cache is live and internally synchronized. The
+        // module may be destroyed once the pipeline exists.
         let made = unsafe {
-            let r = d.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            let r = d.create_compute_pipelines(self.dev.raw_pipeline_cache(), &info, None);
             d.destroy_shader_module(module, None);
             r
         };
@@ -260,6 +265,14 @@ impl Kernels {
     /// The device these pipelines belong to.
     pub fn device(&self) -> &Device {
         &self.dev
+    }
+}
+
+/// Persists the device's pipeline cache after pipelines were built; a cache
+/// that cannot be written is a warning, never a failure.
+fn save_pipeline_cache(dev: &Device) {
+    if let Err(e) = dev.save_pipeline_cache() {
+        eprintln!("warning: pipeline cache not saved: {e}");
     }
 }
 
