@@ -44,7 +44,7 @@ pub use pipeline::{
     BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
     Recorder, Timestamps, WEIGHT_IMAGE_BINDING, WINDOW_BYTES, WINDOWS, Window,
 };
-pub use queue::{FenceKind, Submission};
+pub use queue::{FenceKind, HostGate, Submission};
 pub use xtc::accel::EventFence;
 
 pub mod kernels {

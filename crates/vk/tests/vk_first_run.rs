@@ -8,7 +8,7 @@
 mod vk_support;
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use xtc_vk::pipeline_cache::{CacheRejected, CacheState, HEADER_BYTES};
 use xtc_vk::{
@@ -242,4 +242,48 @@ fn a_disabled_pipeline_cache_touches_no_file() {
     assert_eq!(dev.save_pipeline_cache().unwrap(), None);
     drop(dev);
     assert_clean("cache off");
+}
+
+/// A submission held back by a host gate is pending for as long as the gate
+/// is closed, deterministically: its completion fd (an eventfd signalled by
+/// the waiter thread on lavapipe, a sync_file where the driver exports them)
+/// is not readable, and its timeline value not reached; once the host opens
+/// the gate the fd becomes readable and the work complete. A sync_file is
+/// also asked `SYNC_IOC_FILE_INFO`: active with a fence while pending,
+/// signalled after.
+#[test]
+fn a_gated_submission_fd_is_not_readable_until_the_host_opens_the_gate() {
+    if vk_support::device().is_none() {
+        return;
+    }
+    let dev = open(&validated());
+    let mut gate = xtc_vk::HostGate::new(&dev).unwrap();
+    let mut pool = xtc_vk::CommandPool::new(&dev).unwrap();
+    let cmd = pool.record_plain().unwrap().finish().unwrap();
+    let sub = pool.submit_gated(vec![cmd], &gate).unwrap();
+    assert_eq!(sub.kind(), dev.fence_kind(), "a pending export is never -1");
+    let sync_file = (sub.kind() == xtc_vk::FenceKind::SyncFile)
+        .then(|| xtc::accel::SyncFile::from_fd(sub.fence_fd().try_clone_to_owned().unwrap()));
+    for _ in 0..5 {
+        let ready = xtc_vk::support::poll_readable(sub.fence_fd(), Some(Duration::from_millis(20)));
+        assert!(!ready.unwrap(), "readable while the gate is closed");
+        assert!(!sub.is_complete().unwrap());
+    }
+    if let Some(sf) = &sync_file {
+        let info = sf.info().expect("SYNC_IOC_FILE_INFO on an exported fence");
+        assert_eq!(info.status, xtc::accel::FenceStatus::Active, "{info:?}");
+        assert!(!info.fences.is_empty(), "{info:?}");
+    }
+    assert!(!gate.is_open().unwrap());
+    gate.open().unwrap();
+    vk_support::wait_readable(sub.fence_fd());
+    assert!(sub.is_complete().unwrap());
+    if let Some(sf) = &sync_file {
+        assert_eq!(
+            sf.info().unwrap().status,
+            xtc::accel::FenceStatus::Signalled
+        );
+    }
+    drop((sub, pool, gate));
+    assert_clean("gated submission");
 }

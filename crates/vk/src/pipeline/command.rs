@@ -118,6 +118,23 @@ impl CommandPool {
     /// # Errors
     /// `Inval` for a command buffer of another pool; submit errors.
     pub fn submit(&mut self, cmds: Vec<Recorded>) -> VkResult<Submission> {
+        self.submit_inner(cmds, None)
+    }
+
+    /// As [`submit`](Self::submit), the work held back until `gate` opens
+    /// ([`Device::submit_gated`]).
+    ///
+    /// # Errors
+    /// As [`submit`](Self::submit); `Inval` for a gate of another device.
+    pub fn submit_gated(&mut self, cmds: Vec<Recorded>, gate: &HostGate) -> VkResult<Submission> {
+        self.submit_inner(cmds, Some(gate))
+    }
+
+    fn submit_inner(
+        &mut self,
+        cmds: Vec<Recorded>,
+        gate: Option<&HostGate>,
+    ) -> VkResult<Submission> {
         if cmds.iter().any(|c| !self.used.contains(&c.0)) {
             return Err(VkError::Inval("command buffer of another pool".into()));
         }
@@ -125,7 +142,12 @@ impl CommandPool {
         // SAFETY: each buffer was fully recorded from this pool (a `Recorded`
         // exists only after vkEndCommandBuffer) and is consumed here, so it is
         // submitted once; the pool is borrowed mutably during the call.
-        let sub = unsafe { self.dev.submit(&raw) }?;
+        let sub = unsafe {
+            match gate {
+                None => self.dev.submit(&raw),
+                Some(g) => self.dev.submit_gated(&raw, g),
+            }
+        }?;
         self.last_value = sub.value();
         Ok(sub)
     }

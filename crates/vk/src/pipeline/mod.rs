@@ -40,7 +40,7 @@ use ash::vk;
 use super::device::{Device, c_name};
 use super::image::StorageImage;
 use super::memory::Buffer;
-use super::queue::Submission;
+use super::queue::{HostGate, Submission};
 use super::{VkError, VkResult, call, kernels::KERNELS};
 
 mod command;
