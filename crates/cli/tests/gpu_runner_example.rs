@@ -68,7 +68,10 @@ fn ci_runs(cmds: &[String]) -> Vec<Vec<String>> {
     for c in cmds {
         let words: Vec<&str> = c.split_whitespace().collect();
         for (i, w) in words.iter().enumerate() {
-            if w.ends_with("xtc") && words.get(i + 1) == Some(&"ci") && words.get(i + 2) == Some(&"run") {
+            if w.ends_with("xtc")
+                && words.get(i + 1) == Some(&"ci")
+                && words.get(i + 2) == Some(&"run")
+            {
                 let args = words[i + 3..]
                     .iter()
                     .take_while(|w| !matches!(**w, "||" | "&&" | "|" | ";"))
@@ -134,7 +137,11 @@ fn every_path_package_and_test_target_it_names_exists() {
         .collect();
     let words = cmds.iter().flat_map(|c| c.split_whitespace());
     let mut checked = 0;
-    for w in words.chain(text.lines().map(str::trim).filter_map(|l| l.strip_prefix("- ").or(Some(l)))) {
+    for w in words.chain(
+        text.lines()
+            .map(str::trim)
+            .filter_map(|l| l.strip_prefix("- ").or(Some(l))),
+    ) {
         let w = w.trim_matches(|c| c == '\'' || c == '"');
         let repo_path = ["scripts/", "devices/", ".ci/", "tests/"]
             .iter()
@@ -172,7 +179,11 @@ fn every_path_package_and_test_target_it_names_exists() {
                         None => stem == t,
                     }
                 });
-                assert!(found, "cargo test --test {t}: no such test in {}", d.display());
+                assert!(
+                    found,
+                    "cargo test --test {t}: no such test in {}",
+                    d.display()
+                );
             }
         }
     }
@@ -189,7 +200,10 @@ fn package_dir(name: &str) -> PathBuf {
         let Ok(toml) = std::fs::read_to_string(d.join("Cargo.toml")) else {
             continue;
         };
-        if toml.lines().any(|l| l.trim() == format!("name = \"{name}\"")) {
+        if toml
+            .lines()
+            .any(|l| l.trim() == format!("name = \"{name}\""))
+        {
             return d;
         }
     }
@@ -203,12 +217,19 @@ fn xtc_probe_prints_device_kinds_as_the_gpu_check_greps_them() {
     assert!(yaml().contains(r#"grep -Eq '" (Discrete|Integrated) '"#));
     let out = Command::new(XTC).arg("probe").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let listed = text
-        .lines()
-        .any(|l| ["Discrete", "Integrated", "Virtual", "Cpu", "Other"].iter().any(|k| l.contains(&format!("\" {k} "))));
+    let listed = text.lines().any(|l| {
+        ["Discrete", "Integrated", "Virtual", "Cpu", "Other"]
+            .iter()
+            .any(|k| l.contains(&format!("\" {k} ")))
+    });
     if !listed && std::env::var_os("CI").is_none() {
-        eprintln!("skipping: no Vulkan device listed by xtc probe; set CI=1 to make this a failure");
+        eprintln!(
+            "skipping: no Vulkan device listed by xtc probe; set CI=1 to make this a failure"
+        );
         return;
     }
-    assert!(listed, "xtc probe lists no device as `\"NAME\" Kind`: {text}");
+    assert!(
+        listed,
+        "xtc probe lists no device as `\"NAME\" Kind`: {text}"
+    );
 }

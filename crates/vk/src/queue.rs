@@ -31,7 +31,7 @@ use ash::vk;
 use crossbeam_channel::{Sender, unbounded};
 
 use super::device::Device;
-use super::{VkError, VkResult, call};
+use super::{VkResult, call};
 use xtc::accel::EventFence;
 
 enum WaitReq {
@@ -173,55 +173,16 @@ impl Device {
     /// device, not pending on the queue, and its pool is not used by another
     /// thread during the call. [`super::CommandPool::submit`] is the safe way.
     pub unsafe fn submit(&self, cmds: &[vk::CommandBuffer]) -> VkResult<Submission> {
-        // SAFETY: the caller's contract is this function's.
-        unsafe { self.submit_after(cmds, None) }
-    }
-
-    /// As [`submit`](Self::submit), the work starting only once `gate` is
-    /// opened ([`HostGate::open`]): until then the submission is pending and
-    /// its fd not readable, deterministically.
-    ///
-    /// # Errors
-    /// As [`submit`](Self::submit); `Inval` for a gate of another device.
-    ///
-    /// # Safety
-    /// As [`submit`](Self::submit).
-    pub unsafe fn submit_gated(
-        &self,
-        cmds: &[vk::CommandBuffer],
-        gate: &HostGate,
-    ) -> VkResult<Submission> {
-        if !gate.dev.same(self) {
-            return Err(VkError::Inval("host gate of another device".into()));
-        }
-        // SAFETY: the caller's contract; the gate's semaphore is a live
-        // timeline semaphore of this device that outlives the submission
-        // (its Drop opens it and waits for the device's work).
-        unsafe { self.submit_after(cmds, Some((gate.sem, 1))) }
-    }
-
-    /// # Safety
-    /// As [`submit`](Self::submit); `wait`'s semaphore is a live timeline
-    /// semaphore of this device.
-    unsafe fn submit_after(
-        &self,
-        cmds: &[vk::CommandBuffer],
-        wait: Option<(vk::Semaphore, u64)>,
-    ) -> VkResult<Submission> {
         match &self.0.fence_fd {
-            Some(_) => self.submit_sync_file(cmds, wait),
-            None => self.submit_eventfd(cmds, wait),
+            Some(_) => self.submit_sync_file(cmds),
+            None => self.submit_eventfd(cmds),
         }
     }
 
-    fn submit_eventfd(
-        &self,
-        cmds: &[vk::CommandBuffer],
-        wait: Option<(vk::Semaphore, u64)>,
-    ) -> VkResult<Submission> {
+    fn submit_eventfd(&self, cmds: &[vk::CommandBuffer]) -> VkResult<Submission> {
         let ev = Arc::new(EventFence::new()?);
         let mut slot = self.0.queue.lock();
-        let value = self.queue_submit(&slot, cmds, vk::Fence::null(), wait)?;
+        let value = self.queue_submit(&slot, cmds, vk::Fence::null())?;
         slot.last = value;
         let tx = self.waiter_tx(&mut slot);
         // The receiver lives as long as the waiter (joined only at shutdown).
@@ -234,11 +195,7 @@ impl Device {
         })
     }
 
-    fn submit_sync_file(
-        &self,
-        cmds: &[vk::CommandBuffer],
-        wait: Option<(vk::Semaphore, u64)>,
-    ) -> VkResult<Submission> {
+    fn submit_sync_file(&self, cmds: &[vk::CommandBuffer]) -> VkResult<Submission> {
         let dev = &self.0.device;
         let mut export = vk::ExportFenceCreateInfo::default()
             .handle_types(vk::ExternalFenceHandleTypeFlags::SYNC_FD);
@@ -247,7 +204,7 @@ impl Device {
         let fence = unsafe { dev.create_fence(&info, None) }.map_err(call("vkCreateFence"))?;
         let value = {
             let mut slot = self.0.queue.lock();
-            let v = self.queue_submit(&slot, cmds, fence, wait);
+            let v = self.queue_submit(&slot, cmds, fence);
             if let Ok(v) = v {
                 slot.last = v;
             }
@@ -285,36 +242,23 @@ impl Device {
         Ok(sub)
     }
 
-    /// Submits under the queue lock held by the caller, after `wait` (a
-    /// timeline semaphore reaching a value) when given; returns the timeline
-    /// value.
+    /// Submits under the queue lock held by the caller; returns the timeline value.
     fn queue_submit(
         &self,
         slot: &Slot,
         cmds: &[vk::CommandBuffer],
         fence: vk::Fence,
-        wait: Option<(vk::Semaphore, u64)>,
     ) -> VkResult<u64> {
         let value = slot.last + 1;
         let values = [value];
         let sems = [self.0.queue.timeline];
-        let (wait_sems, wait_values) = match wait {
-            Some((s, v)) => (vec![s], vec![v]),
-            None => (vec![], vec![]),
-        };
-        let stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; wait_sems.len()];
-        let mut tl = vk::TimelineSemaphoreSubmitInfo::default()
-            .wait_semaphore_values(&wait_values)
-            .signal_semaphore_values(&values);
+        let mut tl = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
         let submit = vk::SubmitInfo::default()
-            .wait_semaphores(&wait_sems)
-            .wait_dst_stage_mask(&stages)
             .command_buffers(cmds)
             .signal_semaphores(&sems)
             .push_next(&mut tl);
         // SAFETY: the queue is used under its mutex (held by the caller); the
-        // command buffers follow the submit contract above; a wait semaphore
-        // is a live timeline semaphore of this device; arrays live here.
+        // command buffers follow the submit contract above; arrays live here.
         unsafe { self.0.device.queue_submit(slot.queue, &[submit], fence) }
             .map_err(call("vkQueueSubmit"))?;
         Ok(value)
@@ -481,14 +425,15 @@ impl Drop for Submission {
     }
 }
 
-/// A timeline semaphore the host signals: submissions made with
-/// [`Device::submit_gated`] (or [`super::CommandPool::submit_gated`]) wait
-/// for it, so their work is pending, and their completion fd not readable,
-/// until [`open`](Self::open). For tests of completion fds (a pending state
-/// that does not depend on timing) and for holding work back.
+/// An event the host sets: a command buffer that records
+/// [`super::Recorder::wait_gate`] does no work past that point, so its
+/// submission is pending, and its completion fd not readable, until the host
+/// calls [`open`](Self::open) (`vkSetEvent`; `vkCmdWaitEvents` on an event
+/// the host sets after the submission, allowed outside a render pass). For
+/// tests of completion fds: a pending state that does not depend on timing.
 pub struct HostGate {
     dev: Device,
-    sem: vk::Semaphore,
+    event: vk::Event,
 }
 
 impl std::fmt::Debug for HostGate {
@@ -498,64 +443,59 @@ impl std::fmt::Debug for HostGate {
 }
 
 impl HostGate {
-    /// A closed gate (a timeline semaphore at 0) on `dev`.
+    /// A closed gate (an unsignalled `VkEvent`) on `dev`.
     ///
     /// # Errors
-    /// A failed `vkCreateSemaphore` (out of memory).
+    /// A failed `vkCreateEvent` (out of memory).
     pub fn new(dev: &Device) -> VkResult<HostGate> {
-        let mut ty = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
-        // SAFETY: the device has the timelineSemaphore feature; `info` and
-        // its chain live across the call.
-        let sem = unsafe { dev.0.device.create_semaphore(&info, None) }
-            .map_err(call("vkCreateSemaphore"))?;
+        let info = vk::EventCreateInfo::default();
+        // SAFETY: valid create info for this device.
+        let event =
+            unsafe { dev.0.device.create_event(&info, None) }.map_err(call("vkCreateEvent"))?;
         Ok(HostGate {
             dev: dev.clone(),
-            sem,
+            event,
         })
+    }
+
+    /// The device the gate belongs to.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    pub(crate) fn raw(&self) -> vk::Event {
+        self.event
     }
 
     /// Whether [`open`](Self::open) ran.
     ///
     /// # Errors
-    /// A failed `vkGetSemaphoreCounterValue` (device lost).
+    /// A failed `vkGetEventStatus` (device lost).
     pub fn is_open(&self) -> VkResult<bool> {
-        // SAFETY: a live timeline semaphore of this device.
-        let v = unsafe { self.dev.0.device.get_semaphore_counter_value(self.sem) }
-            .map_err(call("vkGetSemaphoreCounterValue"))?;
-        Ok(v >= 1)
+        // SAFETY: a live event of this device.
+        unsafe { self.dev.0.device.get_event_status(self.event) }.map_err(call("vkGetEventStatus"))
     }
 
-    /// Opens the gate from the host (`vkSignalSemaphore` to 1): the work
-    /// waiting on it may start. Opening an open gate does nothing.
+    /// Opens the gate from the host (`vkSetEvent`): work waiting on it may
+    /// go on. Opening an open gate does nothing.
     ///
     /// # Errors
-    /// A failed `vkSignalSemaphore` (device lost, out of memory).
-    pub fn open(&mut self) -> VkResult<()> {
-        if self.is_open()? {
-            return Ok(());
-        }
-        let info = vk::SemaphoreSignalInfo::default()
-            .semaphore(self.sem)
-            .value(1);
-        // SAFETY: a live timeline semaphore of this device at 0 (checked
-        // above; only `open`, through `&mut self`, signals it), so 1 is
-        // greater than its value as VUID-VkSemaphoreSignalInfo-value-03258
-        // requires.
-        unsafe { self.dev.0.device.signal_semaphore(&info) }.map_err(call("vkSignalSemaphore"))
+    /// A failed `vkSetEvent` (out of memory).
+    pub fn open(&self) -> VkResult<()> {
+        // SAFETY: a live event of this device; events may be set by the host
+        // while command buffers wait on them.
+        unsafe { self.dev.0.device.set_event(self.event) }.map_err(call("vkSetEvent"))
     }
 }
 
 impl Drop for HostGate {
     fn drop(&mut self) {
-        // Work still waiting on the gate would never run (and a semaphore
-        // with pending waits may not be destroyed): open it, let it finish.
+        // Work still waiting on the gate would never finish (and the event
+        // may not be destroyed while pending work uses it): open it first.
         let _ = self.open();
         let _ = self.dev.wait_submitted();
-        // SAFETY: no pending work waits on the semaphore any more (opened,
+        // SAFETY: no pending command buffer uses the event any more (opened,
         // then every submission of the device completed).
-        unsafe { self.dev.0.device.destroy_semaphore(self.sem, None) };
+        unsafe { self.dev.0.device.destroy_event(self.event, None) };
     }
 }

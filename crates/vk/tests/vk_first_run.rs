@@ -257,10 +257,12 @@ fn a_gated_submission_fd_is_not_readable_until_the_host_opens_the_gate() {
         return;
     }
     let dev = open(&validated());
-    let mut gate = xtc_vk::HostGate::new(&dev).unwrap();
+    let gate = xtc_vk::HostGate::new(&dev).unwrap();
     let mut pool = xtc_vk::CommandPool::new(&dev).unwrap();
-    let cmd = pool.record_plain().unwrap().finish().unwrap();
-    let sub = pool.submit_gated(vec![cmd], &gate).unwrap();
+    let mut rec = pool.record_plain().unwrap();
+    rec.wait_gate(&gate).unwrap();
+    let cmd = rec.finish().unwrap();
+    let sub = pool.submit(vec![cmd]).unwrap();
     assert_eq!(sub.kind(), dev.fence_kind(), "a pending export is never -1");
     let sync_file = (sub.kind() == xtc_vk::FenceKind::SyncFile)
         .then(|| xtc::accel::SyncFile::from_fd(sub.fence_fd().try_clone_to_owned().unwrap()));

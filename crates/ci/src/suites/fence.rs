@@ -8,7 +8,8 @@
 //!   or exports -1 ("already signalled": no fd to check) for work that is
 //!   still pending.
 //! - `pending_until_host_signal`: a submission held back by a
-//!   [`HostGate`] (a timeline semaphore the host signals later) has a
+//!   [`HostGate`] (a `VkEvent` the host sets later, waited on by the
+//!   command buffer) has a
 //!   completion fd that is NOT readable (`poll`) while the gate is closed,
 //!   and readable once it opens: deterministic, whatever the fd is (a
 //!   sync_file, or lavapipe's eventfd signalled by the waiter thread).
@@ -56,9 +57,11 @@ fn sync_file_export(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     let mut pool = CommandPool::new(&dev)?;
     for i in 0..8 {
         pool.reset()?;
-        let mut gate = HostGate::new(&dev)?;
-        let cmd = pool.record_plain()?.finish()?;
-        let sub = pool.submit_gated(vec![cmd], &gate)?;
+        let gate = HostGate::new(&dev)?;
+        let mut rec = pool.record_plain()?;
+        rec.wait_gate(&gate)?;
+        let cmd = rec.finish()?;
+        let sub = pool.submit(vec![cmd])?;
         if sub.kind() != FenceKind::SyncFile {
             // The export gave -1, "already signalled", for work that cannot
             // have run (its gate is closed): nothing to check.
@@ -100,9 +103,11 @@ fn pending_until_host_signal(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
     const LOOK: Option<Duration> = Some(Duration::from_millis(20));
     let dev = ctx.device()?;
     let mut pool = CommandPool::new(&dev)?;
-    let mut gate = HostGate::new(&dev)?;
-    let cmd = pool.record_plain()?.finish()?;
-    let sub = pool.submit_gated(vec![cmd], &gate)?;
+    let gate = HostGate::new(&dev)?;
+    let mut rec = pool.record_plain()?;
+    rec.wait_gate(&gate)?;
+    let cmd = rec.finish()?;
+    let sub = pool.submit(vec![cmd])?;
     for look in 0..LOOKS {
         ensure(!poll_readable(sub.fence_fd(), LOOK)?, || {
             format!(

@@ -118,23 +118,6 @@ impl CommandPool {
     /// # Errors
     /// `Inval` for a command buffer of another pool; submit errors.
     pub fn submit(&mut self, cmds: Vec<Recorded>) -> VkResult<Submission> {
-        self.submit_inner(cmds, None)
-    }
-
-    /// As [`submit`](Self::submit), the work held back until `gate` opens
-    /// ([`Device::submit_gated`]).
-    ///
-    /// # Errors
-    /// As [`submit`](Self::submit); `Inval` for a gate of another device.
-    pub fn submit_gated(&mut self, cmds: Vec<Recorded>, gate: &HostGate) -> VkResult<Submission> {
-        self.submit_inner(cmds, Some(gate))
-    }
-
-    fn submit_inner(
-        &mut self,
-        cmds: Vec<Recorded>,
-        gate: Option<&HostGate>,
-    ) -> VkResult<Submission> {
         if cmds.iter().any(|c| !self.used.contains(&c.0)) {
             return Err(VkError::Inval("command buffer of another pool".into()));
         }
@@ -142,12 +125,7 @@ impl CommandPool {
         // SAFETY: each buffer was fully recorded from this pool (a `Recorded`
         // exists only after vkEndCommandBuffer) and is consumed here, so it is
         // submitted once; the pool is borrowed mutably during the call.
-        let sub = unsafe {
-            match gate {
-                None => self.dev.submit(&raw),
-                Some(g) => self.dev.submit_gated(&raw, g),
-            }
-        }?;
+        let sub = unsafe { self.dev.submit(&raw) }?;
         self.last_value = sub.value();
         Ok(sub)
     }
@@ -544,6 +522,36 @@ impl Recorder<'_> {
                 vk::PipelineStageFlags::BOTTOM_OF_PIPE,
                 ts.raw,
                 i,
+            )
+        };
+        Ok(())
+    }
+
+    /// Holds the rest of this command buffer back until the host opens
+    /// `gate` ([`HostGate::open`]; `vkCmdWaitEvents` with the host stage as
+    /// its source): the submission stays pending until then.
+    ///
+    /// # Errors
+    /// `Inval` for a gate of another device.
+    pub fn wait_gate(&mut self, gate: &HostGate) -> VkResult<()> {
+        if !gate.device().same(&self.pool.dev) {
+            return Err(VkError::Inval("host gate of another device".into()));
+        }
+        let events = [gate.raw()];
+        let dst = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+        // SAFETY: recording state, outside any render pass (compute only),
+        // so the event may be set by the host after submission; it is a live
+        // event of this device that outlives the submission (the gate's
+        // Drop opens it and waits for the device's work).
+        unsafe {
+            self.pool.dev.raw().cmd_wait_events(
+                self.cmd,
+                &events,
+                vk::PipelineStageFlags::HOST,
+                dst,
+                &[],
+                &[],
+                &[],
             )
         };
         Ok(())
