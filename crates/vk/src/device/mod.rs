@@ -480,8 +480,9 @@ impl Device {
     /// # Errors
     /// [`VkError::Loader`] / [`VkError::NoDevice`] (no Vulkan here),
     /// [`VkError::NoMatch`] (selector), [`VkError::Validation`] (validation
-    /// requested and not installed, or a bad `XTC_VK_VALIDATION`), a failed
-    /// `vkCreateDevice`.
+    /// requested and not installed, or a bad `XTC_VK_VALIDATION`),
+    /// [`VkError::Inval`] (a bad `XTC_VK_FORCE_STAGING` or
+    /// `XTC_VK_PIPELINE_CACHE`), a failed `vkCreateDevice`.
     ///
     /// The other variables of [`DeviceOptions::from_env`] apply too
     /// (`XTC_VK_FORCE_STAGING`, `XTC_VK_PIPELINE_CACHE`).
@@ -496,10 +497,7 @@ impl Device {
     /// As [`open`](Self::open); [`VkError::Validation`] when `validation` is
     /// not [`Validation::Off`] and the layer is not installed.
     pub fn open_with(sel: &Selector, validation: Validation) -> VkResult<Device> {
-        let opts = DeviceOptions {
-            validation: (validation, true),
-            ..DeviceOptions::from_env()?
-        };
+        let opts = DeviceOptions::from_env_but_validation((validation, true))?;
         Device::open_options(sel, &opts)
     }
 

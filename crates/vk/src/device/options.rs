@@ -51,9 +51,18 @@ impl DeviceOptions {
     /// for an `XTC_VK_FORCE_STAGING` other than `0`/`1` or an
     /// `XTC_VK_PIPELINE_CACHE` that is neither `0` nor an absolute path.
     pub fn from_env() -> VkResult<DeviceOptions> {
+        DeviceOptions::from_env_but_validation(Validation::from_env()?)
+    }
+
+    /// As [`from_env`](Self::from_env), with `validation` instead of what
+    /// `XTC_VK_VALIDATION` says (which is not read).
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env), less the validation variable's.
+    pub fn from_env_but_validation(validation: (Validation, bool)) -> VkResult<DeviceOptions> {
         let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
         Ok(DeviceOptions {
-            validation: Validation::from_env()?,
+            validation,
             force_staging: parse_force_staging(var("XTC_VK_FORCE_STAGING").as_deref())?,
             pipeline_cache: parse_pipeline_cache(
                 var("XTC_VK_PIPELINE_CACHE").as_deref(),
