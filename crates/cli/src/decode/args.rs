@@ -256,12 +256,24 @@ pub struct DecodeArgs {
     /// request rate, one line per policy, as an SVG file.
     #[arg(long, value_name = "FILE", requires = "sweep")]
     pub plot_out: Option<PathBuf>,
-    /// With --device toy: make each iteration take FIXED + PER_ROW x token
-    /// rows microseconds (the toy model sleeps on the blocking pool, like a
-    /// device, without using the CPU), e.g. 1800,90 (lavapipe's cost for the
-    /// synthetic model). Default: 0,0, or 1800,90 with --sweep.
-    #[arg(long, value_name = "FIXED_US,PER_ROW_US", value_parser = toy_cost)]
-    pub toy_cost: Option<IterationCost>,
+    /// With --device toy: how long each iteration takes (the toy model sleeps
+    /// on the blocking pool, like a device, without using the CPU). Either a
+    /// cost file written by `xtc calibrate --output FILE` (the model's
+    /// measured fit: fixed + per token row + per KV position read), or
+    /// FIXED_US,PER_ROW_US[,PER_POSITION_US] in microseconds (e.g. 1800,90).
+    /// Default: 0,0, or with --sweep 1800,90, a labelled default model
+    /// (lavapipe's two-point fit for the synthetic model, not a calibration).
+    #[arg(long, value_name = "FILE|FIXED_US,PER_ROW_US", value_parser = toy_cost)]
+    pub toy_cost: Option<ToyCost>,
+}
+
+/// A parsed `--toy-cost`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToyCost {
+    /// Coefficients given inline.
+    Inline(IterationCost),
+    /// A cost file of `xtc calibrate` (read when the run starts).
+    File(PathBuf),
 }
 
 /// `--sweep` without a value.
@@ -293,21 +305,44 @@ pub(crate) fn rates(s: &str) -> Result<Rates, String> {
     Ok(Rates(v))
 }
 
-/// The clap value parser of `--toy-cost`: `FIXED_US,PER_ROW_US`, whole
-/// microseconds up to an hour.
-fn toy_cost(s: &str) -> Result<IterationCost, String> {
+/// The clap value parser of `--toy-cost`: `FIXED_US,PER_ROW_US` (whole
+/// microseconds up to an hour) with an optional `,PER_POSITION_US` (a
+/// decimal number of microseconds), or else a file name.
+fn toy_cost(s: &str) -> Result<ToyCost, String> {
+    let numeric = |c: char| c.is_ascii_digit() || ",. +-eE".contains(c);
+    if s.trim().is_empty() {
+        return Err("must name a cost file (xtc calibrate --output FILE) or be FIXED_US,PER_ROW_US".into());
+    }
+    if !s.chars().all(numeric) {
+        return Ok(ToyCost::File(PathBuf::from(s)));
+    }
     let bad = || {
-        "must be FIXED_US,PER_ROW_US: two whole numbers of microseconds (e.g. 1800,90)".to_string()
+        "must be FIXED_US,PER_ROW_US[,PER_POSITION_US]: whole numbers of microseconds \
+         (e.g. 1800,90), the third a decimal one, or a cost file of xtc calibrate"
+            .to_string()
     };
-    let (a, b) = s.split_once(',').ok_or_else(bad)?;
+    let parts: Vec<&str> = s.split(',').collect();
+    if !(2..=3).contains(&parts.len()) {
+        return Err(bad());
+    }
     let us = |x: &str| match x.trim().parse::<u64>() {
         Ok(n) if n <= 3_600_000_000 => Ok(Duration::from_micros(n)),
         _ => Err(bad()),
     };
-    Ok(IterationCost {
-        fixed: us(a)?,
-        per_row: us(b)?,
-    })
+    let per_position = match parts.get(2) {
+        Some(x) => match x.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && (0.0..=3.6e9).contains(&v) => {
+                Duration::from_secs_f64(v / 1e6)
+            }
+            _ => return Err(bad()),
+        },
+        None => Duration::ZERO,
+    };
+    Ok(ToyCost::Inline(IterationCost {
+        fixed: us(parts[0])?,
+        per_row: us(parts[1])?,
+        per_position,
+    }))
 }
 
 /// A clap value parser of a whole number in `lo..=hi`; its messages read

@@ -139,7 +139,7 @@ pub fn device_config(selector: &str, device: &Target) -> DeviceConfig {
 
 /// The CPU's `model name` and `vendor_id` from `/proc/cpuinfo` (`cpu` and
 /// `None` when unreadable).
-fn cpu_model() -> (String, Option<String>) {
+pub(crate) fn cpu_model() -> (String, Option<String>) {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |key: &str| {
         info.lines()

@@ -36,7 +36,8 @@ use render::{banner, render_samples, with_samples};
 use run::{finish_status, run_once};
 use source::Source;
 use xtc_decode::model::Config;
-use xtc_decode::model::adapters::IterationCost;
+use args::ToyCost;
+use xtc_decode::model::cost::{CostFile, IterationCost};
 use xtc_decode::serve::job::{JobOpts, Mode, Workload};
 use xtc_decode::serve::report::Report;
 use xtc_decode::serve::trace::{self, Scaling};
@@ -61,11 +62,14 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     };
     let rows = trace.requests.len();
     let outs = Outputs::prepare(args)?;
-    let toy_cost = args.toy_cost.unwrap_or(if args.sweep.is_some() {
-        IterationCost::LAVAPIPE_TINY
-    } else {
-        IterationCost::NONE
-    });
+    let toy_cost = match &args.toy_cost {
+        Some(ToyCost::Inline(c)) => *c,
+        Some(ToyCost::File(p)) => CostFile::load(p)
+            .map_err(|e| format!("--toy-cost: {e}"))?
+            .iteration_cost(),
+        None if args.sweep.is_some() => IterationCost::LAVAPIPE_TINY,
+        None => IterationCost::NONE,
+    };
     let device = device::open(&args.device, "xtc decode", Takes::Toy(toy_cost))
         .map_err(|e| e.to_string())?;
     let source = Source::load(args, &device)?;
