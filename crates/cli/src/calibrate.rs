@@ -284,8 +284,7 @@ pub fn render(f: &CostFile) -> String {
     }
     let _ = writeln!(
         s,
-        "{} on {}; {} repeats per point; load average {}",
-        f.model,
+        "{}; {} repeats per point; load average {}",
         f.device,
         f.repeats,
         f.load_average_1m

@@ -231,19 +231,24 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sweep the request rate: run continuous, static and one-at-a-time
-    /// batching at each of these --time-scale values (comma-separated; alone:
-    /// 1,2,4,...,256) in one process, and report per rate the throughput,
-    /// normalized latency (mean end-to-end / output tokens), TTFT and TPOT
-    /// p99 and SLO attainment, then each policy's capacity (the highest rate
-    /// up to which at least 90% of requests meet the SLO) and the capacity
-    /// ratios. The SLO defaults to --slo-ttft 1000 --slo-tpot 100; --requests
-    /// to 128 (on --device toy the default sweep takes about 6 minutes). A
-    /// table, or JSON with --json; see --csv-out and --plot-out.
+    /// batching at each of these --time-scale values (comma-separated) in one
+    /// process, and report per rate the throughput, normalized latency (mean
+    /// end-to-end / output tokens), TTFT and TPOT p99 and SLO attainment, then
+    /// each policy's capacity (the highest rate up to which at least 90% of
+    /// requests meet the SLO), the capacity ratios and a ready-to-paste
+    /// markdown table. Alone, the defaults fit the model: the GGUF model on a
+    /// CPU device (lavapipe, the CPU reference, or the toy replaying its
+    /// calibrated cost) sweeps 0.25,0.5,1,2,4 with 24 requests under TTFT <=
+    /// 10 s and TPOT <= 500 ms (about 15 minutes on 2 cores); the synthetic
+    /// model sweeps 1,2,4,...,256 with 128 requests under TTFT <= 1000 ms and
+    /// TPOT <= 100 ms (--device toy: about 6 minutes). --requests, --slo-ttft
+    /// and --slo-tpot override them. A table, or JSON with --json; see
+    /// --csv-out and --plot-out.
     #[arg(
         long,
         value_name = "RATES",
         num_args = 0..=1,
-        default_missing_value = DEFAULT_SWEEP_RATES,
+        default_missing_value = "default",
         value_parser = rates,
         conflicts_with_all = ["compare", "time_scale", "trace_out", "requests_out", "metrics_out"],
     )]
@@ -276,23 +281,71 @@ pub enum ToyCost {
     File(PathBuf),
 }
 
-/// `--sweep` without a value.
-pub const DEFAULT_SWEEP_RATES: &str = "1,2,4,8,16,32,64,128,256";
+/// What `--sweep` runs unless told otherwise: rates, requests and SLO.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SweepDefaults {
+    /// Time scales swept (`--sweep` alone).
+    pub rates: &'static [f64],
+    /// Requests replayed (without `--requests`).
+    pub requests: usize,
+    /// The SLO, ms: (TTFT, TPOT) (without `--slo-ttft` / `--slo-tpot`).
+    pub slo_ms: (f64, f64),
+}
 
-/// Requests replayed by `--sweep` unless `--requests` says otherwise.
-pub const DEFAULT_SWEEP_REQUESTS: usize = 128;
+/// `--sweep` defaults of the synthetic model (and `--device toy` without
+/// `--model`): its iterations cost milliseconds, so the knees lie at 16-256x.
+pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
+    rates: &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+    requests: 128,
+    slo_ms: (1000.0, 100.0),
+};
 
-/// The SLO `--sweep` measures attainment against unless `--slo-ttft` /
-/// `--slo-tpot` say otherwise, ms: (TTFT, TPOT).
-pub const DEFAULT_SWEEP_SLO_MS: (f64, f64) = (1000.0, 100.0);
+/// `--sweep` defaults of the GGUF model on a CPU device (lavapipe, the CPU
+/// reference, or the toy replaying its calibrated cost). An iteration costs
+/// about 21 ms per token row there (`xtc calibrate`): one request alone
+/// streams at about 20-40 tokens/s, and a 32-row iteration takes most of a
+/// second. The SLO is what a chat user of such a machine would accept:
+/// the first token within 10 s (a queue of a few requests ahead), then at
+/// least 2 tokens/s (TPOT <= 500 ms: about speaking pace, so a streamed
+/// answer reads as it is written). The rates bracket the knees (the 24
+/// requests offer about 2 requests/s at 1x; one at a time sustains well
+/// under that, continuous batching more) in about 15 minutes on 2 cores.
+pub const MODEL_CPU_SWEEP: SweepDefaults = SweepDefaults {
+    rates: &[0.25, 0.5, 1.0, 2.0, 4.0],
+    requests: 24,
+    slo_ms: (10_000.0, 500.0),
+};
+
+impl SweepDefaults {
+    /// `args` with the defaults filled in: `--sweep` alone gets
+    /// [`SweepDefaults::rates`]; without `--slo-ttft` and `--slo-tpot`, the
+    /// SLO (one given alone is the only bound).
+    pub fn apply(&self, args: &DecodeArgs) -> DecodeArgs {
+        let mut a = args.clone();
+        if let Some(r) = &mut a.sweep
+            && r.0.is_empty()
+        {
+            r.0 = self.rates.to_vec();
+        }
+        if a.slo_ttft.is_none() && a.slo_tpot.is_none() {
+            a.slo_ttft = Some(self.slo_ms.0);
+            a.slo_tpot = Some(self.slo_ms.1);
+        }
+        a
+    }
+}
 
 /// The rates of `--sweep`: time scales, ascending, without repeats.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rates(pub Vec<f64>);
 
 /// The clap value parser of `--sweep`: positive finite numbers, comma
-/// separated, sorted and without repeats.
+/// separated, sorted and without repeats; `default` (what `--sweep` alone
+/// gives) is the empty list, filled by [`SweepDefaults::apply`].
 pub(crate) fn rates(s: &str) -> Result<Rates, String> {
+    if s.trim() == "default" {
+        return Ok(Rates(Vec::new()));
+    }
     let mut v = Vec::new();
     for part in s.split(',') {
         match time_scale(part) {

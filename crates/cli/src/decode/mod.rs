@@ -27,7 +27,7 @@ pub use run::exit_status;
 use std::io::Write;
 
 use crate::device::{self, Takes};
-use args::{CPU_SCALING, DEFAULT_SWEEP_REQUESTS, MAX_REPLAY};
+use args::{CPU_SCALING, MAX_REPLAY, MODEL_CPU_SWEEP, SYNTHETIC_SWEEP};
 use compare::{CompareRun, compare};
 use config::ModelFacts;
 use memory::{check_kv_size, check_memory, kv_origin};
@@ -73,8 +73,20 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let device = device::open(&args.device, "xtc decode", Takes::Toy(toy_cost))
         .map_err(|e| e.to_string())?;
     let source = Source::load(args, &device)?;
+    // `--sweep`'s defaults fit the model and device (`SweepDefaults`).
+    let sweep_defaults = match source {
+        Source::Gguf(_) if device.on_host() => MODEL_CPU_SWEEP,
+        _ => SYNTHETIC_SWEEP,
+    };
+    let resolved;
+    let args = if args.sweep.is_some() {
+        resolved = sweep_defaults.apply(args);
+        &resolved
+    } else {
+        args
+    };
     let default_requests = if args.sweep.is_some() {
-        DEFAULT_SWEEP_REQUESTS
+        sweep_defaults.requests
     } else {
         source.default_requests(device.on_host())
     };
@@ -126,10 +138,7 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         weight_bytes: source.weight_bytes(),
         path: source.path(),
     };
-    let mut run_config = config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
-    if args.sweep.is_some() {
-        run_config.slo = sweep::sweep_slo(args);
-    }
+    let run_config = config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
     if !args.json {
         eprintln!(
             "{}\n{}",
@@ -144,7 +153,8 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
             trace: &trace,
             requests,
             scaling: &scaling,
-            vocab_size: config.vocab_size,
+            source: &source,
+            model_config: &config,
             opts: &opts,
             config: &run_config,
         };

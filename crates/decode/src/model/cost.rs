@@ -17,9 +17,11 @@
 //! [`calibrate`] runs a small designed set of plans ([`design`]: decode
 //! iterations of 1 to 32 rows over 0 to ~1500 cached positions, and a few
 //! prefill chunks) on a [`Model`], times each (launch to finish, the wall
-//! time the serving loop waits), and [`fit`]s the three coefficients by
-//! ordinary least squares over the per-point medians, with R² and every
-//! point's residual. [`CostFile`] is the JSON a calibration writes and
+//! time the serving loop waits), and fits the three coefficients by least
+//! squares over the per-point medians, weighing each by `1 / time²` (timing
+//! noise grows with the iteration: relative residuals keep the small,
+//! fixed-cost-dominated points from being swamped; [`fit_weighted`]), with
+//! R² and every point's residual. [`CostFile`] is the JSON a calibration writes and
 //! `xtc decode --device toy --toy-cost FILE` replays: the toy model then
 //! sleeps for [`IterationCost::of_plan`] per iteration, so batching
 //! policies can be compared at the real model's cost curve without spending
@@ -278,14 +280,32 @@ pub enum FitError {
 /// # Errors
 /// [`FitError`]: too few points, a non-finite value, a degenerate design.
 pub fn fit(x: &[[f64; 3]], y: &[f64]) -> Result<LinearFit, FitError> {
-    let n = x.len().min(y.len());
+    fit_weighted(x, y, &vec![1.0; y.len()])
+}
+
+/// Fits `y[i] ≈ x[i] · coef` by weighted least squares: minimizes
+/// `Σ w[i] (y[i] - x[i] · coef)²`. [`calibrate`] weighs each point by
+/// `1 / y²` (relative residuals), since timing noise grows with the
+/// iteration. R² and the residuals are of the unweighted `y`.
+///
+/// # Errors
+/// [`FitError`]: too few points, a non-finite value or weight (weights
+/// must be > 0), a degenerate design.
+pub fn fit_weighted(x: &[[f64; 3]], y: &[f64], w: &[f64]) -> Result<LinearFit, FitError> {
+    let n = x.len().min(y.len()).min(w.len());
     if n < 3 {
         return Err(FitError::TooFewPoints { points: n });
     }
-    if let Some(index) = (0..n).find(|&i| !y[i].is_finite() || x[i].iter().any(|v| !v.is_finite()))
-    {
+    let bad = |i: usize| {
+        !y[i].is_finite() || !(w[i].is_finite() && w[i] > 0.0) || x[i].iter().any(|v| !v.is_finite())
+    };
+    if let Some(index) = (0..n).find(|&i| bad(i)) {
         return Err(FitError::NotFinite { index });
     }
+    let sw: Vec<f64> = w[..n].iter().map(|v| v.sqrt()).collect();
+    let (x0, y0) = (x, y);
+    let x: Vec<[f64; 3]> = (0..n).map(|i| x0[i].map(|v| v * sw[i])).collect();
+    let y: Vec<f64> = (0..n).map(|i| y0[i] * sw[i]).collect();
     let norm: Vec<f64> = (0..3)
         .map(|j| (0..n).map(|i| x[i][j] * x[i][j]).sum::<f64>().sqrt())
         .collect();
@@ -319,10 +339,10 @@ pub fn fit(x: &[[f64; 3]], y: &[f64]) -> Result<LinearFit, FitError> {
         }
     }
     let coef = [0, 1, 2].map(|j| a[j][3] / a[j][j] / norm[j]);
-    let fitted = |i: usize| (0..3).map(|j| x[i][j] * coef[j]).sum::<f64>();
-    let residuals: Vec<f64> = (0..n).map(|i| y[i] - fitted(i)).collect();
-    let mean = y[..n].iter().sum::<f64>() / n as f64;
-    let ss_tot: f64 = y[..n].iter().map(|v| (v - mean).powi(2)).sum();
+    let fitted = |i: usize| (0..3).map(|j| x0[i][j] * coef[j]).sum::<f64>();
+    let residuals: Vec<f64> = (0..n).map(|i| y0[i] - fitted(i)).collect();
+    let mean = y0[..n].iter().sum::<f64>() / n as f64;
+    let ss_tot: f64 = y0[..n].iter().map(|v| (v - mean).powi(2)).sum();
     let ss_res: f64 = residuals.iter().map(|r| r * r).sum();
     let r_squared = (ss_tot > 0.0).then(|| 1.0 - ss_res / ss_tot);
     Ok(LinearFit {
@@ -389,7 +409,7 @@ pub enum CalibrateError {
 /// Runs `points` on `model` `repeats` times each (round robin, so a change
 /// of machine load spreads over every point; after one warm-up iteration of
 /// the first and the largest point), times each launch-to-finish, and fits
-/// the medians. `progress(done, total)` is called after every iteration.
+/// the medians ([`fit_weighted`], by relative residuals). `progress(done, total)` is called after every iteration.
 /// The model's KV cache must hold [`DesignPoint::blocks`] blocks of
 /// `block_size` for every point, its limits the points' rows and contexts.
 ///
@@ -434,7 +454,8 @@ pub fn calibrate(
     }
     let medians: Vec<f64> = samples.iter().map(|s| median(s)).collect();
     let x: Vec<[f64; 3]> = plans.iter().map(regressors).collect();
-    let f = fit(&x, &medians)?;
+    let weights: Vec<f64> = medians.iter().map(|m| 1.0 / m.max(1e-3).powi(2)).collect();
+    let f = fit_weighted(&x, &medians, &weights)?;
     let rms = (f.residuals.iter().map(|r| r * r).sum::<f64>() / f.residuals.len() as f64).sqrt();
     let points = points
         .iter()
@@ -680,6 +701,29 @@ mod tests {
             assert!((got - want).abs() <= want * 1e-9, "{:?}", e.coef);
         }
         assert_eq!(e.r_squared.map(|r| (r * 1e9).round()), Some(1e9));
+    }
+
+    /// Proportional noise (±5% of each point): the relative-residual fit
+    /// still finds the small fixed cost the large points would swamp.
+    #[test]
+    fn weighted_fit_keeps_the_fixed_cost_under_proportional_noise() {
+        let (b0, b1, b2) = (40_000.0, 21_000.0, 20.0);
+        let pts = design(&DEFAULT_ROWS, &DEFAULT_CACHED, &DEFAULT_PREFILL_ROWS);
+        let x: Vec<[f64; 3]> = pts.iter().map(|p| regressors(&p.plan(16, 49152))).collect();
+        let y: Vec<f64> = x
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (b0 + b1 * r[1] + b2 * r[2]) * if i % 2 == 0 { 1.05 } else { 0.95 })
+            .collect();
+        let w: Vec<f64> = y.iter().map(|v| 1.0 / (v * v)).collect();
+        let f = fit_weighted(&x, &y, &w).unwrap();
+        assert!((f.coef[0] - b0).abs() / b0 < 0.15, "{:?}", f.coef);
+        assert!((f.coef[1] - b1).abs() / b1 < 0.1, "{:?}", f.coef);
+        assert!((f.coef[2] - b2).abs() / b2 < 0.15, "{:?}", f.coef);
+        assert_eq!(
+            fit_weighted(&x, &y, &vec![0.0; y.len()]),
+            Err(FitError::NotFinite { index: 0 })
+        );
     }
 
     #[test]

@@ -260,6 +260,88 @@ impl Sweep {
         s
     }
 
+    /// The sweep as markdown, ready to paste into a README: the SLO, each
+    /// policy's capacity with its figures at that rate (generated tokens/s,
+    /// TTFT and TPOT p99, mean ready members), the SLO attainment of every
+    /// policy at every rate, and the capacity ratios. A capacity met at
+    /// every rate reads `>= R`; one missed at the lowest rate `< R`.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let lowest = self.time_scales.first().copied().unwrap_or(0.0);
+        let _ = writeln!(
+            s,
+            "SLO {}; a rate is sustained when at least {:.0}% of requests meet it.\n",
+            slo_bounds(self.slo.ttft_ms, self.slo.tpot_ms),
+            self.attainment_target * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "| policy | capacity (time scale) | capacity (requests/s) | generated tokens/s there | \
+             TTFT p99 there | TPOT p99 there | mean ready members there |"
+        );
+        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for c in &self.capacity {
+            let at = c.capacity_time_scale.and_then(|t| {
+                self.points
+                    .iter()
+                    .find(|p| p.mode == c.mode && p.time_scale == t)
+            });
+            let (scale, rps) = match (c.capacity_time_scale, c.capacity_request_rate_per_s) {
+                (Some(t), Some(r)) if c.met_at_every_rate => {
+                    (format!(">= {t}x (met at every rate)"), format!(">= {r:.2}"))
+                }
+                (Some(t), Some(r)) => (format!("{t}x"), format!("{r:.2}")),
+                _ => (format!("< {lowest}x"), "-".to_string()),
+            };
+            let fig = |f: &dyn Fn(&SweepPoint) -> String| at.map_or("-".to_string(), f);
+            let _ = writeln!(
+                s,
+                "| {} | {scale} | {rps} | {} | {} | {} | {} |",
+                c.mode,
+                fig(&|p| format!("{:.1}", p.output_tokens_per_s)),
+                fig(&|p| format!("{:.0} ms", p.ttft_p99_ms)),
+                fig(&|p| format!("{:.0} ms", p.tpot_p99_ms)),
+                fig(&|p| format!("{:.1}", p.mean_ready_members)),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n| time scale | requests/s | {} |",
+            MODES
+                .iter()
+                .map(|m| format!("{m}: SLO met, tokens/s"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        let _ = writeln!(s, "| ---: | ---: |{}", " ---: |".repeat(MODES.len()));
+        for &t in &self.time_scales {
+            let at: Vec<&SweepPoint> = self.points.iter().filter(|p| p.time_scale == t).collect();
+            let rps = at.first().map_or(0.0, |p| p.request_rate_per_s);
+            let cells: Vec<String> = MODES
+                .iter()
+                .map(|m| {
+                    at.iter().find(|p| p.mode == *m).map_or("-".into(), |p| {
+                        format!("{:.0}%, {:.1}", p.attainment * 100.0, p.output_tokens_per_s)
+                    })
+                })
+                .collect();
+            let _ = writeln!(s, "| {t}x | {rps:.2} | {} |", cells.join(" | "));
+        }
+        let open = self.capacity.first().is_some_and(|c| c.met_at_every_rate);
+        let ratio = |r: Option<f64>| match r {
+            Some(r) if open => format!("**>= {r:.2}x** (a lower bound: continuous met every rate)"),
+            Some(r) => format!("**{r:.2}x**"),
+            None => "n/a (the other policy sustains no rate swept)".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "\nCapacity ratio: continuous / static {}, continuous / one at a time {}.",
+            ratio(self.capacity_ratio_continuous_vs_static),
+            ratio(self.capacity_ratio_continuous_vs_one_at_a_time)
+        );
+        s
+    }
+
     /// The points as CSV: a header, then one row per policy and rate.
     ///
     /// # Errors
