@@ -178,9 +178,10 @@ fn run_inner(args: &CalibrateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let file = CostFile {
         format: COST_FORMAT.into(),
         version: COST_VERSION,
-        model: path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into()),
+        model: path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        ),
         device: description,
         cpu: Some(cpu),
         load_average_1m: load_average(),
@@ -199,7 +200,11 @@ fn run_inner(args: &CalibrateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         points: cal.points,
     };
     let json = serde_json::to_string_pretty(&file).map_err(Failure::error)? + "\n";
-    let text = if args.json { json.clone() } else { render(&file) };
+    let text = if args.json {
+        json.clone()
+    } else {
+        render(&file)
+    };
     out.write_all(text.as_bytes())
         .map_err(|e| Failure::error(format!("cannot write the output: {e}")))?;
     if let Some(o) = output {

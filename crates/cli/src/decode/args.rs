@@ -364,7 +364,9 @@ pub(crate) fn rates(s: &str) -> Result<Rates, String> {
 fn toy_cost(s: &str) -> Result<ToyCost, String> {
     let numeric = |c: char| c.is_ascii_digit() || ",. +-eE".contains(c);
     if s.trim().is_empty() {
-        return Err("must name a cost file (xtc calibrate --output FILE) or be FIXED_US,PER_ROW_US".into());
+        return Err(
+            "must name a cost file (xtc calibrate --output FILE) or be FIXED_US,PER_ROW_US".into(),
+        );
     }
     if !s.chars().all(numeric) {
         return Ok(ToyCost::File(PathBuf::from(s)));

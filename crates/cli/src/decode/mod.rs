@@ -27,6 +27,7 @@ pub use run::exit_status;
 use std::io::Write;
 
 use crate::device::{self, Takes};
+use args::ToyCost;
 use args::{CPU_SCALING, MAX_REPLAY, MODEL_CPU_SWEEP, SYNTHETIC_SWEEP};
 use compare::{CompareRun, compare};
 use config::ModelFacts;
@@ -36,7 +37,6 @@ use render::{banner, render_samples, with_samples};
 use run::{finish_status, run_once};
 use source::Source;
 use xtc_decode::model::Config;
-use args::ToyCost;
 use xtc_decode::model::cost::{CostFile, IterationCost};
 use xtc_decode::serve::job::{JobOpts, Mode, Workload};
 use xtc_decode::serve::report::Report;

@@ -297,7 +297,9 @@ pub fn fit_weighted(x: &[[f64; 3]], y: &[f64], w: &[f64]) -> Result<LinearFit, F
         return Err(FitError::TooFewPoints { points: n });
     }
     let bad = |i: usize| {
-        !y[i].is_finite() || !(w[i].is_finite() && w[i] > 0.0) || x[i].iter().any(|v| !v.is_finite())
+        !y[i].is_finite()
+            || !(w[i].is_finite() && w[i] > 0.0)
+            || x[i].iter().any(|v| !v.is_finite())
     };
     if let Some(index) = (0..n).find(|&i| bad(i)) {
         return Err(FitError::NotFinite { index });
@@ -561,7 +563,9 @@ pub enum CostFileError {
         source: serde_json::Error,
     },
     /// JSON of another format or version.
-    #[error("{path}: format {format:?} version {version}, expected {COST_FORMAT:?} version {COST_VERSION}")]
+    #[error(
+        "{path}: format {format:?} version {version}, expected {COST_FORMAT:?} version {COST_VERSION}"
+    )]
     Format {
         /// The file.
         path: PathBuf,
@@ -693,7 +697,11 @@ mod tests {
         assert!((f.coef[1] - b1).abs() / b1 < 1e-3, "{:?}", f.coef);
         assert!((f.coef[2] - b2).abs() / b2 < 1e-2, "{:?}", f.coef);
         assert!(f.r_squared.unwrap() > 0.9999, "{:?}", f.r_squared);
-        assert!(f.residuals.iter().all(|r| r.abs() < 110.0), "{:?}", f.residuals);
+        assert!(
+            f.residuals.iter().all(|r| r.abs() < 110.0),
+            "{:?}",
+            f.residuals
+        );
         // Exact data: exact coefficients.
         let exact: Vec<f64> = x.iter().map(|r| b0 + b1 * r[1] + b2 * r[2]).collect();
         let e = fit(&x, &exact).unwrap();

@@ -517,4 +517,95 @@ mod tests {
         assert_eq!(capacity(&[(1.0, 1.0), (2.0, 1.0)], t), Some(2.0));
         assert_eq!(capacity(&[], t), None);
     }
+
+    fn config() -> RunConfig {
+        use crate::serve::run_config::{
+            DeviceConfig, KvConfig, LengthScaling, ModelConfig, TraceConfig,
+        };
+        RunConfig {
+            trace: TraceConfig {
+                source: "t".into(),
+                path: None,
+                rows: 4,
+                row_start: 0,
+                row_end: 4,
+            },
+            requests: 4,
+            time_scale: 1.0,
+            length_scaling: LengthScaling::from(&crate::serve::trace::Scaling::IDENTITY),
+            seed: 1,
+            cancel_rate: 0.0,
+            model: ModelConfig::of(&crate::Config::tiny(), "toy".into(), None, 0, 0),
+            kv_cache: KvConfig {
+                blocks: 1,
+                block_size_tokens: 16,
+                positions: 16,
+                bytes: None,
+            },
+            token_budget_tokens: 64,
+            max_active: 32,
+            device: DeviceConfig::named("toy", "toy", "none"),
+            slo: Slo {
+                ttft_ms: Some(1000.0),
+                tpot_ms: None,
+            },
+        }
+    }
+
+    fn point(mode: &'static str, time_scale: f64, attainment: f64) -> SweepPoint {
+        SweepPoint {
+            mode,
+            time_scale,
+            request_rate_per_s: time_scale / 2.0,
+            duration_s: 1.0,
+            completed: 4,
+            requests_per_s: 1.0,
+            output_tokens_per_s: 10.0 * time_scale,
+            normalized_latency_ms_per_token: 5.0,
+            ttft_p99_ms: 100.0 * time_scale,
+            tpot_p99_ms: 50.0,
+            mean_ready_members: 2.0,
+            attainment,
+            goodput_requests_per_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn markdown_names_each_knee_and_every_rate() {
+        let pts = vec![
+            point("continuous", 1.0, 1.0),
+            point("static", 1.0, 1.0),
+            point("one-at-a-time", 1.0, 0.5),
+            point("continuous", 2.0, 0.95),
+            point("static", 2.0, 0.2),
+            point("one-at-a-time", 2.0, 0.1),
+        ];
+        let md = Sweep::new(config(), pts, 3.0).markdown();
+        let lines: Vec<&str> = md.lines().collect();
+        assert!(
+            md.contains(
+                "| continuous | >= 2x (met at every rate) | >= 1.00 | 20.0 | 200 ms | 50 ms | 2.0 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| static | 1x | 0.50 | 10.0 | 100 ms | 50 ms | 2.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| one-at-a-time | < 1x | - | - | - | - | - |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2x | 1.00 | 95%, 20.0 | 20%, 20.0 | 10%, 20.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("continuous / static **>= 2.00x**"), "{md}");
+        assert!(md.contains("one at a time n/a"), "{md}");
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with("| ---")).count(),
+            2,
+            "{md}"
+        );
+    }
 }
