@@ -144,15 +144,15 @@ pub struct DecodeArgs {
         value_parser = count(1, usize::MAX),
     )]
     pub block_size: usize,
-    /// Token rows per iteration (prefill chunks + one per decoding member; >= 1).
+    /// Token rows per iteration (prefill chunks + one per decoding member; >= 1;
+    /// default 64, 16 for --sweep of the GGUF model on a CPU device).
     #[arg(
         long,
         value_name = "N",
-        default_value_t = 64,
         allow_negative_numbers = true,
         value_parser = count(1, usize::MAX),
     )]
-    pub token_budget: usize,
+    pub token_budget: Option<usize>,
     /// Device: `auto` (the default: the first Vulkan device, a GPU if present, else lavapipe;
     /// the CPU reference when no Vulkan device opens), `cpu` (the CPU reference, no Vulkan),
     /// `toy` (no model: measures the batching alone), or a Vulkan device index, part of its name
@@ -281,7 +281,11 @@ pub enum ToyCost {
     File(PathBuf),
 }
 
-/// What `--sweep` runs unless told otherwise: rates, requests and SLO.
+/// Default `--token-budget`.
+pub const DEFAULT_TOKEN_BUDGET: usize = 64;
+
+/// What `--sweep` runs unless told otherwise: rates, requests, SLO and
+/// token budget.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SweepDefaults {
     /// Time scales swept (`--sweep` alone).
@@ -290,6 +294,8 @@ pub struct SweepDefaults {
     pub requests: usize,
     /// The SLO, ms: (TTFT, TPOT) (without `--slo-ttft` / `--slo-tpot`).
     pub slo_ms: (f64, f64),
+    /// Token rows per iteration (without `--token-budget`).
+    pub token_budget: usize,
 }
 
 /// `--sweep` defaults of the synthetic model (and `--device toy` without
@@ -298,6 +304,7 @@ pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
     rates: &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
     requests: 128,
     slo_ms: (1000.0, 100.0),
+    token_budget: DEFAULT_TOKEN_BUDGET,
 };
 
 /// `--sweep` defaults of the GGUF model on a CPU device (lavapipe, the CPU
@@ -307,21 +314,30 @@ pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
 /// second. The SLO is what a chat user of such a machine would accept:
 /// the first token within 10 s (a queue of a few requests ahead), then at
 /// least 2 tokens/s (TPOT <= 500 ms: about speaking pace, so a streamed
-/// answer reads as it is written). The rates bracket the knees (the 24
-/// requests offer about 2 requests/s at 1x; one at a time sustains well
-/// under that, continuous batching more) in about 15 minutes on 2 cores.
+/// answer reads as it is written). The token budget keeps every iteration
+/// within that TPOT: at 64 rows a prefill chunk packed beside the decoding
+/// members makes their iteration cost about 1.2 s (the toy replaying the
+/// calibrated cost measured TPOT p99 1,238 ms and continuous batching
+/// sustaining half of static's rate), at 16 rows about 0.3 s (chunked
+/// prefill bounded by the TPOT SLO, as Sarathi-Serve sizes its chunks). The
+/// rates bracket the knees (the 24 requests offer 1.68 requests/s at 1x;
+/// every policy keeps up at 0.25x and none at 4x) in about 15 minutes on
+/// 2 cores.
 pub const MODEL_CPU_SWEEP: SweepDefaults = SweepDefaults {
     rates: &[0.25, 0.5, 1.0, 2.0, 4.0],
     requests: 24,
     slo_ms: (10_000.0, 500.0),
+    token_budget: 16,
 };
 
 impl SweepDefaults {
     /// `args` with the defaults filled in: `--sweep` alone gets
     /// [`SweepDefaults::rates`]; without `--slo-ttft` and `--slo-tpot`, the
-    /// SLO (one given alone is the only bound).
+    /// SLO (one given alone is the only bound); without `--token-budget`,
+    /// [`SweepDefaults::token_budget`].
     pub fn apply(&self, args: &DecodeArgs) -> DecodeArgs {
         let mut a = args.clone();
+        a.token_budget.get_or_insert(self.token_budget);
         if let Some(r) = &mut a.sweep
             && r.0.is_empty()
         {

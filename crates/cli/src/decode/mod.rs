@@ -278,7 +278,7 @@ pub fn job_opts(args: &DecodeArgs, wl: &Workload, config: &Config) -> JobOpts {
             .kv_blocks
             .unwrap_or(per_req.saturating_mul(args.max_active.max(1))),
         block_size: args.block_size,
-        token_budget: args.token_budget,
+        token_budget: args.token_budget.unwrap_or(args::DEFAULT_TOKEN_BUDGET),
         stop_token: None,
     }
 }
