@@ -184,7 +184,7 @@ fn run_inner(args: &CalibrateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         ),
         device: description,
         cpu: Some(cpu),
-        load_average_1m: load_average(),
+        load_average_1m: crate::decode::config::load_average(),
         measured_at_unix_s: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -224,16 +224,6 @@ fn kind_name(p: &DesignPoint) -> &'static str {
         cost::PointKind::Decode => "decode",
         cost::PointKind::Prefill => "prefill",
     }
-}
-
-/// The 1-minute load average (`/proc/loadavg`), if readable.
-pub(crate) fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// The points, the fit, R² and the residuals as text.

@@ -575,7 +575,9 @@ pub enum CostFileError {
         version: u32,
     },
     /// A coefficient that is not a finite number of at most an hour.
-    #[error("{path}: cost.{field} = {value:e} is not a finite number of microseconds up to an hour")]
+    #[error(
+        "{path}: cost.{field} = {value:e} is not a finite number of microseconds up to an hour"
+    )]
     Coefficient {
         /// The file.
         path: PathBuf,

@@ -339,6 +339,19 @@ impl Sweep {
             ratio(self.capacity_ratio_continuous_vs_static),
             ratio(self.capacity_ratio_continuous_vs_one_at_a_time)
         );
+        let h = &self.config.host;
+        let _ = writeln!(
+            s,
+            "Measured on {} ({} logical CPUs; load average {} at the start) with {}; \
+             {} runs in {:.0} s.",
+            h.cpu.as_deref().unwrap_or("an unknown CPU"),
+            h.logical_cpus,
+            h.load_average_1m
+                .map_or("unknown".to_string(), |l| format!("{l:.2}")),
+            self.config.model.description,
+            self.points.len(),
+            self.sweep_duration_s
+        );
         s
     }
 
@@ -520,7 +533,7 @@ mod tests {
 
     fn config() -> RunConfig {
         use crate::serve::run_config::{
-            DeviceConfig, KvConfig, LengthScaling, ModelConfig, TraceConfig,
+            DeviceConfig, HostConfig, KvConfig, LengthScaling, ModelConfig, TraceConfig,
         };
         RunConfig {
             trace: TraceConfig {
@@ -545,6 +558,11 @@ mod tests {
             token_budget_tokens: 64,
             max_active: 32,
             device: DeviceConfig::named("toy", "toy", "none"),
+            host: HostConfig {
+                cpu: Some("Test CPU".into()),
+                logical_cpus: 2,
+                load_average_1m: Some(1.5),
+            },
             slo: Slo {
                 ttft_ms: Some(1000.0),
                 tpot_ms: None,
@@ -602,6 +620,12 @@ mod tests {
         );
         assert!(md.contains("continuous / static **>= 2.00x**"), "{md}");
         assert!(md.contains("one at a time n/a"), "{md}");
+        assert!(
+            md.contains(
+                "Measured on Test CPU (2 logical CPUs; load average 1.50 at the start) with toy"
+            ),
+            "{md}"
+        );
         assert_eq!(
             lines.iter().filter(|l| l.starts_with("| ---")).count(),
             2,
