@@ -297,9 +297,8 @@ pub fn fit_weighted(x: &[[f64; 3]], y: &[f64], w: &[f64]) -> Result<LinearFit, F
         return Err(FitError::TooFewPoints { points: n });
     }
     let bad = |i: usize| {
-        !y[i].is_finite()
-            || !(w[i].is_finite() && w[i] > 0.0)
-            || x[i].iter().any(|v| !v.is_finite())
+        let weight_ok = w[i].is_finite() && w[i] > 0.0;
+        !y[i].is_finite() || !weight_ok || x[i].iter().any(|v| !v.is_finite())
     };
     if let Some(index) = (0..n).find(|&i| bad(i)) {
         return Err(FitError::NotFinite { index });
@@ -311,14 +310,14 @@ pub fn fit_weighted(x: &[[f64; 3]], y: &[f64], w: &[f64]) -> Result<LinearFit, F
     let norm: Vec<f64> = (0..3)
         .map(|j| (0..n).map(|i| x[i][j] * x[i][j]).sum::<f64>().sqrt())
         .collect();
-    if norm.iter().any(|&s| s == 0.0) {
+    if norm.contains(&0.0) {
         return Err(FitError::Degenerate);
     }
     // Normal equations of the scaled columns: A c = b.
     let mut a = [[0.0f64; 4]; 3];
     for (j, row) in a.iter_mut().enumerate() {
-        for k in 0..3 {
-            row[k] = (0..n).map(|i| x[i][j] * x[i][k]).sum::<f64>() / (norm[j] * norm[k]);
+        for (k, cell) in row.iter_mut().take(3).enumerate() {
+            *cell = (0..n).map(|i| x[i][j] * x[i][k]).sum::<f64>() / (norm[j] * norm[k]);
         }
         row[3] = (0..n).map(|i| x[i][j] * y[i]).sum::<f64>() / norm[j];
     }
@@ -331,11 +330,12 @@ pub fn fit_weighted(x: &[[f64; 3]], y: &[f64], w: &[f64]) -> Result<LinearFit, F
             return Err(FitError::Degenerate);
         }
         a.swap(col, piv);
-        for r in 0..3 {
+        let pivot_row = a[col];
+        for (r, row) in a.iter_mut().enumerate() {
             if r != col {
-                let f = a[r][col] / a[col][col];
-                for k in col..4 {
-                    a[r][k] -= f * a[col][k];
+                let f = row[col] / pivot_row[col];
+                for (v, p) in row.iter_mut().zip(pivot_row).skip(col) {
+                    *v -= f * p;
                 }
             }
         }
