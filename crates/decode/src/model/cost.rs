@@ -40,8 +40,8 @@ use serde::{Deserialize, Serialize};
 use super::{BatchPlan, SeqWork};
 use crate::{DeviceError, Model};
 
-/// A modeled cost of one iteration: `fixed + per_row * rows + per_position
-/// * positions_read` (see the module doc).
+/// A modeled cost of one iteration (see the module doc):
+/// `fixed + per_row * rows + per_position * positions_read`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct IterationCost {
     /// Cost of an iteration however few rows it has.
