@@ -55,6 +55,29 @@ use metrics::ServeMetrics;
 use xtc::batch::CloseMode;
 use xtc_decode::model::text::bpe::Bpe;
 
+/// `SO_SNDBUF` of every connection, bytes (Linux doubles it for its own
+/// bookkeeping and turns its autotuning off): how much of a stream the
+/// kernel holds for a client that stopped reading, so that such a client
+/// is cancelled after a bounded number of tokens (the engine module's doc
+/// lists every buffer on the way). 16 KiB is some 80 SSE events, and far
+/// more than a token stream's rate needs.
+pub const SEND_BUFFER_BYTES: u32 = 16 * 1024;
+
+/// The listening socket: `SO_REUSEADDR` (as `TcpListener::bind`), the send
+/// buffer [`SEND_BUFFER_BYTES`] (accepted connections inherit it), a
+/// backlog of 1,024.
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.set_send_buffer_size(SEND_BUFFER_BYTES)?;
+    sock.bind(addr)?;
+    sock.listen(1024)
+}
+
 /// Everything [`run`] needs besides the model.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -125,12 +148,10 @@ async fn serve(
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?;
-    let listener = tokio::net::TcpListener::bind(cfg.addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.addr,
-            source,
-        })?;
+    let listener = listen(cfg.addr).map_err(|source| ServeError::Bind {
+        addr: cfg.addr,
+        source,
+    })?;
     let addr = listener.local_addr().map_err(ServeError::Runtime)?;
     let metrics = Arc::new(ServeMetrics::new());
     let app = Arc::new(App::new(

@@ -30,7 +30,7 @@ use crate::device::{self, Takes};
 use args::{CPU_SCALING, DEFAULT_SWEEP_REQUESTS, MAX_REPLAY};
 use compare::{CompareRun, compare};
 use config::ModelFacts;
-use memory::{check_kv_size, check_memory, kv_origin};
+use memory::{check_kv_size, check_memory, kv_origin, unfit_rows};
 use outputs::{Observe, Outputs};
 use render::{banner, render_samples, with_samples};
 use run::{finish_status, run_once};
@@ -106,6 +106,9 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let opts = source.fit_kv(&device, &config, opts, args.kv_blocks.is_some());
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
+    if let Some(m) = unfit_rows(&trace, &wl, &opts, config.seq_len) {
+        eprintln!("xtc decode: warning: {m}");
+    }
     let model = source.model(&device, &opts, &config).map_err(|e| {
         format!(
             "device model: {e} (buffers for --token-budget {} token rows and a ready vector of \
