@@ -452,7 +452,8 @@ fn check_fits(
         "shorten the prompt".to_string()
     };
     Err(Failure::usage(format!(
-        "the prompt does not fit: {prompt} prompt tokens + --max-tokens {max_tokens} need          {need} positions, but the context length is {capacity}{on}; {hint}"
+        "the prompt does not fit: {prompt} prompt tokens + --max-tokens {max_tokens} need \
+         {need} positions, but the context length is {capacity}{on}; {hint}"
     )))
 }
 

@@ -175,7 +175,25 @@ fn silent_connections_time_out_and_excess_load_gets_429() {
         "8",
         "--header-timeout",
         "1",
+        "--kv-blocks",
+        "8",
     ]);
+    // Issue 22: a request within the context (256) but past the KV cache
+    // (8 blocks of 16 positions) is refused before any work.
+    let ids: Vec<u32> = (0..120).map(|i| 1000 + i).collect();
+    let r = s.post("/v1/completions", &json!({"prompt": ids, "max_tokens": 20}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.error().2.as_deref(), Some("context_length_exceeded"));
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("needs 9 KV blocks") && msg.contains("the KV cache has 8"),
+        "{msg}"
+    );
+    assert_eq!(s.metric("xtc:kv_blocks_used"), 0.0);
+    assert_eq!(
+        s.metric("xtc:http_refused_total{reason=\"context_length_exceeded\"}"),
+        1.0
+    );
     // A connection that sends nothing is closed after the header timeout.
     let mut idle = TcpStream::connect(s.addr).unwrap();
     idle.set_read_timeout(Some(Duration::from_secs(10)))
