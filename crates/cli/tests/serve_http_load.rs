@@ -104,7 +104,7 @@ fn a_client_that_stops_reading_is_cancelled_after_a_bounded_buffer() {
     if !have_model() {
         return;
     }
-    let s = Server::start(&[
+    let mut s = Server::start(&[
         "--device",
         "cpu",
         "--context",
@@ -114,19 +114,25 @@ fn a_client_that_stops_reading_is_cancelled_after_a_bounded_buffer() {
         "--stream-buffer",
         "8",
     ]);
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    sock.connect(&s.addr.into()).unwrap();
-    let mut c: TcpStream = sock.into();
     let max_tokens = 2000;
-    let body = json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": true,
-                      "ignore_eos": true})
-    .to_string();
-    send_head(&mut c, "POST", "/v1/completions", body.as_bytes()).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut stalled = BufReader::new(c);
-    let (status, _) = read_head(&mut stalled).unwrap();
-    assert_eq!(status, 200);
+    // Sends the request, reads the head, then reads nothing more.
+    let stall = |addr| {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.connect(&socket2::SockAddr::from(addr)).unwrap();
+        let mut c: TcpStream = sock.into();
+        let body = json!({"prompt": "Once upon a time", "max_tokens": max_tokens,
+                          "stream": true, "ignore_eos": true})
+        .to_string();
+        send_head(&mut c, "POST", "/v1/completions", body.as_bytes()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut r = BufReader::new(c);
+        let (status, _) = read_head(&mut r).unwrap();
+        assert_eq!(status, 200);
+        r
+    };
+    let mut stalled = stall(s.addr);
     // Served while the stalled stream fills its buffers.
     let r = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -143,6 +149,7 @@ fn a_client_that_stops_reading_is_cancelled_after_a_bounded_buffer() {
         "{generated} tokens generated before the cancel (max_tokens {max_tokens})"
     );
     assert_eq!(s.metric("xtc:client_disconnects_total"), 0.0);
+    assert_eq!(s.metric("xtc:stream_stalled_total"), 1.0);
     let r = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
     assert_eq!(r.status, 200, "still serving");
     // The stalled client reads on: what was buffered, then an error event
@@ -157,6 +164,15 @@ fn a_client_that_stops_reading_is_cancelled_after_a_bounded_buffer() {
         "{last}"
     );
     assert!(!tail.contains("\"finish_reason\":\""), "no fake finish");
+    // A client that stalls and never reads on holds its response unsent:
+    // a drain does not wait for it past a second signal (FLUSH_GRACE, 10 s,
+    // otherwise); it hung forever before.
+    let _held = stall(s.addr);
+    s.wait_metric_for("xtc:stream_stalled_total", 2.0, Duration::from_secs(300));
+    s.signal("-TERM");
+    std::thread::sleep(Duration::from_millis(200));
+    s.signal("-INT");
+    assert_eq!(s.wait_exit(Duration::from_secs(15)), 0);
 }
 
 #[test]

@@ -217,14 +217,14 @@ pub fn host_limit_of(files: &MemoryFiles) -> Option<HostLimit> {
 /// Rows of a report of the requests that can never fit, listed by row.
 const UNFIT_LISTED: usize = 5;
 
-/// The requests of `wl` that can never fit under `o` (their KV charge, prompt
-/// + output, past the cache's blocks, or their positions past `seq_len`:
-/// [`job::rejection`], the rule the run applies at arrival), reported before
-/// the run starts: how many, then the first [`UNFIT_LISTED`] by their trace
-/// row (1-based, the header not counted) with the row's lengths, the scaled
-/// lengths and what they need against what there is. `None` when every
-/// request fits (or the cache's sizes are invalid: the run refuses those
-/// itself).
+/// The requests of `wl` that can never fit under `o`, reported before the
+/// run starts: a KV charge (prompt and output positions, in blocks) past
+/// the cache's blocks, or positions past `seq_len` ([`job::rejection`],
+/// the rule the run applies at arrival). Says how many, then the first
+/// [`UNFIT_LISTED`] by their trace row (1-based, the header not counted)
+/// with the row's lengths, the scaled lengths and what they need against
+/// what there is. `None` when every request fits (or the cache's sizes
+/// are invalid: the run refuses those itself).
 pub(crate) fn unfit_rows(
     trace: &Trace,
     wl: &Workload,
