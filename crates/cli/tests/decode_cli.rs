@@ -425,7 +425,9 @@ fn rejections_are_counted_per_reason_and_exit_3() {
         "{err}"
     );
     assert!(
-        err.contains("trace row 1 (ContextTokens ") && err.contains("; and 35 more"),
+        err.contains("trace row 1 (ContextTokens ")
+            && err.contains("KV blocks of 1 position, the cache has 2")
+            && err.contains("; and 35 more"),
         "{err}"
     );
     let (code, out, _) = xtc_bin(&[&args[..], &["--json"]].concat());

@@ -253,8 +253,11 @@ pub(crate) fn unfit_rows(
             });
             let need = match why.kind {
                 RejectReason::KvBlocks => format!(
-                    "needs {} KV blocks of {} positions, the cache has {}",
-                    why.need, o.block_size, why.limit
+                    "needs {} KV blocks of {} position{}, the cache has {}",
+                    why.need,
+                    o.block_size,
+                    if o.block_size == 1 { "" } else { "s" },
+                    why.limit
                 ),
                 _ => format!(
                     "needs {} positions, the model's context length is {}",
