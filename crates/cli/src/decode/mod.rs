@@ -31,7 +31,7 @@ use args::ToyCost;
 use args::{CPU_SCALING, MAX_REPLAY, MODEL_CPU_SWEEP, SYNTHETIC_SWEEP};
 use compare::{CompareRun, compare};
 use config::ModelFacts;
-use memory::{check_kv_size, check_memory, kv_origin};
+use memory::{check_kv_size, check_memory, kv_origin, unfit_rows};
 use outputs::{Observe, Outputs};
 use render::{banner, render_samples, with_samples};
 use run::{finish_status, run_once};
@@ -122,6 +122,9 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let opts = source.fit_kv(&device, &config, opts, args.kv_blocks.is_some());
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
+    if let Some(m) = unfit_rows(&trace, &wl, &opts, config.seq_len) {
+        eprintln!("xtc decode: warning: {m}");
+    }
     let model = source.model(&device, &opts, &config).map_err(|e| {
         format!(
             "device model: {e} (buffers for --token-budget {} token rows and a ready vector of \
