@@ -536,11 +536,13 @@ fn the_nosys_suite_builds_apart_and_readme_matches_ci() {
         .unwrap_or(ci_line)
         .trim();
     assert_eq!(ci_cmd, ".ci/ensure-deps.sh && .ci/test");
-    // The suites of .ci/test: one command a line, comments aside.
+    // The suites of .ci/test: one command a line, comments aside, each
+    // without the `2>&1 | tee LOG` that keeps its output.
     let suites: Vec<&str> = test
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.split(" 2>&1 | tee ").next().unwrap_or(l).trim())
         .collect();
     for s in suites.iter().filter(|s| s.contains("cargo test")) {
         let own_dir = s.contains("CARGO_TARGET_DIR=");
