@@ -22,10 +22,13 @@ pub struct GpuLlamaOptions {
     /// Copy the sampled rows' logits back each iteration
     /// ([`GpuLlama::finish_with_logits`]); off by default (costs a copy).
     pub keep_logits: bool,
-    /// Kernel forms; `None`: [`Variant::for_device`], or `Gpu` where the
-    /// device lacks what the CPU form needs: subgroups of at least 8 lanes
-    /// with ballot and arithmetic operations ([`Device::subgroup_size`];
-    /// llvmpipe on a CPU without AVX has 4). Asking for `Cpu` there is an
+    /// Kernel forms; `None`: by capability and the barrier probe
+    /// ([`crate::model::vulkan::form`]): `Gpu` where the device lacks what
+    /// the CPU form needs (subgroups of at least 8 lanes with basic, ballot
+    /// and arithmetic operations, [`xtc_vk::Device::subgroup_size`]; llvmpipe on a
+    /// CPU without AVX has 4; `XTC_VK_MASK=subgroups` hides them) or the
+    /// options exceed its limits (`max_context`), else the form the probe
+    /// favours. Asking for `Cpu` without the subgroups is an
     /// [`GpuLlamaError::Options`] error.
     pub variant: Option<Variant>,
 }
