@@ -22,6 +22,10 @@ const BLOCK: usize = 16;
 const BLOCKS_PER: usize = 8;
 
 fn options(members: usize) -> GpuLlamaOptions {
+    options_in(members, None)
+}
+
+fn options_in(members: usize, variant: Option<Variant>) -> GpuLlamaOptions {
     GpuLlamaOptions {
         kv: KvGeometry {
             block_size: BLOCK,
@@ -31,7 +35,7 @@ fn options(members: usize) -> GpuLlamaOptions {
         max_seqs: members,
         max_context: BLOCK * BLOCKS_PER,
         keep_logits: true,
-        variant: None,
+        variant,
     }
 }
 
@@ -117,8 +121,20 @@ struct Member {
     join_at: usize,
 }
 
+/// The CPU form (the one lavapipe picks) against the reference.
 #[test]
 fn vulkan_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
+    agree_on_16_prompts_x_48_tokens(Variant::Cpu);
+}
+
+/// The GPU form (workgroup memory and barriers: what a GPU runs) against
+/// the reference, on the same schedule.
+#[test]
+fn vulkan_gpu_form_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
+    agree_on_16_prompts_x_48_tokens(Variant::Gpu);
+}
+
+fn agree_on_16_prompts_x_48_tokens(variant: Variant) {
     let Some((m, t)) = model_support::model() else {
         return;
     };
@@ -126,7 +142,9 @@ fn vulkan_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
         return;
     };
     let n = PROMPTS.len();
-    let mut gpu = GpuLlama::new(&dev, m, options(n)).unwrap();
+    let started = std::time::Instant::now();
+    let mut gpu = GpuLlama::new(&dev, m, options_in(n, Some(variant))).unwrap();
+    assert_eq!(gpu.variant(), variant);
     let mut members: Vec<Member> = PROMPTS
         .iter()
         .enumerate()
@@ -210,7 +228,11 @@ fn vulkan_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
         }
         it += 1;
     }
-    eprintln!("worst logit difference {worst} at {worst_at} over {it} iterations");
+    eprintln!(
+        "{variant:?} form: worst logit difference {worst} at {worst_at} over {it} iterations ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(xtc_vk::validation_errors(), 0);
     assert!(worst < 2e-3, "worst logit difference {worst} at {worst_at}");
     for s in &members {
         assert_eq!(s.out.len(), GEN);
