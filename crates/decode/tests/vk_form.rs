@@ -12,7 +12,8 @@ mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
-use xtc_decode::model::text::chat;
+use xtc_decode::model::cpu::llama::{Chunk, Logits};
+use xtc_decode::model::text::sampling::argmax;
 use xtc_decode::model::vulkan::form;
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use xtc_decode::model::vulkan::ops::Variant;
@@ -72,8 +73,9 @@ fn options(variant: Option<Variant>) -> GpuLlamaOptions {
     }
 }
 
-/// The GPU form is what runs without subgroups: the greedy answer of the
-/// CPU reference, no validation error; the CPU form is refused by name.
+/// The GPU form is what runs without subgroups: the CPU reference's greedy
+/// tokens (" Paris" among them), no validation error; the CPU form is
+/// refused by name.
 #[test]
 fn without_subgroups_smollm2_runs_the_gpu_form_and_the_cpu_form_is_refused() {
     let Some((m, t)) = model_support::model() else {
@@ -97,22 +99,29 @@ fn without_subgroups_smollm2_runs_the_gpu_form_and_the_cpu_form_is_refused() {
     let started = std::time::Instant::now();
     let mut gpu = GpuLlama::new(&dev, m, options(None)).unwrap();
     assert_eq!(gpu.variant(), Variant::Gpu);
-    let prompt = chat::user_prompt(t, "What is the capital of France?").unwrap();
-    let (mut pos, mut next, mut out) = (0, prompt, vec![]);
-    for _ in 0..12 {
+    // A raw prompt of a few tokens (the GPU form runs about 100x slower
+    // than the CPU form on lavapipe), then greedy tokens, each the CPU
+    // reference's choice.
+    let (mut next, mut out) = (t.encode("The capital of France is"), vec![]);
+    let mut seq = m.new_sequence();
+    for _ in 0..3 {
         let plan = BatchPlan {
             seqs: vec![SeqWork {
                 tokens: next.clone(),
-                start_pos: pos,
+                start_pos: seq.len(),
                 block_table: (0..8).collect(),
                 sample: true,
             }],
         };
         let tok = gpu.step(&plan).unwrap()[0];
-        pos += next.len();
-        if tok == t.eos() {
-            break;
-        }
+        let want = m
+            .forward(&mut [Chunk {
+                seq: &mut seq,
+                tokens: &next,
+                logits: Logits::Last,
+            }])
+            .unwrap();
+        assert_eq!(tok, argmax(&want[0]), "after {:?}", t.decode(&out));
         out.push(tok);
         next = vec![tok];
     }
@@ -121,7 +130,7 @@ fn without_subgroups_smollm2_runs_the_gpu_form_and_the_cpu_form_is_refused() {
         t.decode(&out),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(t.decode(&out), "The capital of France is Paris.");
+    assert!(t.decode(&out).contains("Paris"), "{:?}", t.decode(&out));
     assert_eq!(xtc_vk::validation_errors(), 0);
 }
 

@@ -124,32 +124,71 @@ struct Member {
 /// The CPU form (the one lavapipe picks) against the reference.
 #[test]
 fn vulkan_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
-    agree_on_16_prompts_x_48_tokens(Variant::Cpu);
+    let Some((_, t)) = model_support::model() else {
+        return;
+    };
+    let prompts = PROMPTS.map(|p| (p.to_owned(), chat::user_prompt(t, p).unwrap()));
+    agree(Variant::Cpu, &prompts, GEN, CHUNK);
 }
 
 /// The GPU form (workgroup memory and barriers: what a GPU runs) against
-/// the reference, on the same schedule.
+/// the reference on the same schedule. Ignored by default: on lavapipe the
+/// GPU-form products run about 100x slower than the CPU form's (a barrier
+/// switches between a workgroup's fibers; 30 s per 16-member decode
+/// iteration on the 2-core machine, over 15 minutes in all). Run it with
+/// `cargo test --release -p xtc-decode --test vk_llama -- --ignored` on a
+/// GPU or a machine with time; CI runs the shorter schedule below.
 #[test]
+#[ignore = "over 15 minutes on lavapipe (the GPU form's barriers); CI runs vulkan_gpu_form_agrees_on_4_prompts_x_8_tokens"]
 fn vulkan_gpu_form_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
-    agree_on_16_prompts_x_48_tokens(Variant::Gpu);
+    let Some((_, t)) = model_support::model() else {
+        return;
+    };
+    let prompts = PROMPTS.map(|p| (p.to_owned(), chat::user_prompt(t, p).unwrap()));
+    agree(Variant::Gpu, &prompts, GEN, CHUNK);
 }
 
-fn agree_on_16_prompts_x_48_tokens(variant: Variant) {
-    let Some((m, t)) = model_support::model() else {
+/// Raw prompts (no chat template: a few tokens each) of the short GPU-form
+/// schedule.
+const SHORT_PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "Water boils at a temperature of",
+    "The largest planet in the solar system is",
+    "One, two, three, four,",
+];
+
+/// The GPU form against the reference on a schedule lavapipe runs in about
+/// a minute: 4 raw prompts x 8 greedy tokens, prefill in chunks of 3, two
+/// members joining per iteration and each leaving when done.
+#[test]
+fn vulkan_gpu_form_agrees_on_4_prompts_x_8_tokens() {
+    let Some((_, t)) = model_support::model() else {
+        return;
+    };
+    let prompts = SHORT_PROMPTS.map(|p| (p.to_owned(), t.encode(p)));
+    agree(Variant::Gpu, &prompts, 8, 3);
+}
+
+/// `variant` against the CPU reference: every member's `n_gen` greedy tokens
+/// identical, prompts prefilled `chunk` tokens at a time, two members
+/// joining per iteration, each leaving when done; final logits within
+/// tolerance; no validation error.
+fn agree(variant: Variant, prompts: &[(String, Vec<u32>)], n_gen: usize, chunk: usize) {
+    let Some((m, _)) = model_support::model() else {
         return;
     };
     let Some(dev) = vk_support::device() else {
         return;
     };
-    let n = PROMPTS.len();
+    let n = prompts.len();
     let started = std::time::Instant::now();
     let mut gpu = GpuLlama::new(&dev, m, options_in(n, Some(variant))).unwrap();
     assert_eq!(gpu.variant(), variant);
-    let mut members: Vec<Member> = PROMPTS
+    let mut members: Vec<Member> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| Member {
-            prompt: chat::user_prompt(t, p).unwrap(),
+        .map(|(i, (_, p))| Member {
+            prompt: p.clone(),
             fed: 0,
             out: vec![],
             seq: m.new_sequence(),
@@ -160,16 +199,16 @@ fn agree_on_16_prompts_x_48_tokens(variant: Variant) {
         .collect();
     let (mut worst, mut worst_at) = (0f32, String::new());
     let mut it = 0;
-    while members.iter().any(|s| s.out.len() < GEN) {
+    while members.iter().any(|s| s.out.len() < n_gen) {
         let active: Vec<usize> = (0..n)
-            .filter(|&i| members[i].join_at <= it && members[i].out.len() < GEN)
+            .filter(|&i| members[i].join_at <= it && members[i].out.len() < n_gen)
             .collect();
         let mut plan = BatchPlan::default();
         let mut work = vec![];
         for &i in &active {
             let s = &members[i];
             let (tokens, sample) = if s.fed < s.prompt.len() {
-                let end = (s.fed + CHUNK).min(s.prompt.len());
+                let end = (s.fed + chunk).min(s.prompt.len());
                 (s.prompt[s.fed..end].to_vec(), end == s.prompt.len())
             } else {
                 (vec![*s.out.last().unwrap()], true)
@@ -217,8 +256,8 @@ fn agree_on_16_prompts_x_48_tokens(variant: Variant) {
             assert_eq!(
                 gpu_toks[k],
                 want,
-                "member {i} ({:?}) token {}: Vulkan {} vs CPU {} (logits differ by up to {err})",
-                PROMPTS[*i],
+                "{variant:?} form, member {i} ({:?}) token {}: Vulkan {} vs CPU {} (logits differ by up to {err})",
+                prompts[*i].0,
                 mem.out.len(),
                 gpu_toks[k],
                 want
@@ -235,7 +274,7 @@ fn agree_on_16_prompts_x_48_tokens(variant: Variant) {
     assert_eq!(xtc_vk::validation_errors(), 0);
     assert!(worst < 2e-3, "worst logit difference {worst} at {worst_at}");
     for s in &members {
-        assert_eq!(s.out.len(), GEN);
+        assert_eq!(s.out.len(), n_gen);
     }
 }
 

@@ -28,6 +28,7 @@ use xtc_decode::model::format::gguf::MAGIC;
 use xtc_decode::model::format::tokenizer::{self, Tokenizer};
 use xtc_decode::model::open::{Limits, ModelSpec, OpenError, Target, open};
 use xtc_decode::model::text::bpe::{Bpe, TextStream};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
 use xtc_decode::serve::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
 use xtc_decode::serve::prompts;
@@ -333,8 +334,9 @@ impl Source {
     }
 
     /// Opens the model on `device` ([`xtc_decode::model::open::open`]) with a KV
-    /// cache and buffers for `opts`; `config` is [`Source::config`] for the
-    /// device.
+    /// cache and buffers for `opts`, in the kernel form `kernels` on a
+    /// Vulkan device (`None`: the device's own, `--kernels auto`); `config`
+    /// is [`Source::config`] for the device.
     ///
     /// # Errors
     /// As [`xtc_decode::model::open::open`].
@@ -343,6 +345,7 @@ impl Source {
         device: &Target,
         opts: &JobOpts,
         config: &Config,
+        kernels: Option<Variant>,
     ) -> Result<SharedModel, OpenError> {
         let limits = Limits {
             kv: KvGeometry {
@@ -352,6 +355,7 @@ impl Source {
             max_tokens: opts.token_budget,
             max_seqs: opts.max_active.max(1),
             max_context: config.seq_len,
+            kernels,
         };
         Ok(job::shared(open(&self.spec(), device, limits)?))
     }
