@@ -19,7 +19,7 @@
 //!    (a CPU device switches between a workgroup's fibers at every barrier;
 //!    a GPU pays a few cycles), else the GPU form.
 //!
-//! The probe runs once per device and driver: a few milliseconds, then the
+//! The probe runs once per device and driver (tens of milliseconds), then the
 //! ratio is kept for the process and in
 //! `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/form-probe/<key>` (the key: PCI
 //! vendor and device ids, `driverVersion` and a hash of the device and
@@ -43,9 +43,9 @@ pub const CPU_FORM_RATIO: f64 = 3.0;
 
 /// Steps per invocation of the probe kernels (well inside llvmpipe's loop
 /// budget, [`super::ops::LANE_LOOP_BUDGET`]).
-const ITERS: u32 = 256;
+const ITERS: u32 = 512;
 /// Workgroups of 64 per probe dispatch.
-const GROUPS: u32 = 32;
+const GROUPS: u32 = 64;
 /// Timed runs of each kernel (the fastest counts).
 const RUNS: usize = 5;
 
