@@ -216,7 +216,13 @@ pub fn run(args: &CiArgs, out: &mut dyn Write) -> i32 {
         },
         CiCommand::Child(a) => {
             let stdin = std::io::stdin();
-            protocol::child_main(&a.device, a.seed, a.kernels.variant(), &mut stdin.lock(), out)
+            protocol::child_main(
+                &a.device,
+                a.seed,
+                a.kernels.variant(),
+                &mut stdin.lock(),
+                out,
+            )
         }
     }
 }

@@ -158,7 +158,11 @@ fn the_barrier_probe_runs_both_kernels_correctly() {
         Variant::Gpu
     };
     assert_eq!(form::choose(&dev, true).unwrap(), want);
-    assert_eq!(form::barrier_ratio(&dev).unwrap(), cached, "kept for the process");
+    assert_eq!(
+        form::barrier_ratio(&dev).unwrap(),
+        cached,
+        "kept for the process"
+    );
     assert!(form::cache_key(&dev).len() > 20);
     assert_eq!(xtc_vk::validation_errors(), 0);
 }

@@ -115,7 +115,9 @@ pub enum VkError {
     /// A kernel the device cannot run was asked for: its entry point uses
     /// subgroup operations the device lacks (or hides, `XTC_VK_MASK`), so
     /// [`Kernels::new`] did not build it.
-    #[error("kernel {kernel:?} was not built: it needs subgroup operations {needs:?}, and this device's compute stage has {has:?}")]
+    #[error(
+        "kernel {kernel:?} was not built: it needs subgroup operations {needs:?}, and this device's compute stage has {has:?}"
+    )]
     Unsupported {
         /// The entry point.
         kernel: String,

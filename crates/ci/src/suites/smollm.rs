@@ -75,7 +75,9 @@ pub fn decode_cases(v: &mut Vec<Case>) {
     for form in [Variant::Cpu, Variant::Gpu] {
         let f = form.name();
         let group = format!("xtc.decode.{NAME}.{f}");
-        let push = |v: &mut Vec<Case>, what: String, run: Box<dyn Fn(&mut Ctx) -> CaseResult + Send + Sync>| {
+        let push = |v: &mut Vec<Case>,
+                    what: String,
+                    run: Box<dyn Fn(&mut Ctx) -> CaseResult + Send + Sync>| {
             v.push(
                 Case::new(Suite::Decode, format!("xtc.decode.{NAME}.{f}.{what}"), run)
                     .in_group(&group)
@@ -91,7 +93,11 @@ pub fn decode_cases(v: &mut Vec<Case>) {
             continue;
         }
         for p in 0..PROMPTS.len() {
-            push(v, format!("golden.p{p}"), Box::new(move |ctx| golden(ctx, form, p)));
+            push(
+                v,
+                format!("golden.p{p}"),
+                Box::new(move |ctx| golden(ctx, form, p)),
+            );
             push(
                 v,
                 format!("reference.p{p}"),

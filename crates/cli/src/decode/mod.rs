@@ -106,15 +106,17 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     let opts = source.fit_kv(&device, &config, opts, args.kv_blocks.is_some());
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
-    let model = source.model(&device, &opts, &config, args.kernels.variant()).map_err(|e| {
-        format!(
-            "device model: {e} (buffers for --token-budget {} token rows and a ready vector of \
+    let model = source
+        .model(&device, &opts, &config, args.kernels.variant())
+        .map_err(|e| {
+            format!(
+                "device model: {e} (buffers for --token-budget {} token rows and a ready vector of \
              --max-active {}; {})",
-            opts.token_budget,
-            opts.max_active,
-            kv_origin(args, &opts)
-        )
-    })?;
+                opts.token_budget,
+                opts.max_active,
+                kv_origin(args, &opts)
+            )
+        })?;
     let facts = ModelFacts {
         description: model.borrow().describe(),
         shape: model.borrow().config(),

@@ -158,7 +158,10 @@ pub struct Kernels {
 /// The subgroup operations the SPIR-V of entry point `name` uses
 /// (`vk::kernels::SUBGROUP_OPS`; empty for an unknown name).
 pub fn subgroup_ops_of(name: &str) -> vk::SubgroupFeatureFlags {
-    let bits = SUBGROUP_OPS.iter().find(|(n, _)| *n == name).map_or(0, |e| e.1);
+    let bits = SUBGROUP_OPS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |e| e.1);
     vk::SubgroupFeatureFlags::from_raw(bits)
 }
 
@@ -292,7 +295,9 @@ impl Kernels {
                     has,
                 }
             } else if KERNELS.iter().any(|(n, _)| *n == name) {
-                VkError::Inval(format!("kernel {name:?} is not in this set (Kernels::only)"))
+                VkError::Inval(format!(
+                    "kernel {name:?} is not in this set (Kernels::only)"
+                ))
             } else {
                 VkError::Inval(format!("no kernel named {name:?}"))
             }

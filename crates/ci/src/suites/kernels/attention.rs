@@ -99,7 +99,11 @@ fn attention(
     };
     let geo = KvGeometry {
         block_size: bs,
-        n_blocks: shape.iter().map(|(c, n)| (c + n).div_ceil(bs)).sum::<usize>() + 40,
+        n_blocks: shape
+            .iter()
+            .map(|(c, n)| (c + n).div_ceil(bs))
+            .sum::<usize>()
+            + 40,
     };
     let mut next_block = 0u32;
     let seqs: Vec<SeqWork> = shape

@@ -109,7 +109,10 @@ pub fn measure(dev: &Device) -> VkResult<BarrierProbe> {
     let mut pool = CommandPool::new(dev)?;
     let mut best = [Duration::MAX; 2];
     for _ in 0..RUNS {
-        for (i, name) in ["form_probe_barrier", "form_probe_plain"].iter().enumerate() {
+        for (i, name) in ["form_probe_barrier", "form_probe_plain"]
+            .iter()
+            .enumerate()
+        {
             pool.reset()?;
             let mut rec = pool.record(&kernels, &set)?;
             let push = ProbePush {
