@@ -166,3 +166,37 @@ fn the_barrier_probe_runs_both_kernels_correctly() {
     assert!(form::cache_key(&dev).len() > 20);
     assert_eq!(xtc_vk::validation_errors(), 0);
 }
+
+/// In the GPU form the KV cache is one storage buffer: a cache above the
+/// device's `maxStorageBufferRange` is refused by name (it was reported as
+/// a 32-bit offset overflow when `xtc decode --kernels gpu` first ran on
+/// lavapipe, whose range is 128 MiB).
+#[test]
+fn a_gpu_form_kv_cache_above_the_storage_buffer_range_is_named() {
+    let Some((m, _)) = model_support::model() else {
+        return;
+    };
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let c = m.config().shape;
+    let per_block = (2 * c.n_layers * 16 * c.kv_dim() * 4) as u64;
+    let n_blocks = (dev.max_storage_buffer_range() / per_block + 1) as usize;
+    let opts = GpuLlamaOptions {
+        kv: KvGeometry {
+            block_size: 16,
+            n_blocks,
+        },
+        ..options(Some(Variant::Gpu))
+    };
+    match GpuLlama::new(&dev, m, opts) {
+        Err(e @ GpuLlamaError::StorageRange { buffer, bytes, max }) => {
+            assert_eq!(buffer, "KV cache");
+            assert!(bytes > max && max == dev.max_storage_buffer_range());
+            assert!(e.to_string().contains("maxStorageBufferRange"), "{e}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a KV buffer of {n_blocks} blocks above the range was built"),
+    }
+    assert_eq!(xtc_vk::validation_errors(), 0);
+}

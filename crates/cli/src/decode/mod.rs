@@ -103,7 +103,13 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         stop_token: source.stop_token(),
         ..job_opts(args, &wl, &config)
     };
-    let opts = source.fit_kv(&device, &config, opts, args.kv_blocks.is_some());
+    let opts = source.fit_kv(
+        &device,
+        &config,
+        opts,
+        args.kv_blocks.is_some(),
+        args.kernels.variant(),
+    );
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
     let model = source

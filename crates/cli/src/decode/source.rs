@@ -297,18 +297,23 @@ impl Source {
     /// f32), so without `--kv-blocks` the derived block count is capped at
     /// what `maxStorageBufferRange` holds (the full trace's longest requests
     /// times `--max-active` would not fit); admission then charges each
-    /// request its own blocks. Unchanged otherwise.
+    /// request its own blocks. Unchanged otherwise, and in the CPU kernel
+    /// form (`kernels`, or the device's own form for `None`), whose KV cache
+    /// is an image.
     pub fn fit_kv(
         &self,
         device: &Target,
         config: &Config,
         opts: JobOpts,
         explicit: bool,
+        kernels: Option<Variant>,
     ) -> JobOpts {
         let (Source::Gguf(_), Target::Vulkan(dev)) = (self, device) else {
             return opts;
         };
-        if explicit || device.on_host() {
+        // A probe failure leaves the cap on: the model's own error follows.
+        let form = kernels.unwrap_or_else(|| Variant::for_device(dev).unwrap_or(Variant::Gpu));
+        if explicit || form == Variant::Cpu {
             return opts;
         }
         let per_block = 2 * config.n_layers * opts.block_size.max(1) * config.kv_dim() * 4;

@@ -443,7 +443,7 @@ pub(super) fn allocate(
 /// Binds the weights and buffers to the kernels' descriptor set.
 ///
 /// # Errors
-/// [`GpuLlamaError::Range`] for a buffer beyond the device's storage
+/// [`GpuLlamaError::StorageRange`] for a buffer beyond the device's storage
 /// buffer range; device errors.
 pub(super) fn bind(
     dev: &Device,
@@ -452,11 +452,14 @@ pub(super) fn bind(
     b: &Buffers,
 ) -> Result<BindingSet> {
     let bound = [&up.wbuf, &b.act, &b.kv, &b.meta, &b.tokens];
-    if bound
-        .iter()
-        .any(|x| x.size() > dev.max_storage_buffer_range())
-    {
-        return Err(GpuLlamaError::Range);
+    let names = ["weights", "activations", "KV cache", "metadata", "tokens"];
+    let max = dev.max_storage_buffer_range();
+    if let Some((x, buffer)) = bound.iter().zip(names).find(|(x, _)| x.size() > max) {
+        return Err(GpuLlamaError::StorageRange {
+            buffer,
+            bytes: x.size(),
+            max,
+        });
     }
     Ok(BindingSet::with_images(
         kernels,

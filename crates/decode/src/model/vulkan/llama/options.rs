@@ -74,6 +74,18 @@ pub enum GpuLlamaError {
     /// The device refused (out of memory, limits, a lost device).
     #[error(transparent)]
     Vk(#[from] VkError),
+    /// A buffer the kernels bind is larger than the device's
+    /// `maxStorageBufferRange` (in the GPU form the KV cache is one storage
+    /// buffer: fewer KV blocks fit).
+    #[error("the {buffer} buffer is {bytes} bytes, above this device's maxStorageBufferRange of {max} bytes (fewer KV blocks, or a shorter context)")]
+    StorageRange {
+        /// Which buffer (`weights`, `activations`, `KV cache`, ...).
+        buffer: &'static str,
+        /// Its size in bytes.
+        bytes: u64,
+        /// `maxStorageBufferRange` in bytes.
+        max: u64,
+    },
     /// Sizes that do not fit the kernels' 32-bit offsets.
     #[error("buffer sizes overflow the kernels' 32-bit offsets")]
     Range,
