@@ -133,12 +133,12 @@ fn perplexity_in_the_gpu_form_matches_the_cpu_form() {
     if model_support::model_path().is_none() || vk_support::device().is_none() {
         return;
     }
-    let text = std::fs::read_to_string("../../data/pride_and_prejudice_ch1.txt").unwrap();
-    let cut = (0..=200).rev().find(|&i| text.is_char_boundary(i)).unwrap();
+    let chapter = std::fs::read_to_string("../../data/pride_and_prejudice_ch1.txt").unwrap();
+    let cut = (0..=200).rev().find(|&i| chapter.is_char_boundary(i)).unwrap();
     let dir = std::env::temp_dir().join(format!("xtc-ppl-form-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("opening.txt");
-    std::fs::write(&path, &text[..cut]).unwrap();
+    std::fs::write(&path, &chapter[..cut]).unwrap();
     let nll = |form: &str| {
         let o = xtc(&[
             "perplexity",

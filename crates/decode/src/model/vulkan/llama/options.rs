@@ -77,7 +77,9 @@ pub enum GpuLlamaError {
     /// A buffer the kernels bind is larger than the device's
     /// `maxStorageBufferRange` (in the GPU form the KV cache is one storage
     /// buffer: fewer KV blocks fit).
-    #[error("the {buffer} buffer is {bytes} bytes, above this device's maxStorageBufferRange of {max} bytes (fewer KV blocks, or a shorter context)")]
+    #[error(
+        "the {buffer} buffer is {bytes} bytes, above this device's maxStorageBufferRange of {max} bytes (fewer KV blocks, or a shorter context)"
+    )]
     StorageRange {
         /// Which buffer (`weights`, `activations`, `KV cache`, ...).
         buffer: &'static str,
