@@ -134,7 +134,10 @@ fn perplexity_in_the_gpu_form_matches_the_cpu_form() {
         return;
     }
     let chapter = std::fs::read_to_string("../../data/pride_and_prejudice_ch1.txt").unwrap();
-    let cut = (0..=200).rev().find(|&i| chapter.is_char_boundary(i)).unwrap();
+    let cut = (0..=200)
+        .rev()
+        .find(|&i| chapter.is_char_boundary(i))
+        .unwrap();
     let dir = std::env::temp_dir().join(format!("xtc-ppl-form-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("opening.txt");
