@@ -12,7 +12,11 @@
 #    `output_length`), replayed with --fixed-schedule;
 # 3. `xtc tokenizer export` gives aiperf the model's tokenizer offline;
 # 4. aiperf profiles URL (completions, streaming, ignore_eos so every request
-#    generates its trace length); its artifacts go to OUT_DIR/aiperf.
+#    generates its trace length, goodput at the SLO TTFT <= $SLO_TTFT_MS
+#    (10000) and mean inter-token latency <= $SLO_ITL_MS (500) ms); its
+#    artifacts go to OUT_DIR/aiperf.
+# scripts/serve-side-by-side.py runs this against xtc serve and llama-server
+# in one go and prints both as one markdown table.
 # The same command drives llama.cpp's llama-server or any other server of the
 # same model: only URL changes.
 #
@@ -45,6 +49,7 @@ model=$(curl -s "$url/v1/models" | python3 -c 'import json,sys; print(json.load(
   --input-file "$out/trace.jsonl" --custom-dataset-type mooncake_trace --fixed-schedule \
   --fixed-schedule-auto-offset --tokenizer "$out/tokenizer" \
   --extra-inputs ignore_eos:true --use-server-token-count \
+  --goodput "time_to_first_token:${SLO_TTFT_MS:-10000} inter_token_latency:${SLO_ITL_MS:-500}" \
   --output-artifact-dir "$out/aiperf" "$@"
 python3 - "$out/decode.json" <<'PY'
 import json, sys

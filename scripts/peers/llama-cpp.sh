@@ -44,6 +44,9 @@
 #   --quick         shorter runs on both sides (a smoke test; figures noisy)
 #   --skip-xtc      measure llama.cpp only
 #   --build-only    build (or find the build) and exit
+#   --probe-only    build (or find the build), run the AMX probe, print
+#                   "BIN_DIR REPACK" (REPACK 0: pass --no-repack) on stdout
+#                   and exit (scripts/serve-side-by-side.py uses it)
 #   --no-amx        use the non-native build without AMX from the start
 set -euo pipefail
 
@@ -55,6 +58,7 @@ json=""
 quick=0
 skip_xtc=0
 build_only=0
+probe_only=0
 force_noamx=0
 
 say() { echo "peers: $*" >&2; }
@@ -72,6 +76,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; shift ;;
     --skip-xtc) skip_xtc=1; shift ;;
     --build-only) build_only=1; shift ;;
+    --probe-only) probe_only=1; shift ;;
     --no-amx) force_noamx=1; shift ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -198,6 +203,7 @@ elif [ $rc != 0 ]; then
   die "llama-batched-bench failed its probe (exit $rc; log: $base/probe.log)"
 fi
 say "AMX: $amx_note"
+[ "$probe_only" = 1 ] && { echo "$bin $repack"; exit 0; }
 
 [ -n "$json" ] || json=$repo/target/peers/llama-cpp.json
 args=(--bin "$bin" --model "$model" --threads "$threads" --repack "$repack" --json "$json"

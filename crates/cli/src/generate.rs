@@ -17,7 +17,8 @@
 //! Exit status: 0 done; 1 the model could not be found or loaded, the
 //! device could not be opened, or the output could not be written; 2 a
 //! usage error (bad option values, `--device toy` or an empty one, a prompt
-//! longer than the context).
+//! that with `--max-tokens` needs more positions than the context length:
+//! refused before the model runs, naming the lengths).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -49,7 +50,8 @@ reference; an index, part of a name or a render node picks a Vulkan device \
 
 Exit status: 0 done; 1 model missing or unreadable, device not usable, or \
 output not writable; 2 usage error (bad option value, --device toy or empty, \
-prompt too long).
+prompt + --max-tokens longer than the context length: refused before the \
+model runs).
 
 Examples:
   xtc generate \"What is the capital of France?\"
@@ -326,6 +328,10 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let name = path
         .file_name()
         .map_or_else(|| MODEL_FILE.into(), |n| n.to_string_lossy());
+    // Refused before any work: prompt + --max-tokens against the positions
+    // the device holds for this model.
+    let capacity = target.context(model.shape().seq_len);
+    check_fits(prompt.len(), args.max_tokens, capacity, &target)?;
     let context = prompt.len().saturating_add(args.max_tokens);
     let mut dev_stream = stream(&target, &model, context, (PREFILL_CHUNK, 1), args.kernels)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -413,6 +419,46 @@ fn run_inner(args: &GenerateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Positions a sequence of `prompt` tokens needs to generate `max_tokens`
+/// more: the prompt's, then one per generated token but the last (whose
+/// position is never computed).
+fn positions_needed(prompt: usize, max_tokens: usize) -> usize {
+    prompt.saturating_add(max_tokens.saturating_sub(1))
+}
+
+/// Refuses (exit 2, naming the lengths) a prompt that, with `max_tokens`,
+/// needs more positions than `capacity`, the context length `target` holds
+/// for the model, before the stream is built or any position computed.
+fn check_fits(
+    prompt: usize,
+    max_tokens: usize,
+    capacity: usize,
+    target: &Target,
+) -> Result<(), Failure> {
+    let need = positions_needed(prompt, max_tokens);
+    if need <= capacity {
+        return Ok(());
+    }
+    let on = match target {
+        Target::Vulkan(_) if target.is_cpu_device() => {
+            " on a CPU-kind Vulkan device (--device cpu holds the model's full context)"
+        }
+        _ => "",
+    };
+    let hint = if prompt < capacity {
+        format!(
+            "lower --max-tokens to at most {} or shorten the prompt",
+            capacity - prompt + 1
+        )
+    } else {
+        "shorten the prompt".to_string()
+    };
+    Err(Failure::usage(format!(
+        "the prompt does not fit: {prompt} prompt tokens + --max-tokens {max_tokens} need \
+         {need} positions, but the context length is {capacity}{on}; {hint}"
+    )))
+}
+
 /// The stderr line of a run's timings.
 fn summary(s: &GenerateStats) -> String {
     let decode = if s.decode_steps > 0 {
@@ -437,7 +483,34 @@ fn summary(s: &GenerateStats) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::prompt_text;
+    use super::{Target, check_fits, positions_needed, prompt_text};
+
+    #[test]
+    fn prompt_and_max_tokens_are_checked_against_the_context() {
+        assert_eq!(positions_needed(10, 1), 10);
+        assert_eq!(positions_needed(10, 0), 10);
+        assert_eq!(positions_needed(10, 5), 14);
+        assert_eq!(positions_needed(usize::MAX, 5), usize::MAX);
+        assert!(check_fits(8000, 193, 8192, &Target::Cpu).is_ok());
+        let e = check_fits(8000, 194, 8192, &Target::Cpu).unwrap_err();
+        assert_eq!(e.code, 2);
+        assert_eq!(
+            e.msg,
+            "the prompt does not fit: 8000 prompt tokens + --max-tokens 194 need 8193 \
+             positions, but the context length is 8192; lower --max-tokens to at most 193 \
+             or shorten the prompt"
+        );
+        let e = check_fits(9010, 256, 8192, &Target::Cpu).unwrap_err();
+        assert_eq!(e.code, 2);
+        assert!(
+            e.msg
+                .contains("9010 prompt tokens + --max-tokens 256 need 9265 positions")
+                && e.msg
+                    .ends_with("context length is 8192; shorten the prompt"),
+            "{}",
+            e.msg
+        );
+    }
 
     #[test]
     fn a_dash_reads_the_prompt_from_stdin_without_its_last_newline() {

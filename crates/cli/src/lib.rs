@@ -11,6 +11,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
+pub mod calibrate;
 pub mod ci;
 pub mod decode;
 pub mod device;
@@ -44,6 +45,10 @@ pub enum Command {
     /// KV-cache continuous batching of a replayed production trace (the main
     /// job): a llama-style model on the default Vulkan device.
     Decode(decode::DecodeArgs),
+    /// Measure the GGUF model's iteration cost on a device (fixed, per token
+    /// row, per KV position read): a least-squares fit over designed
+    /// iterations, written as JSON for `xtc decode --toy-cost FILE`.
+    Calibrate(calibrate::CalibrateArgs),
     /// One chat turn with the GGUF model (SmolLM2-135M-Instruct) on the
     /// default Vulkan device (or the CPU reference), streamed as tokens come;
     /// tokens/s on stderr.
@@ -96,6 +101,7 @@ where
     match &cli.command {
         Command::Probe(args) => probe::run(args, out),
         Command::Decode(args) => decode::run(args, out),
+        Command::Calibrate(args) => calibrate::run(args, out),
         Command::Generate(args) => generate::run(args, out),
         Command::Perplexity(args) => perplexity::run(args, out),
         Command::Serve(args) => serve::run(args, out),

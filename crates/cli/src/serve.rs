@@ -104,7 +104,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub max_connections: usize,
     /// Pieces of text a stream buffers for a slow client; a client that
-    /// falls this far behind is cancelled.
+    /// falls this far behind (its connection's buffers full too: a 16 KiB
+    /// send buffer, at most 16 queued writes) is cancelled.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub stream_buffer: usize,
     /// Worker threads of the HTTP runtime.

@@ -312,6 +312,7 @@ fn list_names_every_suite_and_hides_the_selftests() {
     for name in [
         "xtc.kernels.matmul.f32_win.m32_n576_k576",
         "xtc.fence.sync_file_export",
+        "xtc.fence.pending_until_host_signal",
         "xtc.batch.async.cancel_in_flight",
         "xtc.dispatch.reclaim.handshake",
         "xtc.decode.synthetic.cpu.golden.p0",

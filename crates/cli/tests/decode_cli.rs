@@ -416,6 +416,20 @@ fn rejections_are_counted_per_reason_and_exit_3() {
     );
     assert!(err.contains("40 of 40 requests rejected"), "{err}");
     assert!(err.contains("exit status 3"), "{err}");
+    // Issue 22: named up front, before the run, by trace row.
+    let early = err
+        .find("xtc decode: warning: 40 of 40 requests can never fit")
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        early < err.find("40 of 40 requests rejected").unwrap(),
+        "{err}"
+    );
+    assert!(
+        err.contains("trace row 1 (ContextTokens ")
+            && err.contains("KV blocks of 1 position, the cache has 2")
+            && err.contains("; and 35 more"),
+        "{err}"
+    );
     let (code, out, _) = xtc_bin(&[&args[..], &["--json"]].concat());
     assert_eq!(code, 3);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -437,6 +451,7 @@ fn rejections_are_counted_per_reason_and_exit_3() {
     let (code, _, err) = xtc_bin(&[&FAST[..], &["--requests", "5"]].concat());
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("exit status"), "{err}");
+    assert!(!err.contains("can never fit"), "{err}");
 }
 
 /// Issue 12: range checks were split between clap (exit 2) and the command

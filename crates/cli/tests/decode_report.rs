@@ -316,6 +316,12 @@ fn the_banner_states_the_scaling_and_the_model_size() {
         err.contains("k parameters, 1.0 MiB of weights") && err.contains("4 layers, dim 64"),
         "{err}"
     );
+    // The host, so a figure says on what CPU and under what load.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        err.contains(&format!(" ({cpus} logical CPUs), load average ")),
+        "{err}"
+    );
 }
 
 #[test]

@@ -8,6 +8,11 @@
 //! does, while the batching policies keep their TTFT 4 to 25 times below the
 //! SLO there, so only a stall of most of a second could change the outcome.
 
+#[path = "../../decode/tests/model_support/mod.rs"]
+mod model_support;
+#[path = "../../vk/tests/vk_support/mod.rs"]
+mod vk_support;
+
 use serde_json::Value;
 
 fn xtc(args: &[&str]) -> (i32, String, String) {
@@ -204,4 +209,106 @@ fn sweep_options_are_checked() {
         "{err}"
     );
     assert!(out.is_empty());
+}
+
+/// Each policy's capacity as the JSON's points imply it: going up the
+/// rates, the last one with attainment >= the target before the first miss.
+fn knee(v: &Value, mode: &str) -> Option<f64> {
+    let target = v["attainment_target"].as_f64().unwrap();
+    let mut pts: Vec<(f64, f64)> = v["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["mode"] == mode)
+        .map(|p| {
+            (
+                p["time_scale"].as_f64().unwrap(),
+                p["attainment"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    pts.iter()
+        .take_while(|(_, a)| *a >= target)
+        .last()
+        .map(|(t, _)| *t)
+}
+
+/// The sweep on the real model on the Vulkan device (lavapipe), at a tiny
+/// size: 3 requests of 6 prompt and 3 output tokens, two rates. No timing
+/// is asserted: the structure (every policy at every rate, every request
+/// done), the model's default SLO, and capacities, knees and ratios that
+/// agree with the points, whatever the machine's load made of them.
+#[test]
+fn sweep_on_the_real_model_on_the_vulkan_device() {
+    if model_support::model_path().is_none() || vk_support::device().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("trace.csv");
+    std::fs::write(
+        &t,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n0,6,3\n0.5,6,3\n1.0,6,3\n",
+    )
+    .unwrap();
+    let (code, out, err) = xtc(&[
+        "--device",
+        "auto",
+        "--trace",
+        t.to_str().unwrap(),
+        "--prompt-div",
+        "1",
+        "--output-div",
+        "1",
+        "--sweep",
+        "1,1000",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["config"]["device"]["driver"].is_string() || v["config"]["device"]["kind"] == "cpu",
+        "{}",
+        v["config"]["device"]
+    );
+    assert!(
+        v["config"]["model"]["path"]
+            .as_str()
+            .is_some_and(|p| p.ends_with(".gguf")),
+        "the GGUF model ran: {}",
+        v["config"]["model"]
+    );
+    // The GGUF model's default SLO on a CPU device.
+    assert_eq!(v["slo"]["ttft_ms"], 10000.0);
+    assert_eq!(v["slo"]["tpot_ms"], 500.0);
+    assert_eq!(v["time_scales"], serde_json::json!([1.0, 1000.0]));
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 6);
+    for m in ["continuous", "static", "one-at-a-time"] {
+        for rate in [1.0, 1000.0] {
+            let p = points
+                .iter()
+                .find(|p| p["mode"] == m && p["time_scale"] == rate)
+                .unwrap_or_else(|| panic!("{m} at {rate}x missing: {out}"));
+            assert_eq!(p["completed"], 3, "{p}");
+            let att = p["attainment"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&att), "{p}");
+        }
+        let c = capacity(&v, m);
+        assert_eq!(c["capacity_time_scale"].as_f64(), knee(&v, m), "{m}: {out}");
+        let all = points
+            .iter()
+            .filter(|p| p["mode"] == m)
+            .all(|p| p["attainment"].as_f64().unwrap() >= 0.9);
+        assert_eq!(c["met_at_every_rate"], all, "{m}");
+    }
+    let ratio = |a: &str, b: &str| Some(knee(&v, a)? / knee(&v, b)?);
+    assert_eq!(
+        v["capacity_ratio_continuous_vs_static"].as_f64(),
+        ratio("continuous", "static")
+    );
+    assert_eq!(
+        v["capacity_ratio_continuous_vs_one_at_a_time"].as_f64(),
+        ratio("continuous", "one-at-a-time")
+    );
 }

@@ -333,3 +333,77 @@ fn generate_reads_a_dash_prompt_from_stdin() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout).trim(), "The capital of France is Paris.");
 }
+
+/// Issue 22: `xtc generate` with a 9,010-token prompt prefilled 8,192
+/// positions on the CPU reference (about 90 s) and then failed. A prompt
+/// that with `--max-tokens` needs more positions than the context length
+/// is now a usage error (exit 2) naming the lengths, before the model runs:
+/// no "loaded" line, no prefill figures on stderr (and it takes a second,
+/// not minutes).
+#[test]
+fn a_prompt_past_the_context_is_refused_before_any_prefill() {
+    let Some((_, tok)) = model_support::model() else {
+        return;
+    };
+    let run = |device: &str, max_tokens: &str, words: usize| {
+        let prompt = " word".repeat(words);
+        let n = tok.encode_with_specials(&prompt).len();
+        let o = xtc(&[
+            "generate",
+            "--device",
+            device,
+            "--raw",
+            "--max-tokens",
+            max_tokens,
+            &prompt,
+        ]);
+        (o, n)
+    };
+    // The prompt alone is past the model's 8,192 positions.
+    let (o, n) = run("cpu", "256", 9010);
+    assert!(n > 8192, "{n} tokens");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let need = n + 255;
+    assert!(
+        err.contains(&format!(
+            "{n} prompt tokens + --max-tokens 256 need {need} positions, but the context \
+             length is 8192; shorten the prompt"
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("loaded in") && !err.contains("prefill"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+    // The prompt fits, prompt + --max-tokens does not: the message says
+    // how far to lower --max-tokens.
+    let (o, n) = run("cpu", "300", 8000);
+    assert!(n < 8192 && n + 299 > 8192, "{n} tokens");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "lower --max-tokens to at most {} or shorten the prompt",
+            8192 - n + 1
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("loaded in") && !err.contains("prefill"),
+        "{err}"
+    );
+    // On lavapipe the device holds 1,536 positions of this model.
+    if vk_support::device().is_some_and(|d| d.info().kind == xtc_vk::DeviceKind::Cpu) {
+        let (o, n) = run("auto", "256", 2000);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("{n} prompt tokens"))
+                && err.contains("the context length is 1536 on a CPU-kind Vulkan device"),
+            "{err}"
+        );
+        assert!(!err.contains("loaded in"), "{err}");
+    }
+}

@@ -92,6 +92,91 @@ fn a_disconnect_cancels_in_every_phase_and_returns_the_blocks() {
     assert_eq!(r.status, 200);
 }
 
+/// Issue 22: a client that sends a streaming request, reads the response
+/// head and then stops reading (a 4 KiB receive buffer it never drains).
+/// The server buffers a bounded amount (`--stream-buffer` pieces, hyper's
+/// queue of at most 16 writes, the socket's 16 KiB send buffer), then
+/// cancels the request, long before its `max_tokens`: counted in /metrics
+/// as a cancellation in decode (not as a disconnect: the client never hung
+/// up), its KV blocks back; other clients are served meanwhile and after.
+#[test]
+fn a_client_that_stops_reading_is_cancelled_after_a_bounded_buffer() {
+    if !have_model() {
+        return;
+    }
+    let mut s = Server::start(&[
+        "--device",
+        "cpu",
+        "--context",
+        "2048",
+        "--max-active",
+        "2",
+        "--stream-buffer",
+        "8",
+    ]);
+    let max_tokens = 2000;
+    // Sends the request, reads the head, then reads nothing more.
+    let stall = |addr| {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.connect(&socket2::SockAddr::from(addr)).unwrap();
+        let mut c: TcpStream = sock.into();
+        let body = json!({"prompt": "Once upon a time", "max_tokens": max_tokens,
+                          "stream": true, "ignore_eos": true})
+        .to_string();
+        send_head(&mut c, "POST", "/v1/completions", body.as_bytes()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut r = BufReader::new(c);
+        let (status, _) = read_head(&mut r).unwrap();
+        assert_eq!(status, 200);
+        r
+    };
+    let mut stalled = stall(s.addr);
+    // Served while the stalled stream fills its buffers.
+    let r = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    s.wait_metric_for(
+        "xtc:request_cancelled_by_phase_total{phase=\"decode\"}",
+        1.0,
+        Duration::from_secs(300),
+    );
+    s.wait_metric("xtc:kv_blocks_used", 0.0);
+    let generated = s.metric("xtc:generation_tokens_total");
+    // 8 pieces + 16 queued writes + what the send buffer (33 KB) and the
+    // client's receive buffer hold, at some 190 bytes an event: about 140
+    // tokens measured (the kernel's autotuned default held 15,700 events).
+    assert!(
+        generated < 600.0,
+        "{generated} tokens generated before the cancel (max_tokens {max_tokens})"
+    );
+    assert_eq!(s.metric("xtc:client_disconnects_total"), 0.0);
+    assert_eq!(s.metric("xtc:stream_stalled_total"), 1.0);
+    let r = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(r.status, 200, "still serving");
+    // The stalled client reads on: what was buffered, then an error event
+    // that says why, never a finish.
+    let mut tail = String::new();
+    while let Ok(Some(c)) = read_chunk(&mut stalled) {
+        tail.push_str(&String::from_utf8_lossy(&c));
+    }
+    let last = tail.trim_end().rsplit("\n\n").next().unwrap_or("");
+    assert!(
+        last.contains("\"error\"") && last.contains("stopped reading"),
+        "{last}"
+    );
+    assert!(!tail.contains("\"finish_reason\":\""), "no fake finish");
+    // A client that stalls and never reads on holds its response unsent:
+    // a drain does not wait for it past a second signal (FLUSH_GRACE, 10 s,
+    // otherwise); it hung forever before.
+    let _held = stall(s.addr);
+    s.wait_metric_for("xtc:stream_stalled_total", 2.0, Duration::from_secs(300));
+    s.signal("-TERM");
+    std::thread::sleep(Duration::from_millis(200));
+    s.signal("-INT");
+    assert_eq!(s.wait_exit(Duration::from_secs(15)), 0);
+}
+
 #[test]
 fn silent_connections_time_out_and_excess_load_gets_429() {
     if !have_model() {
@@ -108,7 +193,25 @@ fn silent_connections_time_out_and_excess_load_gets_429() {
         "8",
         "--header-timeout",
         "1",
+        "--kv-blocks",
+        "8",
     ]);
+    // Issue 22: a request within the context (256) but past the KV cache
+    // (8 blocks of 16 positions) is refused before any work.
+    let ids: Vec<u32> = (0..120).map(|i| 1000 + i).collect();
+    let r = s.post("/v1/completions", &json!({"prompt": ids, "max_tokens": 20}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.error().2.as_deref(), Some("context_length_exceeded"));
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("needs 9 KV blocks") && msg.contains("the KV cache has 8"),
+        "{msg}"
+    );
+    assert_eq!(s.metric("xtc:kv_blocks_used"), 0.0);
+    assert_eq!(
+        s.metric("xtc:http_refused_total{reason=\"context_length_exceeded\"}"),
+        1.0
+    );
     // A connection that sends nothing is closed after the header timeout.
     let mut idle = TcpStream::connect(s.addr).unwrap();
     idle.set_read_timeout(Some(Duration::from_secs(10)))

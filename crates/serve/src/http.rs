@@ -444,6 +444,24 @@ fn refused(app: &App, engine: &EngineHandle, r: Refused) -> ApiError {
     }
 }
 
+/// The error event of a stream the engine cancelled because its client
+/// stopped reading (the client sees it only if it reads on).
+fn stalled_error(app: &App) -> ApiError {
+    ApiError {
+        code: Some("stream_stalled"),
+        ..ApiError::status(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request was cancelled: the client stopped reading the stream and every \
+                 buffer to it filled (--stream-buffer {} pieces, then the connection's)",
+                app.engine.get().map_or(0, |e| e.opts().stream_buffer)
+            ),
+            None,
+        )
+    }
+}
+
 fn engine_failed(e: xtc::Error) -> ApiError {
     if e == xtc::Error::Aborted {
         // A client that went away never sees its own cancel: this is the
@@ -640,7 +658,11 @@ impl SseBody {
                 self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
             }
             Err(e) => {
-                let err = engine_failed(e);
+                let err = if e == xtc::Error::Aborted && self.t.stalled.load(Ordering::SeqCst) {
+                    stalled_error(&self.app)
+                } else {
+                    engine_failed(e)
+                };
                 self.out.push_back(event(&err.body()));
             }
         }

@@ -31,7 +31,9 @@
 //! SIGTERM or SIGINT: `/health` and new requests answer 503, the group is
 //! closed with DRAIN, requests in flight finish and their streams end, then
 //! the process exits 0. A second signal closes with CANCEL (streams in
-//! flight end with an error event).
+//! flight end with an error event). Once every request has ended, bodies
+//! still unsent (a client that stopped reading) get [`FLUSH_GRACE`], none
+//! after a second signal.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -54,6 +56,36 @@ use http::{App, HttpOpts};
 use metrics::ServeMetrics;
 use xtc::batch::CloseMode;
 use xtc_decode::model::text::bpe::Bpe;
+
+/// How long a drain waits, once every request has ended, for response
+/// bodies still being sent (a client that stopped reading may never take
+/// its last bytes); a second signal does not wait.
+pub const FLUSH_GRACE: Duration = Duration::from_secs(10);
+
+/// `SO_SNDBUF` of every connection, bytes (Linux doubles it for its own
+/// bookkeeping and turns its autotuning off): how much of a stream the
+/// kernel holds for a client that stopped reading, so that such a client
+/// is cancelled after a bounded number of tokens (the engine module's doc
+/// lists every buffer on the way). On loopback a 16 KiB send buffer took
+/// 33 KB (some 176 SSE events of 190 bytes) from a writer whose reader had
+/// stopped, where the autotuned default took 3 MB (15,700 events); it is
+/// far more than a token stream's rate needs.
+pub const SEND_BUFFER_BYTES: u32 = 16 * 1024;
+
+/// The listening socket: `SO_REUSEADDR` (as `TcpListener::bind`), the send
+/// buffer [`SEND_BUFFER_BYTES`] (accepted connections inherit it), a
+/// backlog of 1,024.
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.set_send_buffer_size(SEND_BUFFER_BYTES)?;
+    sock.bind(addr)?;
+    sock.listen(1024)
+}
 
 /// Everything [`run`] needs besides the model.
 #[derive(Debug, Clone)]
@@ -125,12 +157,10 @@ async fn serve(
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?;
-    let listener = tokio::net::TcpListener::bind(cfg.addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.addr,
-            source,
-        })?;
+    let listener = listen(cfg.addr).map_err(|source| ServeError::Bind {
+        addr: cfg.addr,
+        source,
+    })?;
     let addr = listener.local_addr().map_err(ServeError::Runtime)?;
     let metrics = Arc::new(ServeMetrics::new());
     let app = Arc::new(App::new(
@@ -163,15 +193,27 @@ async fn serve(
         "xtc serve: draining {} requests (a second SIGTERM/SIGINT cancels them)",
         engine.handle.gauges.outstanding.load(Ordering::SeqCst)
     );
+    // Every request ended, then every body sent; a body that cannot be
+    // sent (its client stopped reading) is given FLUSH_GRACE, or nothing
+    // after a second signal.
+    let mut cancelled = false;
+    let mut ended_at = None;
     loop {
         let outstanding = engine.handle.gauges.outstanding.load(Ordering::SeqCst);
-        if outstanding == 0 && app.active.load(Ordering::SeqCst) == 0 {
-            break;
+        let active = app.active.load(Ordering::SeqCst);
+        if outstanding == 0 {
+            let since = *ended_at.get_or_insert_with(tokio::time::Instant::now);
+            if active == 0 || cancelled || since.elapsed() >= FLUSH_GRACE {
+                if active > 0 {
+                    eprintln!("xtc serve: {active} responses still unsent (clients not reading)");
+                }
+                break;
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            _ = term.recv() => engine.close(CloseMode::Cancel),
-            _ = int.recv() => engine.close(CloseMode::Cancel),
+            _ = term.recv() => { engine.close(CloseMode::Cancel); cancelled = true; }
+            _ = int.recv() => { engine.close(CloseMode::Cancel); cancelled = true; }
         }
     }
     let _ = stop_tx.send(()).await;

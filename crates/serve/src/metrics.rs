@@ -5,6 +5,7 @@
 //! | --- | --- | --- |
 //! | `xtc:request_cancelled_by_phase_total{phase}` | counter | requests cancelled (client gone), by where they were: `queued` (on the ring, held or waiting: never ran), `prefill`, `decode` |
 //! | `xtc:client_disconnects_total` | counter | responses dropped before their outcome (the cancel went out through `cancel_mt`) |
+//! | `xtc:stream_stalled_total` | counter | streams cancelled because their client stopped reading (every buffer to it full; also counted by phase) |
 //! | `xtc:http_refused_total{reason}` | counter | requests refused before any work: `busy` (429), `closed` (503), `context_length_exceeded` (400) |
 //! | `xtc:kv_blocks_used` | gauge | KV blocks allocated now |
 //! | `xtc:serve_queue_seconds` | histogram | submit to admission |
@@ -59,6 +60,8 @@ pub struct ServeMetrics {
     pub cancelled: Family<Labels, Counter>,
     /// Responses dropped before their outcome.
     pub disconnects: Counter,
+    /// Streams cancelled because their client stopped reading.
+    pub stalled: Counter,
     /// Refusals by reason.
     pub refused: Family<Labels, Counter>,
     /// KV blocks allocated.
@@ -84,6 +87,7 @@ impl ServeMetrics {
             registry: Registry::default(),
             cancelled: Family::default(),
             disconnects: Counter::default(),
+            stalled: Counter::default(),
             refused: Family::default(),
             kv_blocks_used: Gauge::default(),
             queue_seconds: Histogram::new(REQUEST_LATENCY_BUCKETS_S),
@@ -103,6 +107,11 @@ impl ServeMetrics {
             "xtc:client_disconnects",
             "Responses dropped before their outcome (cancelled through cancel_mt)",
             m.disconnects.clone(),
+        );
+        r.register(
+            "xtc:stream_stalled",
+            "Streams cancelled because their client stopped reading",
+            m.stalled.clone(),
         );
         r.register(
             "xtc:http_refused",

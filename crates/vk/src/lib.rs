@@ -4,13 +4,16 @@
 //! - [`device`]: physical-device discovery ([`enumerate`]) and choice
 //!   (discrete > integrated > virtual > CPU, or by index / name / render node
 //!   through [`Selector`]), the logical [`Device`] with one compute queue, the
-//!   allocator (`gpu-allocator`) and validation layers in debug builds.
+//!   allocator (`gpu-allocator`), validation layers in debug builds, and
+//!   [`DeviceOptions`] (forced staging, the pipeline cache's directory).
 //! - [`memory`]: [`Buffer`], storage buffers in device-local or host-visible
-//!   memory with a staging upload path.
+//!   memory with staging upload and readback paths.
 //! - [`pipeline`]: [`Kernels`] (one compute pipeline per entry point of
 //!   `kernels/*.wgsl`, compiled to SPIR-V by `crates/vk/build.rs`), [`BindingSet`],
 //!   [`CommandPool`] (one per loop: pools are externally synchronized) and the
 //!   command [`Recorder`].
+//! - [`pipeline_cache`]: the `VkPipelineCache` persisted per device UUID and
+//!   driver version (header checked; a bad file is ignored with a warning).
 //! - [`queue`]: submission of ONE command buffer per ready vector (or several in
 //!   one `vkQueueSubmit`) returning a [`Submission`] whose completion is a
 //!   pollable fd: an exported `SYNC_FD` sync_file where the driver supports it,
@@ -27,20 +30,22 @@ pub mod device;
 pub mod image;
 pub mod memory;
 pub mod pipeline;
+pub mod pipeline_cache;
 pub mod queue;
 pub mod support;
 
 pub use device::{
-    Device, DeviceKind, Mask, PhysicalDeviceInfo, RenderNode, Selector, Validation, enumerate,
-    fail_process_on_validation_errors, last_validation_error, validation_errors,
+    Device, DeviceKind, DeviceOptions, Mask, PhysicalDeviceInfo, RenderNode, Selector,
+    Validation, enumerate, fail_process_on_validation_errors, last_validation_error,
+    validation_errors,
 };
 pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
-pub use memory::{Buffer, Location};
+pub use memory::{Buffer, Location, STAGING_PIECE};
 pub use pipeline::{
     BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
     Recorder, Timestamps, WEIGHT_IMAGE_BINDING, WINDOW_BYTES, WINDOWS, Window, subgroup_ops_of,
 };
-pub use queue::{FenceKind, Submission};
+pub use queue::{FenceKind, HostGate, Submission};
 pub use xtc::accel::EventFence;
 
 pub mod kernels {

@@ -18,7 +18,8 @@ use super::{VkError, VkResult, call};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Location {
     /// Device-local (weights, activations, KV cache); host access only where
-    /// the memory happens to be mappable (lavapipe), else through staging.
+    /// the memory happens to be mappable (lavapipe) and staging is not
+    /// forced ([`Device::force_staging`]), else through staging buffers.
     Device,
     /// Host-visible, written by the CPU each iteration (per-token metadata).
     Upload,
@@ -33,7 +34,16 @@ pub struct Buffer {
     raw: vk::Buffer,
     alloc: Option<Allocation>,
     size: u64,
+    /// The mapping is not used (forced staging on a device whose memory is
+    /// all host-visible).
+    hidden: bool,
 }
+
+/// Largest staging buffer [`Buffer::upload_staged`] and
+/// [`Buffer::download_staged`] allocate: longer transfers go in pieces of
+/// this size (one copy each), so a multi-GiB upload needs no host-visible
+/// buffer of its size.
+pub const STAGING_PIECE: u64 = 16 << 20;
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -66,14 +76,22 @@ impl Buffer {
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: valid create info for this device.
         let raw = unsafe { d.create_buffer(&info, None) }.map_err(call("vkCreateBuffer"))?;
+        let hidden = loc == Location::Device && dev.force_staging();
         let mut buf = Buffer {
             dev: dev.clone(),
             raw,
             alloc: None,
             size,
+            hidden,
         };
         // SAFETY: `raw` is a buffer of this device.
-        let requirements = unsafe { d.get_buffer_memory_requirements(raw) };
+        let mut requirements = unsafe { d.get_buffer_memory_requirements(raw) };
+        let device_only = requirements.memory_type_bits & dev.0.device_only_types;
+        if hidden && device_only != 0 {
+            // Forced staging where the device has memory the host cannot
+            // see: only those types (else the mapping is hidden above).
+            requirements.memory_type_bits = device_only;
+        }
         let location = match loc {
             Location::Device => MemoryLocation::GpuOnly,
             Location::Upload => MemoryLocation::CpuToGpu,
@@ -127,11 +145,15 @@ impl Buffer {
         self.size
     }
 
-    /// Whether the host can read and write it directly.
+    /// Whether the host can read and write it directly ([`write`](Self::write),
+    /// [`read`](Self::read)): host-visible memory, and not a
+    /// [`Location::Device`] buffer under forced staging.
     pub fn is_mapped(&self) -> bool {
-        self.alloc
-            .as_ref()
-            .is_some_and(|a| a.mapped_ptr().is_some())
+        !self.hidden
+            && self
+                .alloc
+                .as_ref()
+                .is_some_and(|a| a.mapped_ptr().is_some())
     }
 
     fn range(&self, offset: u64, len: usize) -> VkResult<std::ops::Range<usize>> {
@@ -152,7 +174,8 @@ impl Buffer {
     pub fn write<T: bytemuck::Pod>(&mut self, offset: u64, data: &[T]) -> VkResult<()> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let r = self.range(offset, bytes.len())?;
-        let map = self.alloc.as_mut().and_then(|a| a.mapped_slice_mut());
+        let map = self.alloc.as_mut().filter(|_| !self.hidden);
+        let map = map.and_then(|a| a.mapped_slice_mut());
         let map = map.ok_or_else(|| VkError::Inval("buffer is not host-mapped".into()))?;
         map[r].copy_from_slice(bytes);
         Ok(())
@@ -167,7 +190,8 @@ impl Buffer {
     pub fn read<T: bytemuck::Pod>(&self, offset: u64, out: &mut [T]) -> VkResult<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         let r = self.range(offset, bytes.len())?;
-        let map = self.alloc.as_ref().and_then(|a| a.mapped_slice());
+        let map = self.alloc.as_ref().filter(|_| !self.hidden);
+        let map = map.and_then(|a| a.mapped_slice());
         let map = map.ok_or_else(|| VkError::Inval("buffer is not host-mapped".into()))?;
         bytes.copy_from_slice(&map[r]);
         Ok(())
@@ -186,8 +210,10 @@ impl Buffer {
         }
     }
 
-    /// Writes `data` at byte `offset` through a host-visible staging buffer and
-    /// a `vkCmdCopyBuffer` on the queue; returns after the copy completed.
+    /// Writes `data` at byte `offset` through a host-visible staging buffer
+    /// of at most [`STAGING_PIECE`] bytes and one `vkCmdCopyBuffer` per piece
+    /// on the queue; returns after the last copy completed. Later
+    /// submissions' kernels and copies see the data.
     ///
     /// # Errors
     /// `Inval` for a range outside the buffer; allocation or submit errors.
@@ -197,19 +223,68 @@ impl Buffer {
         if bytes.is_empty() {
             return Ok(());
         }
-        let mut staging = Buffer::new(&self.dev, bytes.len() as u64, Location::Upload, "staging")?;
-        staging.write(0, bytes)?;
+        let piece = STAGING_PIECE.min(bytes.len() as u64);
+        let mut staging = Buffer::new(&self.dev, piece, Location::Upload, "upload staging")?;
         let mut pool = CommandPool::new(&self.dev)?;
-        let mut rec = pool.record_plain()?;
-        rec.copy(&staging, 0, self, offset, bytes.len() as u64)?;
-        // The copy's writes must be visible to the kernels of later
-        // submissions on this queue (a barrier's second scope reaches
-        // commands later in submission order; waiting on the host does not
-        // make device writes visible to later device reads).
-        rec.barrier();
-        let done = rec.finish()?;
-        let sub = pool.submit(vec![done])?;
-        sub.wait(None)?;
+        for (i, chunk) in bytes.chunks(piece as usize).enumerate() {
+            pool.reset()?;
+            staging.write(0, chunk)?;
+            let mut rec = pool.record_plain()?;
+            let at = offset + i as u64 * piece;
+            rec.copy(&staging, 0, self, at, chunk.len() as u64)?;
+            // The copy's writes must be visible to the kernels of later
+            // submissions on this queue (a barrier's second scope reaches
+            // commands later in submission order; waiting on the host does
+            // not make device writes visible to later device reads).
+            rec.barrier();
+            let done = rec.finish()?;
+            pool.submit(vec![done])?.wait(None)?;
+        }
+        Ok(())
+    }
+
+    /// Reads `out.len()` elements at byte `offset`: directly when mapped
+    /// ([`read`](Self::read)), else through staging
+    /// ([`download_staged`](Self::download_staged)).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read) / [`download_staged`](Self::download_staged).
+    pub fn download<T: bytemuck::Pod>(&self, offset: u64, out: &mut [T]) -> VkResult<()> {
+        if self.is_mapped() {
+            self.read(offset, out)
+        } else {
+            self.download_staged(offset, out)
+        }
+    }
+
+    /// Reads `out.len()` elements at byte `offset` through a host-visible
+    /// staging buffer of at most [`STAGING_PIECE`] bytes: per piece, a
+    /// barrier (earlier submissions' kernel and copy writes become visible
+    /// to the copy), a `vkCmdCopyBuffer`, a host barrier, a wait. Call it
+    /// after the work that wrote the range was submitted.
+    ///
+    /// # Errors
+    /// `Inval` for a range outside the buffer; allocation or submit errors.
+    pub fn download_staged<T: bytemuck::Pod>(&self, offset: u64, out: &mut [T]) -> VkResult<()> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        self.range(offset, bytes.len())?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let piece = STAGING_PIECE.min(bytes.len() as u64);
+        let staging = Buffer::new(&self.dev, piece, Location::Readback, "readback staging")?;
+        let mut pool = CommandPool::new(&self.dev)?;
+        for (i, chunk) in bytes.chunks_mut(piece as usize).enumerate() {
+            pool.reset()?;
+            let mut rec = pool.record_plain()?;
+            let at = offset + i as u64 * piece;
+            rec.barrier();
+            rec.copy(self, at, &staging, 0, chunk.len() as u64)?;
+            rec.host_barrier();
+            let done = rec.finish()?;
+            pool.submit(vec![done])?.wait(None)?;
+            staging.read(0, chunk)?;
+        }
         Ok(())
     }
 }

@@ -424,3 +424,78 @@ impl Drop for Submission {
         }
     }
 }
+
+/// An event the host sets: a command buffer that records
+/// [`super::Recorder::wait_gate`] does no work past that point, so its
+/// submission is pending, and its completion fd not readable, until the host
+/// calls [`open`](Self::open) (`vkSetEvent`; `vkCmdWaitEvents` on an event
+/// the host sets after the submission, allowed outside a render pass). For
+/// tests of completion fds: a pending state that does not depend on timing.
+pub struct HostGate {
+    dev: Device,
+    event: vk::Event,
+}
+
+impl std::fmt::Debug for HostGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostGate").finish_non_exhaustive()
+    }
+}
+
+impl HostGate {
+    /// A closed gate (an unsignalled `VkEvent`) on `dev`.
+    ///
+    /// # Errors
+    /// A failed `vkCreateEvent` (out of memory).
+    pub fn new(dev: &Device) -> VkResult<HostGate> {
+        let info = vk::EventCreateInfo::default();
+        // SAFETY: valid create info for this device.
+        let event =
+            unsafe { dev.0.device.create_event(&info, None) }.map_err(call("vkCreateEvent"))?;
+        Ok(HostGate {
+            dev: dev.clone(),
+            event,
+        })
+    }
+
+    /// The device the gate belongs to.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    pub(crate) fn raw(&self) -> vk::Event {
+        self.event
+    }
+
+    /// Whether [`open`](Self::open) ran.
+    ///
+    /// # Errors
+    /// A failed `vkGetEventStatus` (device lost).
+    pub fn is_open(&self) -> VkResult<bool> {
+        // SAFETY: a live event of this device.
+        unsafe { self.dev.0.device.get_event_status(self.event) }.map_err(call("vkGetEventStatus"))
+    }
+
+    /// Opens the gate from the host (`vkSetEvent`): work waiting on it may
+    /// go on. Opening an open gate does nothing.
+    ///
+    /// # Errors
+    /// A failed `vkSetEvent` (out of memory).
+    pub fn open(&self) -> VkResult<()> {
+        // SAFETY: a live event of this device; events may be set by the host
+        // while command buffers wait on them.
+        unsafe { self.dev.0.device.set_event(self.event) }.map_err(call("vkSetEvent"))
+    }
+}
+
+impl Drop for HostGate {
+    fn drop(&mut self) {
+        // Work still waiting on the gate would never finish (and the event
+        // may not be destroyed while pending work uses it): open it first.
+        let _ = self.open();
+        let _ = self.dev.wait_submitted();
+        // SAFETY: no pending command buffer uses the event any more (opened,
+        // then every submission of the device completed).
+        unsafe { self.dev.0.device.destroy_event(self.event, None) };
+    }
+}

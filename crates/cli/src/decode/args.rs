@@ -145,15 +145,15 @@ pub struct DecodeArgs {
         value_parser = count(1, usize::MAX),
     )]
     pub block_size: usize,
-    /// Token rows per iteration (prefill chunks + one per decoding member; >= 1).
+    /// Token rows per iteration (prefill chunks + one per decoding member; >= 1;
+    /// default 64, 16 for --sweep of the GGUF model on a CPU device).
     #[arg(
         long,
         value_name = "N",
-        default_value_t = 64,
         allow_negative_numbers = true,
         value_parser = count(1, usize::MAX),
     )]
-    pub token_budget: usize,
+    pub token_budget: Option<usize>,
     /// Device: `auto` (the default: the first Vulkan device, a GPU if present, else lavapipe;
     /// the CPU reference when no Vulkan device opens), `cpu` (the CPU reference, no Vulkan),
     /// `toy` (no model: measures the batching alone), or a Vulkan device index, part of its name
@@ -238,19 +238,25 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sweep the request rate: run continuous, static and one-at-a-time
-    /// batching at each of these --time-scale values (comma-separated; alone:
-    /// 1,2,4,...,256) in one process, and report per rate the throughput,
-    /// normalized latency (mean end-to-end / output tokens), TTFT and TPOT
-    /// p99 and SLO attainment, then each policy's capacity (the highest rate
-    /// up to which at least 90% of requests meet the SLO) and the capacity
-    /// ratios. The SLO defaults to --slo-ttft 1000 --slo-tpot 100; --requests
-    /// to 128 (on --device toy the default sweep takes about 6 minutes). A
-    /// table, or JSON with --json; see --csv-out and --plot-out.
+    /// batching at each of these --time-scale values (comma-separated) in one
+    /// process, and report per rate the throughput, normalized latency (mean
+    /// end-to-end / output tokens), TTFT and TPOT p99 and SLO attainment, then
+    /// each policy's capacity (the highest rate up to which at least 90% of
+    /// requests meet the SLO), the capacity ratios and a ready-to-paste
+    /// markdown table. Alone, the defaults fit the model: the GGUF model on a
+    /// CPU device (lavapipe, the CPU reference, or the toy replaying its
+    /// calibrated cost) sweeps 0.25,0.5,1,2,4,8,16 with 24 requests under
+    /// TTFT <= 10 s and TPOT <= 500 ms, 16 token rows per iteration (about 11
+    /// minutes on 2 cores); the synthetic
+    /// model sweeps 1,2,4,...,256 with 128 requests under TTFT <= 1000 ms and
+    /// TPOT <= 100 ms (--device toy: about 6 minutes). --requests, --slo-ttft
+    /// and --slo-tpot override them. A table, or JSON with --json; see
+    /// --csv-out and --plot-out.
     #[arg(
         long,
         value_name = "RATES",
         num_args = 0..=1,
-        default_missing_value = DEFAULT_SWEEP_RATES,
+        default_missing_value = "default",
         value_parser = rates,
         conflicts_with_all = ["compare", "time_scale", "trace_out", "requests_out", "metrics_out"],
     )]
@@ -263,31 +269,109 @@ pub struct DecodeArgs {
     /// request rate, one line per policy, as an SVG file.
     #[arg(long, value_name = "FILE", requires = "sweep")]
     pub plot_out: Option<PathBuf>,
-    /// With --device toy: make each iteration take FIXED + PER_ROW x token
-    /// rows microseconds (the toy model sleeps on the blocking pool, like a
-    /// device, without using the CPU), e.g. 1800,90 (lavapipe's cost for the
-    /// synthetic model). Default: 0,0, or 1800,90 with --sweep.
-    #[arg(long, value_name = "FIXED_US,PER_ROW_US", value_parser = toy_cost)]
-    pub toy_cost: Option<IterationCost>,
+    /// With --device toy: how long each iteration takes (the toy model sleeps
+    /// on the blocking pool, like a device, without using the CPU). Either a
+    /// cost file written by `xtc calibrate --output FILE` (the model's
+    /// measured fit: fixed + per token row + per KV position read), or
+    /// FIXED_US,PER_ROW_US[,PER_POSITION_US] in microseconds (e.g. 1800,90).
+    /// Default: 0,0, or with --sweep 1800,90, a labelled default model
+    /// (lavapipe's two-point fit for the synthetic model, not a calibration).
+    #[arg(long, value_name = "FILE|FIXED_US,PER_ROW_US", value_parser = toy_cost)]
+    pub toy_cost: Option<ToyCost>,
 }
 
-/// `--sweep` without a value.
-pub const DEFAULT_SWEEP_RATES: &str = "1,2,4,8,16,32,64,128,256";
+/// A parsed `--toy-cost`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToyCost {
+    /// Coefficients given inline.
+    Inline(IterationCost),
+    /// A cost file of `xtc calibrate` (read when the run starts).
+    File(PathBuf),
+}
 
-/// Requests replayed by `--sweep` unless `--requests` says otherwise.
-pub const DEFAULT_SWEEP_REQUESTS: usize = 128;
+/// Default `--token-budget`.
+pub const DEFAULT_TOKEN_BUDGET: usize = 64;
 
-/// The SLO `--sweep` measures attainment against unless `--slo-ttft` /
-/// `--slo-tpot` say otherwise, ms: (TTFT, TPOT).
-pub const DEFAULT_SWEEP_SLO_MS: (f64, f64) = (1000.0, 100.0);
+/// What `--sweep` runs unless told otherwise: rates, requests, SLO and
+/// token budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SweepDefaults {
+    /// Time scales swept (`--sweep` alone).
+    pub rates: &'static [f64],
+    /// Requests replayed (without `--requests`).
+    pub requests: usize,
+    /// The SLO, ms: (TTFT, TPOT) (without `--slo-ttft` / `--slo-tpot`).
+    pub slo_ms: (f64, f64),
+    /// Token rows per iteration (without `--token-budget`).
+    pub token_budget: usize,
+}
+
+/// `--sweep` defaults of the synthetic model (and `--device toy` without
+/// `--model`): its iterations cost milliseconds, so the knees lie at 16-256x.
+pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
+    rates: &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+    requests: 128,
+    slo_ms: (1000.0, 100.0),
+    token_budget: DEFAULT_TOKEN_BUDGET,
+};
+
+/// `--sweep` defaults of the GGUF model on a CPU device (lavapipe, the CPU
+/// reference, or the toy replaying its calibrated cost). An iteration costs
+/// about 21 ms per token row there (`xtc calibrate`): one request alone
+/// streams at about 20-40 tokens/s, and a 32-row iteration takes most of a
+/// second. The SLO is what a chat user of such a machine would accept:
+/// the first token within 10 s (a queue of a few requests ahead), then at
+/// least 2 tokens/s (TPOT <= 500 ms: about speaking pace, so a streamed
+/// answer reads as it is written). The token budget keeps every iteration
+/// within that TPOT: at 64 rows a prefill chunk packed beside the decoding
+/// members makes their iteration cost about 1.2 s (the toy replaying the
+/// calibrated cost measured TPOT p99 1,238 ms and continuous batching
+/// sustaining half of static's rate), at 16 rows about 0.3 s (chunked
+/// prefill bounded by the TPOT SLO, as Sarathi-Serve sizes its chunks). The
+/// rates bracket the knees (the 24 requests offer 1.68 requests/s at 1x;
+/// every policy kept up at 0.25x on the loaded 2-core machine, one at a
+/// time missed from 1x, static from 2x, continuous batching still met 4x,
+/// hence 8x and 16x, where the 24 requests arrive within 2 s) in about 11
+/// minutes on 2 cores.
+pub const MODEL_CPU_SWEEP: SweepDefaults = SweepDefaults {
+    rates: &[0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
+    requests: 24,
+    slo_ms: (10_000.0, 500.0),
+    token_budget: 16,
+};
+
+impl SweepDefaults {
+    /// `args` with the defaults filled in: `--sweep` alone gets
+    /// [`SweepDefaults::rates`]; without `--slo-ttft` and `--slo-tpot`, the
+    /// SLO (one given alone is the only bound); without `--token-budget`,
+    /// [`SweepDefaults::token_budget`].
+    pub fn apply(&self, args: &DecodeArgs) -> DecodeArgs {
+        let mut a = args.clone();
+        a.token_budget.get_or_insert(self.token_budget);
+        if let Some(r) = &mut a.sweep
+            && r.0.is_empty()
+        {
+            r.0 = self.rates.to_vec();
+        }
+        if a.slo_ttft.is_none() && a.slo_tpot.is_none() {
+            a.slo_ttft = Some(self.slo_ms.0);
+            a.slo_tpot = Some(self.slo_ms.1);
+        }
+        a
+    }
+}
 
 /// The rates of `--sweep`: time scales, ascending, without repeats.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rates(pub Vec<f64>);
 
 /// The clap value parser of `--sweep`: positive finite numbers, comma
-/// separated, sorted and without repeats.
+/// separated, sorted and without repeats; `default` (what `--sweep` alone
+/// gives) is the empty list, filled by [`SweepDefaults::apply`].
 pub(crate) fn rates(s: &str) -> Result<Rates, String> {
+    if s.trim() == "default" {
+        return Ok(Rates(Vec::new()));
+    }
     let mut v = Vec::new();
     for part in s.split(',') {
         match time_scale(part) {
@@ -300,21 +384,46 @@ pub(crate) fn rates(s: &str) -> Result<Rates, String> {
     Ok(Rates(v))
 }
 
-/// The clap value parser of `--toy-cost`: `FIXED_US,PER_ROW_US`, whole
-/// microseconds up to an hour.
-fn toy_cost(s: &str) -> Result<IterationCost, String> {
+/// The clap value parser of `--toy-cost`: `FIXED_US,PER_ROW_US` (whole
+/// microseconds up to an hour) with an optional `,PER_POSITION_US` (a
+/// decimal number of microseconds), or else a file name.
+fn toy_cost(s: &str) -> Result<ToyCost, String> {
+    let numeric = |c: char| c.is_ascii_digit() || ",. +-eE".contains(c);
+    if s.trim().is_empty() {
+        return Err(
+            "must name a cost file (xtc calibrate --output FILE) or be FIXED_US,PER_ROW_US".into(),
+        );
+    }
+    if !s.chars().all(numeric) {
+        return Ok(ToyCost::File(PathBuf::from(s)));
+    }
     let bad = || {
-        "must be FIXED_US,PER_ROW_US: two whole numbers of microseconds (e.g. 1800,90)".to_string()
+        "must be FIXED_US,PER_ROW_US[,PER_POSITION_US]: whole numbers of microseconds \
+         (e.g. 1800,90), the third a decimal one, or a cost file of xtc calibrate"
+            .to_string()
     };
-    let (a, b) = s.split_once(',').ok_or_else(bad)?;
+    let parts: Vec<&str> = s.split(',').collect();
+    if !(2..=3).contains(&parts.len()) {
+        return Err(bad());
+    }
     let us = |x: &str| match x.trim().parse::<u64>() {
         Ok(n) if n <= 3_600_000_000 => Ok(Duration::from_micros(n)),
         _ => Err(bad()),
     };
-    Ok(IterationCost {
-        fixed: us(a)?,
-        per_row: us(b)?,
-    })
+    let per_position = match parts.get(2) {
+        Some(x) => match x.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && (0.0..=3.6e9).contains(&v) => {
+                Duration::from_secs_f64(v / 1e6)
+            }
+            _ => return Err(bad()),
+        },
+        None => Duration::ZERO,
+    };
+    Ok(ToyCost::Inline(IterationCost {
+        fixed: us(parts[0])?,
+        per_row: us(parts[1])?,
+        per_position,
+    }))
 }
 
 /// A clap value parser of a whole number in `lo..=hi`; its messages read

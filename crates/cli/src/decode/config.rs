@@ -8,7 +8,7 @@ use xtc_decode::model::Weights;
 use xtc_decode::serve::job::{JobOpts, Workload};
 use xtc_decode::serve::latency::Slo;
 use xtc_decode::serve::run_config::{
-    DeviceConfig, KvConfig, LengthScaling, ModelConfig, RunConfig, TraceConfig,
+    DeviceConfig, HostConfig, KvConfig, LengthScaling, ModelConfig, RunConfig, TraceConfig,
 };
 use xtc_decode::serve::trace::{self, Scaling, Trace};
 
@@ -88,6 +88,7 @@ pub fn run_config(
         token_budget_tokens: opts.token_budget,
         max_active: opts.max_active,
         device: device_config(&args.device.to_string(), device),
+        host: host_config(),
         slo: Slo {
             ttft_ms: args.slo_ttft,
             tpot_ms: args.slo_tpot,
@@ -137,9 +138,29 @@ pub fn device_config(selector: &str, device: &Target) -> DeviceConfig {
     }
 }
 
+/// This machine: its CPU, logical CPUs and load average now.
+pub fn host_config() -> HostConfig {
+    let (cpu, _) = cpu_model();
+    HostConfig {
+        cpu: (cpu != "cpu").then_some(cpu),
+        logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        load_average_1m: load_average(),
+    }
+}
+
+/// The 1-minute load average (`/proc/loadavg`), if readable.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The CPU's `model name` and `vendor_id` from `/proc/cpuinfo` (`cpu` and
 /// `None` when unreadable).
-fn cpu_model() -> (String, Option<String>) {
+pub(crate) fn cpu_model() -> (String, Option<String>) {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |key: &str| {
         info.lines()

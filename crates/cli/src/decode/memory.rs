@@ -1,5 +1,6 @@
 //! What a run needs before it starts: a KV cache whose size block ids can
-//! name ([`check_kv_size`]), and host memory for the model's part
+//! name ([`check_kv_size`]), requests that can fit it (the trace rows that
+//! never can are named up front: [`unfit_rows`]), and host memory for the model's part
 //! ([`xtc_decode::model::open::model_memory`]) and the serving side's
 //! ([`memory_need`]) within what the process can still get ([`host_limit`],
 //! read through `xtc::rt::sysfs`).
@@ -9,8 +10,10 @@ use std::time::Duration;
 use xtc::rt::sysfs::MemoryFiles;
 use xtc_decode::model::open::{Limits, MemoryKind, Target, model_memory};
 use xtc_decode::model::{Config, KvGeometry};
-use xtc_decode::serve::job::{self, JobOpts, Workload};
+use xtc_decode::serve::job::{self, JobOpts, RejectReason, Workload};
 use xtc_decode::serve::kv::KvLedger;
+use xtc_decode::serve::seq::RequestSpec;
+use xtc_decode::serve::trace::Trace;
 
 use super::args::DecodeArgs;
 
@@ -212,11 +215,132 @@ pub fn host_limit_of(files: &MemoryFiles) -> Option<HostLimit> {
         .map(|(bytes, source)| HostLimit { bytes, source })
 }
 
+/// Rows of a report of the requests that can never fit, listed by row.
+const UNFIT_LISTED: usize = 5;
+
+/// The requests of `wl` that can never fit under `o`, reported before the
+/// run starts: a KV charge (prompt and output positions, in blocks) past
+/// the cache's blocks, or positions past `seq_len` ([`job::rejection`],
+/// the rule the run applies at arrival). Says how many, then the first
+/// [`UNFIT_LISTED`] by their trace row (1-based, the header not counted)
+/// with the row's lengths, the scaled lengths and what they need against
+/// what there is. `None` when every request fits (or the cache's sizes
+/// are invalid: the run refuses those itself).
+pub(crate) fn unfit_rows(
+    trace: &Trace,
+    wl: &Workload,
+    o: &JobOpts,
+    seq_len: usize,
+) -> Option<String> {
+    let kv = KvLedger::new(o.kv_blocks, o.block_size).ok()?;
+    let mut unfit: Vec<(&RequestSpec, job::Rejected)> = wl
+        .requests
+        .iter()
+        .filter_map(|r| job::rejection(r, &kv, seq_len).map(|why| (r, why)))
+        .collect();
+    if unfit.is_empty() {
+        return None;
+    }
+    unfit.sort_by_key(|(r, _)| r.id);
+    let rows: Vec<String> = unfit
+        .iter()
+        .take(UNFIT_LISTED)
+        .map(|(r, why)| {
+            let raw = trace.requests.get(r.id).map_or_else(String::new, |t| {
+                format!(
+                    "ContextTokens {}, GeneratedTokens {}; ",
+                    t.prompt_tokens, t.output_tokens
+                )
+            });
+            let need = match why.kind {
+                RejectReason::KvBlocks => format!(
+                    "needs {} KV blocks of {} position{}, the cache has {}",
+                    why.need,
+                    o.block_size,
+                    if o.block_size == 1 { "" } else { "s" },
+                    why.limit
+                ),
+                _ => format!(
+                    "needs {} positions, the model's context length is {}",
+                    why.need, why.limit
+                ),
+            };
+            format!(
+                "trace row {} ({raw}{} prompt + {} output tokens as replayed) {need}",
+                r.id + 1,
+                r.prompt.len(),
+                r.output_tokens
+            )
+        })
+        .collect();
+    let more = unfit.len().saturating_sub(UNFIT_LISTED);
+    let more = if more > 0 {
+        format!("; and {more} more")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{} of {} requests can never fit and will be rejected at arrival (the run exits \
+         3; a larger --kv-blocks or --block-size, or smaller lengths, make them fit): {}{more}",
+        unfit.len(),
+        wl.requests.len(),
+        rows.join("; ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use xtc_decode::serve::job::Mode;
     use xtc_decode::serve::trace::{Scaling, Trace, TraceRequest};
+
+    /// Issue 22: a trace row that can never fit is reported before the run,
+    /// by its row and lengths; a workload that fits reports nothing.
+    #[test]
+    fn rows_that_can_never_fit_are_named_before_the_run() {
+        let row = |p, o| TraceRequest {
+            arrival: Duration::ZERO,
+            prompt_tokens: p,
+            output_tokens: o,
+        };
+        let t = Trace {
+            requests: vec![row(10, 6), row(40, 30), row(8, 8), row(100, 200)],
+        };
+        let wl = job::workload(&t, 4, &Scaling::IDENTITY, 100, 1, 0.0);
+        // 16-position blocks, 4 of them (64 positions): rows 2 and 4 need more.
+        let m = unfit_rows(&t, &wl, &opts(4, 16), 1000).unwrap();
+        assert!(m.starts_with("2 of 4 requests can never fit"), "{m}");
+        assert!(
+            m.contains(
+                "trace row 2 (ContextTokens 40, GeneratedTokens 30; 40 prompt + 30 output \
+                 tokens as replayed) needs 5 KV blocks of 16 positions, the cache has 4"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("trace row 4 ("), "{m}");
+        assert!(!m.contains("trace row 1 ") && !m.contains("more"), "{m}");
+        // Past the model's positions instead.
+        let m = unfit_rows(&t, &wl, &opts(1000, 16), 100).unwrap();
+        assert!(
+            m.starts_with("1 of 4 requests")
+                && m.contains("trace row 4 (")
+                && m.contains("needs 299 positions, the model's context length is 100"),
+            "{m}"
+        );
+        assert_eq!(unfit_rows(&t, &wl, &opts(1000, 16), 1000), None);
+        // More than five: the first five by row, then a count.
+        let many = Trace {
+            requests: vec![row(100, 100); 8],
+        };
+        let wl = job::workload(&many, 8, &Scaling::IDENTITY, 100, 1, 0.0);
+        let m = unfit_rows(&many, &wl, &opts(2, 16), 1000).unwrap();
+        assert!(
+            m.contains("trace row 5 (")
+                && !m.contains("trace row 6 ")
+                && m.ends_with("; and 3 more"),
+            "{m}"
+        );
+    }
 
     fn workload(n: usize, tokens: usize) -> Workload {
         let t = Trace {

@@ -27,16 +27,17 @@ pub use run::exit_status;
 use std::io::Write;
 
 use crate::device::{self, Takes};
-use args::{CPU_SCALING, DEFAULT_SWEEP_REQUESTS, MAX_REPLAY};
+use args::ToyCost;
+use args::{CPU_SCALING, MAX_REPLAY, MODEL_CPU_SWEEP, SYNTHETIC_SWEEP};
 use compare::{CompareRun, compare};
 use config::ModelFacts;
-use memory::{check_kv_size, check_memory, kv_origin};
+use memory::{check_kv_size, check_memory, kv_origin, unfit_rows};
 use outputs::{Observe, Outputs};
 use render::{banner, render_samples, with_samples};
 use run::{finish_status, run_once};
 use source::Source;
 use xtc_decode::model::Config;
-use xtc_decode::model::adapters::IterationCost;
+use xtc_decode::model::cost::{CostFile, IterationCost};
 use xtc_decode::serve::job::{JobOpts, Mode, Workload};
 use xtc_decode::serve::report::Report;
 use xtc_decode::serve::trace::{self, Scaling};
@@ -61,16 +62,31 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     };
     let rows = trace.requests.len();
     let outs = Outputs::prepare(args)?;
-    let toy_cost = args.toy_cost.unwrap_or(if args.sweep.is_some() {
-        IterationCost::LAVAPIPE_TINY
-    } else {
-        IterationCost::NONE
-    });
+    let toy_cost = match &args.toy_cost {
+        Some(ToyCost::Inline(c)) => *c,
+        Some(ToyCost::File(p)) => CostFile::load(p)
+            .map_err(|e| format!("--toy-cost: {e}"))?
+            .iteration_cost(),
+        None if args.sweep.is_some() => IterationCost::LAVAPIPE_TINY,
+        None => IterationCost::NONE,
+    };
     let device = device::open(&args.device, "xtc decode", Takes::Toy(toy_cost))
         .map_err(|e| e.to_string())?;
     let source = Source::load(args, &device)?;
+    // `--sweep`'s defaults fit the model and device (`SweepDefaults`).
+    let sweep_defaults = match source {
+        Source::Gguf(_) if device.on_host() => MODEL_CPU_SWEEP,
+        _ => SYNTHETIC_SWEEP,
+    };
+    let resolved;
+    let args = if args.sweep.is_some() {
+        resolved = sweep_defaults.apply(args);
+        &resolved
+    } else {
+        args
+    };
     let default_requests = if args.sweep.is_some() {
-        DEFAULT_SWEEP_REQUESTS
+        sweep_defaults.requests
     } else {
         source.default_requests(device.on_host())
     };
@@ -112,6 +128,9 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
     );
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
+    if let Some(m) = unfit_rows(&trace, &wl, &opts, config.seq_len) {
+        eprintln!("xtc decode: warning: {m}");
+    }
     let model = source
         .model(&device, &opts, &config, args.kernels.variant())
         .map_err(|e| {
@@ -130,10 +149,7 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         weight_bytes: source.weight_bytes(),
         path: source.path(),
     };
-    let mut run_config = config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
-    if args.sweep.is_some() {
-        run_config.slo = sweep::sweep_slo(args);
-    }
+    let run_config = config::run_config(args, &trace, &wl, &scaling, facts, &opts, &device);
     if !args.json {
         eprintln!(
             "{}\n{}",
@@ -148,7 +164,8 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
             trace: &trace,
             requests,
             scaling: &scaling,
-            vocab_size: config.vocab_size,
+            source: &source,
+            model_config: &config,
             opts: &opts,
             config: &run_config,
         };
@@ -272,7 +289,7 @@ pub fn job_opts(args: &DecodeArgs, wl: &Workload, config: &Config) -> JobOpts {
             .kv_blocks
             .unwrap_or(per_req.saturating_mul(args.max_active.max(1))),
         block_size: args.block_size,
-        token_budget: args.token_budget,
+        token_budget: args.token_budget.unwrap_or(args::DEFAULT_TOKEN_BUDGET),
         stop_token: None,
     }
 }

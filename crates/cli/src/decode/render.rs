@@ -48,7 +48,8 @@ pub(crate) fn banner(
     format!(
         "xtc decode: {} of {} requests from {} ({arrivals}), {}\n\
          model: {}; lengths: {}\n\
-         max-active {}, KV cache {} blocks x {} positions, token budget {}{slo}",
+         max-active {}, KV cache {} blocks x {} positions, token budget {}{slo}\n\
+         host: {} ({} logical CPUs), load average {} at the start",
         wl.requests.len(),
         trace.requests.len(),
         c.trace.source,
@@ -58,7 +59,12 @@ pub(crate) fn banner(
         o.max_active,
         o.kv_blocks,
         o.block_size,
-        o.token_budget
+        o.token_budget,
+        c.host.cpu.as_deref().unwrap_or("unknown CPU"),
+        c.host.logical_cpus,
+        c.host
+            .load_average_1m
+            .map_or("unknown".to_string(), |l| format!("{l:.2}"))
     )
 }
 

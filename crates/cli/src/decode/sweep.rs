@@ -6,16 +6,17 @@
 use std::io::Write;
 use std::time::Instant;
 
-use xtc_decode::serve::job::{self, JobOpts, Mode, SharedModel};
-use xtc_decode::serve::latency::Slo;
+use xtc_decode::model::Config;
+use xtc_decode::serve::job::{JobOpts, Mode, SharedModel};
 use xtc_decode::serve::report::Report;
 use xtc_decode::serve::run_config::RunConfig;
 use xtc_decode::serve::sweep::{Sweep, SweepPoint};
 use xtc_decode::serve::trace::{Scaling, Trace};
 
-use super::args::{DEFAULT_SWEEP_SLO_MS, DecodeArgs};
+use super::args::DecodeArgs;
 use super::outputs::Observe;
 use super::run::{exit_status, run_once};
+use super::source::Source;
 use crate::out_file::OutFile;
 
 /// What a sweep runs: one model, the trace's first `requests` rows with the
@@ -30,28 +31,15 @@ pub struct SweepRun<'a> {
     pub requests: usize,
     /// Length scaling (the time scale is each rate's).
     pub scaling: &'a Scaling,
-    /// Vocabulary of the prompt tokens.
-    pub vocab_size: usize,
+    /// The model's prompts (text windows of a GGUF model, random ids
+    /// otherwise: [`Source::workload`]).
+    pub source: &'a Source,
+    /// The model's shape as the run sees it.
+    pub model_config: &'a Config,
     /// Job options (the mode is each policy's).
     pub opts: &'a JobOpts,
     /// The configuration (time scale and SLO are each run's).
     pub config: &'a RunConfig,
-}
-
-/// The SLO of a sweep: `--slo-ttft` / `--slo-tpot`, else
-/// [`DEFAULT_SWEEP_SLO_MS`] for both.
-pub fn sweep_slo(args: &DecodeArgs) -> Slo {
-    if args.slo_ttft.is_none() && args.slo_tpot.is_none() {
-        Slo {
-            ttft_ms: Some(DEFAULT_SWEEP_SLO_MS.0),
-            tpot_ms: Some(DEFAULT_SWEEP_SLO_MS.1),
-        }
-    } else {
-        Slo {
-            ttft_ms: args.slo_ttft,
-            tpot_ms: args.slo_tpot,
-        }
-    }
 }
 
 /// Runs the sweep and writes its table (or JSON) to `w`, then `--csv-out`
@@ -74,7 +62,8 @@ pub fn run(
     ];
     let csv_out = OutFile::prepare_opt("--csv-out", args.csv_out.as_deref(), &inputs)?;
     let plot_out = OutFile::prepare_opt("--plot-out", args.plot_out.as_deref(), &inputs)?;
-    let slo = sweep_slo(args);
+    // `SweepDefaults::apply` filled the SLO in.
+    let slo = run.config.slo;
     let t0 = Instant::now();
     let mut points = Vec::new();
     let mut worst = 0;
@@ -83,14 +72,14 @@ pub fn run(
             time_scale: rate,
             ..*run.scaling
         };
-        let wl = job::workload(
+        let wl = run.source.workload(
             run.trace,
             run.requests,
             &scaling,
-            run.vocab_size,
+            run.model_config,
             args.seed,
             args.cancel_rate,
-        );
+        )?;
         let span = wl
             .requests
             .iter()
@@ -132,7 +121,11 @@ pub fn run(
     let text = if args.json {
         serde_json::to_string_pretty(&sweep).map_err(|e| e.to_string())? + "\n"
     } else {
-        sweep.render()
+        format!(
+            "{}\nmarkdown (ready to paste):\n\n{}",
+            sweep.render(),
+            sweep.markdown()
+        )
     };
     w.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
     if let Some(f) = csv_out {

@@ -96,16 +96,18 @@ impl Server {
 
     /// Waits until `metric(name) == want` (panics after 5 s).
     pub fn wait_metric(&self, name: &str, want: f64) {
+        self.wait_metric_for(name, want, Duration::from_secs(5));
+    }
+
+    /// Waits until `metric(name) == want` (panics after `limit`).
+    pub fn wait_metric_for(&self, name: &str, want: f64, limit: Duration) {
         let t0 = Instant::now();
         loop {
             let v = self.metric(name);
             if v == want {
                 return;
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "{name} = {v}, want {want}"
-            );
+            assert!(t0.elapsed() < limit, "{name} = {v}, want {want}");
             std::thread::sleep(Duration::from_millis(10));
         }
     }

@@ -25,12 +25,13 @@
 //! table or position mistake of the job changes its tokens; tests compare it
 //! with [`toy_reference`]. Given an [`IterationCost`] ([`ToyModel::with_cost`])
 //! it also takes as long as a device would: it sleeps on the pool thread
-//! until `fixed + per_row * rows` has passed since the iteration started, so
+//! until the plan's modeled cost ([`IterationCost::of_plan`]: fixed, per
+//! row, per KV position read) has passed since the iteration started, so
 //! batching policies can be compared at a device's cost curve without its
 //! CPU use (`xtc decode --device toy --toy-cost`).
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::cpu::f32_model::{self, CpuKvCache};
 use super::cpu::llama::{Llama, PagedKv};
@@ -84,36 +85,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A modeled cost of one iteration: `fixed + per_row * token rows` (the
-/// shape of a device's cost curve: a launch overhead, then a cost per row).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct IterationCost {
-    /// Cost of an iteration however few rows it has.
-    pub fixed: Duration,
-    /// Cost of each token row (prefill or decode).
-    pub per_row: Duration,
-}
-
-impl IterationCost {
-    /// No modeled cost (the toy model's own, microseconds).
-    pub const NONE: IterationCost = IterationCost {
-        fixed: Duration::ZERO,
-        per_row: Duration::ZERO,
-    };
-
-    /// Lavapipe's measured curve for the tiny synthetic model on the
-    /// 2-core development machine (`docs/arch/decode.md`): about 1.8 ms per
-    /// iteration plus 0.09 ms per token row.
-    pub const LAVAPIPE_TINY: IterationCost = IterationCost {
-        fixed: Duration::from_micros(1800),
-        per_row: Duration::from_micros(90),
-    };
-
-    /// The cost of an iteration of `rows` token rows.
-    pub fn of(&self, rows: usize) -> Duration {
-        self.fixed + self.per_row * u32::try_from(rows).unwrap_or(u32::MAX)
-    }
-}
+pub use super::cost::IterationCost;
 
 /// The toy model's state: one token id per KV position.
 struct ToyState {
@@ -222,11 +194,7 @@ impl Model for ToyModel {
         if c == IterationCost::NONE {
             "toy model (no device)".into()
         } else {
-            format!(
-                "toy model (no device; modeled iteration {} us + {} us per token row)",
-                c.fixed.as_micros(),
-                c.per_row.as_micros()
-            )
+            format!("toy model (no device; modeled iteration {})", c.describe())
         }
     }
 
@@ -243,7 +211,7 @@ impl ToyState {
     fn step(&mut self, plan: &BatchPlan) -> Result<Vec<u32>, DeviceError> {
         let t0 = Instant::now();
         let out = self.compute(plan)?;
-        let due = self.cost.of(plan.n_tokens());
+        let due = self.cost.of_plan(plan);
         // On the pool thread: the loop goes on meanwhile, as with a device.
         let left = due.saturating_sub(t0.elapsed());
         if !left.is_zero() {

@@ -90,13 +90,15 @@ pub fn generate(
 }
 
 /// Generates after `prompt` on `stream` (reset first): at most
-/// `max_tokens`, stopping at any id in `stop_ids`. `on_token(id)` sees each
-/// generated id as it comes and returns whether to go on.
+/// `max_tokens`, stopping at any id in `stop_ids` or when the sequence
+/// fills the stream's context. `on_token(id)` sees each generated id as it
+/// comes and returns whether to go on.
 ///
 /// # Errors
 /// [`StreamError::Forward`] for an empty prompt, a token outside the
-/// vocabulary or a prompt longer than the context;
-/// [`StreamError::Device`] for a device failure.
+/// vocabulary or a prompt longer than the context
+/// ([`ForwardError::ContextFull`], refused before any position is
+/// computed); [`StreamError::Device`] for a device failure.
 pub fn generate_on(
     stream: &mut dyn Stream,
     prompt: &[u32],
@@ -109,6 +111,17 @@ pub fn generate_on(
     let t0 = Instant::now();
     if prompt.is_empty() {
         return Err(ForwardError::Empty { chunk: 0 }.into());
+    }
+    // Refused up front: a prompt past the context would otherwise prefill
+    // every chunk that fits (minutes for thousands of positions) first.
+    if prompt.len() > stream.context() {
+        return Err(ForwardError::ContextFull {
+            chunk: 0,
+            len: 0,
+            adding: prompt.len(),
+            max: stream.context(),
+        }
+        .into());
     }
     let mut logits = Vec::new();
     let n_chunks = prompt.len().div_ceil(PREFILL_CHUNK);
@@ -166,4 +179,94 @@ pub fn generate_on(
         None => stats.prefill = t0.elapsed(),
     }
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::text::sampling::SamplingParams;
+
+    /// A stream of `context` positions over a 4-token vocabulary that counts
+    /// the positions it was asked to compute (token 1 is always greedy).
+    struct Counting {
+        context: usize,
+        len: usize,
+        computed: usize,
+    }
+
+    impl Stream for Counting {
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn context(&self) -> usize {
+            self.context
+        }
+        fn vocab_size(&self) -> usize {
+            4
+        }
+        fn forward(&mut self, tokens: &[u32], _want: Logits) -> Result<Vec<f32>, StreamError> {
+            if self.len + tokens.len() > self.context {
+                return Err(ForwardError::ContextFull {
+                    chunk: 0,
+                    len: self.len,
+                    adding: tokens.len(),
+                    max: self.context,
+                }
+                .into());
+            }
+            self.len += tokens.len();
+            self.computed += tokens.len();
+            Ok(vec![0.0, 1.0, 0.0, 0.0])
+        }
+        fn reset(&mut self) {
+            self.len = 0;
+        }
+        fn device(&self) -> String {
+            "counting".into()
+        }
+    }
+
+    fn greedy() -> Sampler {
+        Sampler::new(SamplingParams::default()).unwrap()
+    }
+
+    /// Issue 22: a 9,010-token prompt on an 8,192-position model prefilled
+    /// 8,192 positions (about 90 s on the CPU reference) before failing. A
+    /// prompt past the context is now refused before any position runs.
+    #[test]
+    fn a_prompt_past_the_context_is_refused_before_any_prefill() {
+        let mut s = Counting {
+            context: 8192,
+            len: 0,
+            computed: 0,
+        };
+        let prompt = vec![2u32; 9010];
+        let e = generate_on(&mut s, &prompt, 256, &[], &mut greedy(), |_| true).unwrap_err();
+        assert_eq!(
+            e,
+            StreamError::Forward(ForwardError::ContextFull {
+                chunk: 0,
+                len: 0,
+                adding: 9010,
+                max: 8192
+            })
+        );
+        assert_eq!(s.computed, 0, "no position was computed");
+    }
+
+    /// A prompt that fits runs, and generation stops when the context is
+    /// full (the command checks prompt + `max_tokens` itself).
+    #[test]
+    fn a_prompt_that_fits_runs_up_to_the_context() {
+        let mut s = Counting {
+            context: 600,
+            len: 0,
+            computed: 0,
+        };
+        let prompt = vec![2u32; 590];
+        let stats = generate_on(&mut s, &prompt, 256, &[], &mut greedy(), |_| true).unwrap();
+        assert_eq!(stats.stop, StopReason::ContextFull);
+        assert_eq!(s.computed, 600);
+        assert_eq!(stats.generated_tokens, 11, "600 - 590 positions + 1");
+    }
 }

@@ -76,6 +76,7 @@
 //!   (`crates/decode/tests/decode_models.rs`, `decode_llama.rs`).
 
 pub mod adapters;
+pub mod cost;
 pub mod cpu;
 pub mod format;
 pub mod generate;

@@ -38,6 +38,8 @@ pub struct RunConfig {
     pub max_active: usize,
     /// The device the model ran on.
     pub device: DeviceConfig,
+    /// The machine the run ran on.
+    pub host: HostConfig,
     /// The latency SLO the report's attainment is measured against.
     pub slo: Slo,
 }
@@ -147,6 +149,18 @@ pub struct KvConfig {
     /// Bytes of K and V for all layers, when the model keeps them (`null`:
     /// the toy model keeps one token id per position).
     pub bytes: Option<u64>,
+}
+
+/// The machine a run ran on: what a reader of its figures needs to compare
+/// them (a CPU device's speed is the host's, and shared machines vary).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostConfig {
+    /// The CPU's model name (`/proc/cpuinfo`; `null` if unknown).
+    pub cpu: Option<String>,
+    /// Logical CPUs the process may run on.
+    pub logical_cpus: usize,
+    /// The 1-minute load average when the run started (`null` if unknown).
+    pub load_average_1m: Option<f64>,
 }
 
 /// The device a run used, as a structure.

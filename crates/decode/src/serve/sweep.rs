@@ -260,6 +260,101 @@ impl Sweep {
         s
     }
 
+    /// The sweep as markdown, ready to paste into a README: the SLO, each
+    /// policy's capacity with its figures at that rate (generated tokens/s,
+    /// TTFT and TPOT p99, mean ready members), the SLO attainment of every
+    /// policy at every rate, and the capacity ratios. A capacity met at
+    /// every rate reads `>= R`; one missed at the lowest rate `< R`.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let lowest = self.time_scales.first().copied().unwrap_or(0.0);
+        let _ = writeln!(
+            s,
+            "SLO {}; a rate is sustained when at least {:.0}% of requests meet it.\n",
+            slo_bounds(self.slo.ttft_ms, self.slo.tpot_ms),
+            self.attainment_target * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "| policy | capacity (time scale) | capacity (requests/s) | generated tokens/s there | \
+             TTFT p99 there | TPOT p99 there | mean ready members there |"
+        );
+        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for c in &self.capacity {
+            let at = c.capacity_time_scale.and_then(|t| {
+                self.points
+                    .iter()
+                    .find(|p| p.mode == c.mode && p.time_scale == t)
+            });
+            let (scale, rps) = match (c.capacity_time_scale, c.capacity_request_rate_per_s) {
+                (Some(t), Some(r)) if c.met_at_every_rate => {
+                    (format!(">= {t}x (met at every rate)"), format!(">= {r:.2}"))
+                }
+                (Some(t), Some(r)) => (format!("{t}x"), format!("{r:.2}")),
+                _ => (format!("< {lowest}x"), "-".to_string()),
+            };
+            let fig = |f: &dyn Fn(&SweepPoint) -> String| at.map_or("-".to_string(), f);
+            let _ = writeln!(
+                s,
+                "| {} | {scale} | {rps} | {} | {} | {} | {} |",
+                c.mode,
+                fig(&|p| format!("{:.1}", p.output_tokens_per_s)),
+                fig(&|p| format!("{:.0} ms", p.ttft_p99_ms)),
+                fig(&|p| format!("{:.0} ms", p.tpot_p99_ms)),
+                fig(&|p| format!("{:.1}", p.mean_ready_members)),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n| time scale | requests/s | {} |",
+            MODES
+                .iter()
+                .map(|m| format!("{m}: SLO met, tokens/s"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        let _ = writeln!(s, "| ---: | ---: |{}", " ---: |".repeat(MODES.len()));
+        for &t in &self.time_scales {
+            let at: Vec<&SweepPoint> = self.points.iter().filter(|p| p.time_scale == t).collect();
+            let rps = at.first().map_or(0.0, |p| p.request_rate_per_s);
+            let cells: Vec<String> = MODES
+                .iter()
+                .map(|m| {
+                    at.iter().find(|p| p.mode == *m).map_or("-".into(), |p| {
+                        format!("{:.0}%, {:.1}", p.attainment * 100.0, p.output_tokens_per_s)
+                    })
+                })
+                .collect();
+            let _ = writeln!(s, "| {t}x | {rps:.2} | {} |", cells.join(" | "));
+        }
+        let open = self.capacity.first().is_some_and(|c| c.met_at_every_rate);
+        let ratio = |r: Option<f64>| match r {
+            Some(r) if open => format!("**>= {r:.2}x** (a lower bound: continuous met every rate)"),
+            Some(r) => format!("**{r:.2}x**"),
+            None => "n/a (the other policy sustains no rate swept)".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "\nCapacity ratio: continuous / static {}, continuous / one at a time {}.",
+            ratio(self.capacity_ratio_continuous_vs_static),
+            ratio(self.capacity_ratio_continuous_vs_one_at_a_time)
+        );
+        let h = &self.config.host;
+        let _ = writeln!(
+            s,
+            "Measured on {} ({} logical CPUs; load average {} at the start) with {}; \
+             {} runs in {:.0} s.",
+            h.cpu.as_deref().unwrap_or("an unknown CPU"),
+            h.logical_cpus,
+            h.load_average_1m
+                .map_or("unknown".to_string(), |l| format!("{l:.2}")),
+            self.config.model.description,
+            self.points.len(),
+            self.sweep_duration_s
+        );
+        s
+    }
+
     /// The points as CSV: a header, then one row per policy and rate.
     ///
     /// # Errors
@@ -434,5 +529,107 @@ mod tests {
         assert_eq!(capacity(&[(1.0, 0.2), (2.0, 0.1)], t), None);
         assert_eq!(capacity(&[(1.0, 1.0), (2.0, 1.0)], t), Some(2.0));
         assert_eq!(capacity(&[], t), None);
+    }
+
+    fn config() -> RunConfig {
+        use crate::serve::run_config::{
+            DeviceConfig, HostConfig, KvConfig, LengthScaling, ModelConfig, TraceConfig,
+        };
+        RunConfig {
+            trace: TraceConfig {
+                source: "t".into(),
+                path: None,
+                rows: 4,
+                row_start: 0,
+                row_end: 4,
+            },
+            requests: 4,
+            time_scale: 1.0,
+            length_scaling: LengthScaling::from(&crate::serve::trace::Scaling::IDENTITY),
+            seed: 1,
+            cancel_rate: 0.0,
+            model: ModelConfig::of(&crate::Config::tiny(), "toy".into(), None, 0, 0),
+            kv_cache: KvConfig {
+                blocks: 1,
+                block_size_tokens: 16,
+                positions: 16,
+                bytes: None,
+            },
+            token_budget_tokens: 64,
+            max_active: 32,
+            device: DeviceConfig::named("toy", "toy", "none"),
+            host: HostConfig {
+                cpu: Some("Test CPU".into()),
+                logical_cpus: 2,
+                load_average_1m: Some(1.5),
+            },
+            slo: Slo {
+                ttft_ms: Some(1000.0),
+                tpot_ms: None,
+            },
+        }
+    }
+
+    fn point(mode: &'static str, time_scale: f64, attainment: f64) -> SweepPoint {
+        SweepPoint {
+            mode,
+            time_scale,
+            request_rate_per_s: time_scale / 2.0,
+            duration_s: 1.0,
+            completed: 4,
+            requests_per_s: 1.0,
+            output_tokens_per_s: 10.0 * time_scale,
+            normalized_latency_ms_per_token: 5.0,
+            ttft_p99_ms: 100.0 * time_scale,
+            tpot_p99_ms: 50.0,
+            mean_ready_members: 2.0,
+            attainment,
+            goodput_requests_per_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn markdown_names_each_knee_and_every_rate() {
+        let pts = vec![
+            point("continuous", 1.0, 1.0),
+            point("static", 1.0, 1.0),
+            point("one-at-a-time", 1.0, 0.5),
+            point("continuous", 2.0, 0.95),
+            point("static", 2.0, 0.2),
+            point("one-at-a-time", 2.0, 0.1),
+        ];
+        let md = Sweep::new(config(), pts, 3.0).markdown();
+        let lines: Vec<&str> = md.lines().collect();
+        assert!(
+            md.contains(
+                "| continuous | >= 2x (met at every rate) | >= 1.00 | 20.0 | 200 ms | 50 ms | 2.0 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| static | 1x | 0.50 | 10.0 | 100 ms | 50 ms | 2.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| one-at-a-time | < 1x | - | - | - | - | - |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2x | 1.00 | 95%, 20.0 | 20%, 20.0 | 10%, 20.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("continuous / static **>= 2.00x**"), "{md}");
+        assert!(md.contains("one at a time n/a"), "{md}");
+        assert!(
+            md.contains(
+                "Measured on Test CPU (2 logical CPUs; load average 1.50 at the start) with toy"
+            ),
+            "{md}"
+        );
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with("| ---")).count(),
+            2,
+            "{md}"
+        );
     }
 }

@@ -27,8 +27,16 @@
 //! decode), it calls `cancel_mt`; the engine applies it at the next
 //! boundary, so the blocks return within one iteration. Independently,
 //! `collect` ends a member whose channel is closed (receiver dropped) or
-//! full (a client that stopped reading: the buffer is bounded) with
-//! `Aborted`. Cancellations are counted by the phase the request was in.
+//! full (a client that stopped reading: the buffer is bounded; the
+//! ticket's `stalled` flag says so) with `Aborted`. Cancellations are
+//! counted by the phase the request was in.
+//!
+//! How far a client that stops reading can fall behind, bounded at every
+//! hop: the channel's `stream_buffer` deltas, hyper's write queue (at most
+//! 16 writes, one SSE event each), the socket's send buffer
+//! ([`crate::SEND_BUFFER_BYTES`]) and the client's own receive buffer.
+//! Once they are full the SSE body is no longer polled, the channel fills
+//! and the next token cancels the request.
 //!
 //! No tokio type enters `batch` or `rt`: the channel is the request's own
 //! field, the group only carries it.
@@ -36,7 +44,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -212,6 +220,10 @@ pub struct Ticket {
     pub guard: CancelGuard,
     /// When it was submitted.
     pub submitted: Instant,
+    /// Set by the engine when it cancelled the request because its channel
+    /// was full: the client stopped reading (the outcome is then
+    /// `Err(Aborted)`).
+    pub stalled: Arc<AtomicBool>,
 }
 
 /// Cancels its request through `cancel_mt` when dropped, unless disarmed
@@ -298,6 +310,8 @@ pub struct Job {
     logits_row: bool,
     /// Set by collect when the client is gone (channel closed or full).
     gone: bool,
+    /// Shared with the [`Ticket`]: set when the channel was full.
+    stalled: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Job {
@@ -391,6 +405,7 @@ impl EngineHandle {
             .flatten();
         let (tx, rx) = mpsc::channel(self.opts.stream_buffer.max(1));
         let (future, promise) = rt::future_pair();
+        let stalled = Arc::new(AtomicBool::new(false));
         let job = Job {
             seq,
             sampler,
@@ -403,6 +418,7 @@ impl EngineHandle {
             stop: None,
             logits_row: false,
             gone: false,
+            stalled: stalled.clone(),
         };
         self.gauges.outstanding.fetch_add(1, Ordering::SeqCst);
         match self.remote.submit(job, charge) {
@@ -417,6 +433,7 @@ impl EngineHandle {
                     metrics: self.metrics.clone(),
                 },
                 submitted,
+                stalled,
             }),
             Err(e) => {
                 let queued = self.gauges.outstanding.fetch_sub(1, Ordering::SeqCst) - 1;

@@ -339,7 +339,17 @@ fn apply_rows(
         }
         let gone = j.tx.is_closed()
             || (!(delta.text.is_empty() && delta.tokens.is_empty())
-                && j.tx.try_send(delta).is_err());
+                && match j.tx.try_send(delta) {
+                    Ok(()) => false,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        // The client stopped reading: every buffer on the
+                        // way to it is full (see the module doc).
+                        j.stalled.store(true, Ordering::SeqCst);
+                        sh.metrics.stalled.inc();
+                        true
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => true,
+                });
         *r = if gone {
             j.gone = true;
             StepResult::Error(Error::Aborted)

@@ -17,13 +17,16 @@ use std::sync::{Arc, Mutex};
 use ash::{ext, khr, vk};
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 
+use super::pipeline_cache::{CacheKey, CacheState, PipelineCache};
 use super::queue::QueueState;
 use super::{VkError, VkResult, call};
 
 mod mask;
+mod options;
 mod validation;
 
 pub use mask::Mask;
+pub use options::DeviceOptions;
 use validation::*;
 pub use validation::{
     Validation, fail_process_on_validation_errors, last_validation_error, validation_errors,
@@ -453,6 +456,13 @@ pub(crate) struct Inner {
     pub(crate) mask: Mask,
     /// `timestampValidBits` of the compute queue family (0: no timestamps).
     pub(crate) timestamp_bits: u32,
+    /// [`DeviceOptions::force_staging`].
+    pub(crate) force_staging: bool,
+    /// Memory types that are device-local and not host-visible (bit `i`:
+    /// type `i`); 0 on a device whose memory is all host-visible (lavapipe).
+    pub(crate) device_only_types: u32,
+    /// The persisted pipeline cache ([`super::pipeline_cache`]).
+    pub(crate) pipeline_cache: PipelineCache,
     instance: ManuallyDrop<Instance>,
 }
 
@@ -478,9 +488,14 @@ impl Device {
     /// [`VkError::Loader`] / [`VkError::NoDevice`] (no Vulkan here),
     /// [`VkError::NoMatch`] (selector), [`VkError::Validation`] (validation
     /// requested and not installed, or a bad `XTC_VK_VALIDATION`),
-    /// [`VkError::Mask`] (a bad `XTC_VK_MASK`), a failed `vkCreateDevice`.
+    /// [`VkError::Mask`] (a bad `XTC_VK_MASK`), [`VkError::Inval`] (a bad
+    /// `XTC_VK_FORCE_STAGING` or `XTC_VK_PIPELINE_CACHE`), a failed
+    /// `vkCreateDevice`.
+    ///
+    /// The other variables of [`DeviceOptions::from_env`] apply too
+    /// (`XTC_VK_FORCE_STAGING`, `XTC_VK_PIPELINE_CACHE`, `XTC_VK_MASK`).
     pub fn open(sel: &Selector) -> VkResult<Device> {
-        Device::open_with_mask(sel, Mask::from_env()?)
+        Device::open_options(sel, &DeviceOptions::from_env()?)
     }
 
     /// As [`open`](Self::open), hiding what `mask` says whatever
@@ -490,8 +505,11 @@ impl Device {
     /// # Errors
     /// As [`open`](Self::open).
     pub fn open_with_mask(sel: &Selector, mask: Mask) -> VkResult<Device> {
-        let (validation, required) = Validation::from_env()?;
-        Device::open_inner(sel, validation, required, mask)
+        let opts = DeviceOptions {
+            mask,
+            ..DeviceOptions::from_env()?
+        };
+        Device::open_options(sel, &opts)
     }
 
     /// As [`open`](Self::open), with `validation` whatever `XTC_VK_VALIDATION`
@@ -501,15 +519,20 @@ impl Device {
     /// As [`open`](Self::open); [`VkError::Validation`] when `validation` is
     /// not [`Validation::Off`] and the layer is not installed.
     pub fn open_with(sel: &Selector, validation: Validation) -> VkResult<Device> {
-        Device::open_inner(sel, validation, true, Mask::from_env()?)
+        let opts = DeviceOptions::from_env_but_validation((validation, true))?;
+        Device::open_options(sel, &opts)
     }
 
-    fn open_inner(
-        sel: &Selector,
-        validation: Validation,
-        required: bool,
-        mask: Mask,
-    ) -> VkResult<Device> {
+    /// Opens the device `sel` picks as `opts` say, whatever the environment
+    /// says (tests of forced staging, the pipeline cache and masks).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); `vkCreatePipelineCache` failing on an empty
+    /// cache (out of memory). A pipeline cache file that cannot be used is
+    /// never an error (see [`crate::pipeline_cache`]).
+    pub fn open_options(sel: &Selector, opts: &DeviceOptions) -> VkResult<Device> {
+        let (validation, required) = opts.validation;
+        let mask = opts.mask;
         let instance = Instance::new(validation, required)?;
         let all = instance.describe_all()?;
         let infos: Vec<_> = all.iter().map(|(_, d)| d.clone()).collect();
@@ -529,14 +552,18 @@ impl Device {
         // SAFETY: `physical` belongs to the instance.
         let limits = unsafe { instance.instance.get_physical_device_properties(physical) }.limits;
         let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
-        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+        let mut ids = vk::PhysicalDeviceIDProperties::default();
+        let mut props = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut sub)
+            .push_next(&mut ids);
         // SAFETY: `physical` belongs to the instance (Vulkan 1.2); `props`
-        // chains one live struct that outlives the call.
+        // chains two live structs that outlive the call.
         unsafe {
             instance
                 .instance
                 .get_physical_device_properties2(physical, &mut props)
         };
+        let pipeline_cache_uuid = props.properties.pipeline_cache_uuid;
         let compute = sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE);
         let subgroup = (
             sub.subgroup_size,
@@ -556,16 +583,44 @@ impl Device {
         let timestamp_bits = families
             .get(family as usize)
             .map_or(0, |f| f.timestamp_valid_bits);
+        let cache_key = CacheKey {
+            vendor_id: info.vendor_id,
+            device_id: info.device_id,
+            pipeline_cache_uuid,
+            device_uuid: ids.device_uuid,
+            driver_version: info.driver_version,
+        };
+        // SAFETY: `physical` belongs to the instance; the query fills its output.
+        let mem = unsafe {
+            instance
+                .instance
+                .get_physical_device_memory_properties(physical)
+        };
+        let device_only_types = device_only_types(&mem);
         let fence_fd = info
             .sync_fd_export
             .then(|| khr::external_fence_fd::Device::new(&instance.instance, &device));
+        let cache = PipelineCache::open(&device, opts.pipeline_cache.as_deref(), &cache_key);
+        let pipeline_cache = match cache {
+            Ok(c) => c,
+            Err(e) => {
+                drop(allocator);
+                // SAFETY: the allocator (the only child) is gone.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
         let queue = match QueueState::new(&device, family) {
             Ok(q) => q,
             Err(e) => {
                 drop(allocator);
-                // SAFETY: the allocator (the only child) is gone; the queue state
-                // created nothing that outlives its error.
-                unsafe { device.destroy_device(None) };
+                // SAFETY: the allocator is gone, the cache is destroyed before
+                // the device and used by nothing; the queue state created
+                // nothing that outlives its error.
+                unsafe {
+                    pipeline_cache.destroy(&device);
+                    device.destroy_device(None);
+                }
                 return Err(e);
             }
         };
@@ -580,6 +635,9 @@ impl Device {
             subgroup,
             mask,
             timestamp_bits,
+            force_staging: opts.force_staging,
+            device_only_types,
+            pipeline_cache,
             instance: ManuallyDrop::new(instance),
         })))
     }
@@ -687,6 +745,47 @@ impl Device {
         (l.max_image_dimension2_d, l.max_image_array_layers)
     }
 
+    /// Whether [`Location::Device`](crate::Location::Device) buffers refuse
+    /// host-visible memory ([`DeviceOptions::force_staging`]), so their
+    /// uploads ([`Buffer::upload`](crate::Buffer::upload)) and readbacks
+    /// ([`Buffer::download`](crate::Buffer::download)) go through staging
+    /// buffers and copies on the queue. Where the device has device-local
+    /// memory that is not host-visible (a discrete GPU) such buffers get
+    /// that memory; where all its memory is host-visible (lavapipe) they get
+    /// it anyway but the mapping is hidden, so the same staging paths run.
+    pub fn force_staging(&self) -> bool {
+        self.0.force_staging
+    }
+
+    /// Whether the device has a memory type that is device-local and not
+    /// host-visible (what forced staging allocates from, where it exists).
+    pub fn has_device_only_memory(&self) -> bool {
+        self.0.device_only_types != 0
+    }
+
+    /// What happened to the persisted pipeline cache when the device opened
+    /// (off, fresh, loaded, or ignored and why).
+    pub fn pipeline_cache_state(&self) -> &CacheState {
+        &self.0.pipeline_cache.state
+    }
+
+    /// Writes the device's pipeline cache to its file if it changed since it
+    /// was read or last written ([`Kernels::new`](crate::Kernels::new) calls
+    /// it after building its pipelines). Returns the bytes written, `None`
+    /// when the cache is off or unchanged.
+    ///
+    /// # Errors
+    /// The I/O error of creating the directory, writing the temporary file
+    /// or renaming it (the old file, if any, stays whole).
+    pub fn save_pipeline_cache(&self) -> std::io::Result<Option<usize>> {
+        self.0.pipeline_cache.save(&self.0.device)
+    }
+
+    /// The raw pipeline cache for `vkCreateComputePipelines`.
+    pub(crate) fn raw_pipeline_cache(&self) -> vk::PipelineCache {
+        self.0.pipeline_cache.raw
+    }
+
     /// Allocates memory from the device's allocator.
     pub(crate) fn allocate(
         &self,
@@ -743,6 +842,22 @@ fn create_device(
     unsafe { inst.create_device(pd, &info, None) }.map_err(call("vkCreateDevice"))
 }
 
+/// The memory types of `mem` that are device-local and not host-visible.
+fn device_only_types(mem: &vk::PhysicalDeviceMemoryProperties) -> u32 {
+    let types = &mem.memory_types[..mem.memory_type_count as usize];
+    types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| {
+            t.property_flags
+                .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
+                && !t
+                    .property_flags
+                    .contains(vk::MemoryPropertyFlags::HOST_VISIBLE)
+        })
+        .fold(0, |bits, (i, _)| bits | (1 << i))
+}
+
 fn new_allocator(
     inst: &ash::Instance,
     dev: &ash::Device,
@@ -771,6 +886,7 @@ impl Drop for Inner {
         // instance (whose Drop destroys the messenger).
         unsafe {
             self.queue.destroy(&self.device);
+            self.pipeline_cache.destroy(&self.device);
             ManuallyDrop::drop(self.allocator.get_mut().unwrap_or_else(|p| p.into_inner()));
             self.device.destroy_device(None);
             ManuallyDrop::drop(&mut self.instance);

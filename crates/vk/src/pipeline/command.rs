@@ -527,6 +527,36 @@ impl Recorder<'_> {
         Ok(())
     }
 
+    /// Holds the rest of this command buffer back until the host opens
+    /// `gate` ([`HostGate::open`]; `vkCmdWaitEvents` with the host stage as
+    /// its source): the submission stays pending until then.
+    ///
+    /// # Errors
+    /// `Inval` for a gate of another device.
+    pub fn wait_gate(&mut self, gate: &HostGate) -> VkResult<()> {
+        if !gate.device().same(&self.pool.dev) {
+            return Err(VkError::Inval("host gate of another device".into()));
+        }
+        let events = [gate.raw()];
+        let dst = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+        // SAFETY: recording state, outside any render pass (compute only),
+        // so the event may be set by the host after submission; it is a live
+        // event of this device that outlives the submission (the gate's
+        // Drop opens it and waits for the device's work).
+        unsafe {
+            self.pool.dev.raw().cmd_wait_events(
+                self.cmd,
+                &events,
+                vk::PipelineStageFlags::HOST,
+                dst,
+                &[],
+                &[],
+                &[],
+            )
+        };
+        Ok(())
+    }
+
     /// Makes all earlier compute and transfer writes visible to later
     /// dispatches and copies (between dependent kernels).
     pub fn barrier(&mut self) {

@@ -40,7 +40,7 @@ use ash::vk;
 use super::device::{Device, c_name};
 use super::image::StorageImage;
 use super::memory::Buffer;
-use super::queue::Submission;
+use super::queue::{HostGate, Submission};
 use super::{VkError, VkResult, call, kernels::KERNELS, kernels::SUBGROUP_OPS};
 
 mod command;
@@ -167,11 +167,13 @@ pub fn subgroup_ops_of(name: &str) -> vk::SubgroupFeatureFlags {
 
 impl Kernels {
     /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`
-    /// that the device can run: one whose SPIR-V uses subgroup operations
-    /// ([`subgroup_ops_of`]) is built only when they are all among
-    /// [`Device::subgroup_operations`] (so a device without subgroups, or
-    /// with them masked, never compiles one); [`Kernels::get`] of an entry
-    /// point left out is [`VkError::Unsupported`].
+    /// that the device can run, through the device's pipeline cache, then
+    /// writes that cache back to its file ([`Device::save_pipeline_cache`];
+    /// a failed write is a warning on stderr). An entry point whose SPIR-V
+    /// uses subgroup operations ([`subgroup_ops_of`]) is built only when they
+    /// are all among [`Device::subgroup_operations`] (so a device without
+    /// subgroups, or with them masked, never compiles one); [`Kernels::get`]
+    /// of an entry point left out is [`VkError::Unsupported`].
     ///
     /// # Errors
     /// `Call` if a layout, shader module or pipeline cannot be created.
@@ -244,6 +246,7 @@ impl Kernels {
                 me.pipelines.push((name, p));
             }
         }
+        save_pipeline_cache(dev);
         Ok(me)
     }
 
@@ -263,10 +266,11 @@ impl Kernels {
             .stage(stage)
             .layout(self.layout)];
         // SAFETY: module and layout are live; the shader's interface matches the
-        // layout (kernel ABI above); `info` lives across the call. The module
-        // may be destroyed once the pipeline exists.
+        // layout (kernel ABI above); `info` lives across the call; the
+        // device's pipeline cache is live and internally synchronized. The
+        // module may be destroyed once the pipeline exists.
         let made = unsafe {
-            let r = d.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            let r = d.create_compute_pipelines(self.dev.raw_pipeline_cache(), &info, None);
             d.destroy_shader_module(module, None);
             r
         };
@@ -312,6 +316,14 @@ impl Kernels {
     /// The device these pipelines belong to.
     pub fn device(&self) -> &Device {
         &self.dev
+    }
+}
+
+/// Persists the device's pipeline cache after pipelines were built; a cache
+/// that cannot be written is a warning, never a failure.
+fn save_pipeline_cache(dev: &Device) {
+    if let Err(e) = dev.save_pipeline_cache() {
+        eprintln!("warning: pipeline cache not saved: {e}");
     }
 }
 
