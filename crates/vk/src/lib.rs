@@ -35,9 +35,8 @@ pub mod queue;
 pub mod support;
 
 pub use device::{
-    Device, DeviceKind, DeviceOptions, Mask, PhysicalDeviceInfo, RenderNode, Selector,
-    Validation, enumerate, fail_process_on_validation_errors, last_validation_error,
-    validation_errors,
+    Device, DeviceKind, DeviceOptions, Mask, PhysicalDeviceInfo, RenderNode, Selector, Validation,
+    enumerate, fail_process_on_validation_errors, last_validation_error, validation_errors,
 };
 pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
 pub use memory::{Buffer, Location, STAGING_PIECE};
