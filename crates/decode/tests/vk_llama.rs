@@ -134,12 +134,13 @@ fn vulkan_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
 /// The GPU form (workgroup memory and barriers: what a GPU runs) against
 /// the reference on the same schedule. Ignored by default: on lavapipe the
 /// GPU-form products run about 100x slower than the CPU form's (a barrier
-/// switches between a workgroup's fibers; 30 s per 16-member decode
-/// iteration on the 2-core machine, over 15 minutes in all). Run it with
+/// switches between a workgroup's fibers; 460 s in all on the 2-core
+/// machine at load 3-5, 2026-12-03, where it passed: worst logit difference
+/// 1.1e-4 over 57 iterations). Run it with
 /// `cargo test --release -p xtc-decode --test vk_llama -- --ignored` on a
 /// GPU or a machine with time; CI runs the shorter schedule below.
 #[test]
-#[ignore = "over 15 minutes on lavapipe (the GPU form's barriers); CI runs vulkan_gpu_form_agrees_on_4_prompts_x_8_tokens"]
+#[ignore = "about 8 minutes on lavapipe (the GPU form's barriers); CI runs vulkan_gpu_form_agrees_on_4_prompts_x_8_tokens"]
 fn vulkan_gpu_form_and_cpu_reference_agree_on_16_prompts_x_48_tokens() {
     let Some((_, t)) = model_support::model() else {
         return;
