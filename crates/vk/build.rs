@@ -3,7 +3,10 @@
 //! workspace root to SPIR-V with naga (pure Rust; no Vulkan SDK, glslc or
 //! shaderc needed) and writes `kernels.rs` into `OUT_DIR`: a table
 //! `KERNELS: &[(&str, &[u8])]` of (entry point name, SPIR-V bytes) that
-//! `xtc_vk::Kernels` turns into pipelines. No generated WGSL and no prebuilt
+//! `xtc_vk::Kernels` turns into pipelines, and `SUBGROUP_OPS: &[(&str, u32)]`:
+//! for each entry point the subgroup operations its SPIR-V declares (the
+//! `GroupNonUniform*` capabilities as `VkSubgroupFeatureFlags` bits), so a
+//! device without them is never given a pipeline it cannot run. No generated WGSL and no prebuilt
 //! SPIR-V is checked in; `XTC_WRITE_WGSL=DIR` also writes the generated WGSL
 //! there, to read it.
 //!
@@ -44,23 +47,55 @@ fn main() {
     let mut table =
         String::from("/// (entry point, SPIR-V bytes) of every kernel in `kernels/`.\n");
     table.push_str("pub const KERNELS: &[(&str, &[u8])] = &[\n");
+    let mut needs = String::from(
+        "/// (entry point, `VkSubgroupFeatureFlags` its SPIR-V needs), in `KERNELS` order.\n",
+    );
+    needs.push_str("pub const SUBGROUP_OPS: &[(&str, u32)] = &[\n");
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());
-        for (entry, spv_path) in compile(file, &out_dir) {
+        for (entry, spv_path, ops) in compile(file, &out_dir) {
             writeln!(
                 table,
                 "    ({entry:?}, include_bytes!({:?})),",
                 spv_path.display()
             )
             .unwrap();
+            writeln!(needs, "    ({entry:?}, {ops:#x}),").unwrap();
         }
     }
     table.push_str("];\n");
+    needs.push_str("];\n");
+    table.push_str(&needs);
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }
 
-/// Compiles one WGSL file: one `.spv` per compute entry point.
-fn compile(file: &Path, out_dir: &Path) -> Vec<(String, PathBuf)> {
+/// The `VkSubgroupFeatureFlags` bits a SPIR-V module needs: one per
+/// `OpCapability GroupNonUniform*` it declares (SPIR-V capabilities 61..=68,
+/// in the order of the Vulkan flags `BASIC`, `VOTE`, `ARITHMETIC`, `BALLOT`,
+/// `SHUFFLE`, `SHUFFLE_RELATIVE`, `CLUSTERED`, `QUAD`: bit `cap - 61`).
+fn subgroup_ops(words: &[u32]) -> u32 {
+    const OP_CAPABILITY: u32 = 17;
+    const GROUP_NON_UNIFORM: u32 = 61;
+    let mut ops = 0;
+    // Instructions follow the 5-word header; each starts with
+    // `word_count << 16 | opcode`.
+    let mut i = 5;
+    while i < words.len() {
+        let (count, opcode) = ((words[i] >> 16) as usize, words[i] & 0xffff);
+        if opcode == OP_CAPABILITY
+            && let Some(&cap) = words.get(i + 1)
+            && (GROUP_NON_UNIFORM..GROUP_NON_UNIFORM + 8).contains(&cap)
+        {
+            ops |= 1 << (cap - GROUP_NON_UNIFORM);
+        }
+        i += count.max(1);
+    }
+    ops
+}
+
+/// Compiles one WGSL file: one `.spv` per compute entry point, with the
+/// subgroup operations it needs ([`subgroup_ops`]).
+fn compile(file: &Path, out_dir: &Path) -> Vec<(String, PathBuf, u32)> {
     let src = std::fs::read_to_string(file).expect("read kernel");
     let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
         panic!(
@@ -68,12 +103,17 @@ fn compile(file: &Path, out_dir: &Path) -> Vec<(String, PathBuf)> {
             e.emit_to_string_with_path(&src, &file.display().to_string())
         )
     });
-    let info = Validator::new(
-        ValidationFlags::all(),
-        Capabilities::IMMEDIATES | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
-    )
-    .validate(&module)
-    .unwrap_or_else(|e| panic!("{}: {}", file.display(), e.emit_to_string(&src)));
+    let validate = |m: &naga::Module| {
+        Validator::new(
+            ValidationFlags::all(),
+            Capabilities::IMMEDIATES
+                | Capabilities::SUBGROUP
+                | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        )
+        .validate(m)
+        .unwrap_or_else(|e| panic!("{}: {}", file.display(), e.emit_to_string(&src)))
+    };
+    validate(&module);
     let options = spv::Options {
         lang_version: (1, 5),
         flags: spv::WriterFlags::empty(),
@@ -84,16 +124,25 @@ fn compile(file: &Path, out_dir: &Path) -> Vec<(String, PathBuf)> {
     };
     let mut out = Vec::new();
     for ep in &module.entry_points {
+        // Each entry point alone, its unused functions compacted away: naga
+        // writes every function of a module, so without this an entry point
+        // that uses no subgroup operation would declare those of its
+        // neighbours (the GPU-form products beside the CPU-form ones) and a
+        // device without subgroups could not build it.
+        let mut own = module.clone();
+        own.entry_points.retain(|e| e.name == ep.name);
+        naga::compact::compact(&mut own, naga::compact::KeepUnused::No);
+        let info = validate(&own);
         let pipeline = spv::PipelineOptions {
             shader_stage: ep.stage,
             entry_point: ep.name.clone(),
         };
-        let words = spv::write_vec(&module, &info, &options, Some(&pipeline))
+        let words = spv::write_vec(&own, &info, &options, Some(&pipeline))
             .unwrap_or_else(|e| panic!("{}: {}: {e}", file.display(), ep.name));
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let path = out_dir.join(format!("{}.spv", ep.name));
         std::fs::write(&path, bytes).expect("write spv");
-        out.push((ep.name.clone(), path));
+        out.push((ep.name.clone(), path, subgroup_ops(&words)));
     }
     out
 }

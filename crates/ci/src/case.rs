@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::status::Status;
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_vk::{Device, Kernels, Selector};
 
 /// The suites of `xtc ci run --suite`.
@@ -190,6 +191,11 @@ pub struct Case {
     pub group: String,
     /// Runs alone, after every other group, one child at a time (perf).
     pub exclusive: bool,
+    /// The kernel form the case pins (its name says it: `.gpu.` / `.cpu.`),
+    /// or `None` when it runs the form of `--kernels`
+    /// ([`Ctx::kernel_form`]); `xtc ci run --kernels F` leaves out the cases
+    /// pinned to the other form.
+    pub form: Option<Variant>,
     /// The body.
     pub run: CaseFn,
 }
@@ -226,8 +232,15 @@ impl Case {
             suite,
             group,
             exclusive: suite == Suite::Perf,
+            form: None,
             run: Arc::new(run),
         }
+    }
+
+    /// The same case pinned to kernel form `form` ([`Case::form`]).
+    pub fn in_form(mut self, form: Variant) -> Case {
+        self.form = Some(form);
+        self
     }
 
     /// The same case in group `group` instead.
@@ -265,6 +278,7 @@ pub struct Ctx {
     /// machine has no Vulkan ([`xtc_vk::VkError::is_absent`]).
     device: Option<Result<Device, (String, bool)>>,
     kernels: Option<Arc<Kernels>>,
+    form: Option<Variant>,
     pub(crate) opened: Option<DeviceId>,
 }
 
@@ -279,8 +293,21 @@ impl Ctx {
             case_seed: seed,
             device: None,
             kernels: None,
+            form: None,
             opened: None,
         }
+    }
+
+    /// The same context with `--kernels` `form` (`None`: `auto`).
+    pub fn with_kernel_form(mut self, form: Option<Variant>) -> Ctx {
+        self.form = form;
+        self
+    }
+
+    /// The kernel form of `--kernels` for the cases that do not pin one
+    /// (`None`: `auto`, the device's form by capability and probe).
+    pub fn kernel_form(&self) -> Option<Variant> {
+        self.form
     }
 
     /// Sets the seed of the case about to run: the run seed mixed with the

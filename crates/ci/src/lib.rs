@@ -61,8 +61,9 @@
 //!   `xtc.kernels.qmm.q4_1_r4.m9_n576_k1536`, `xtc.kernels.qembed.q8_0_img.v49152_d576_r9`.
 //! - **The real model's golden tokens** (SmolLM2-135M Q4_1): `suites::smollm`
 //!   (registered from `suites::decode::cases`): the golden, Vulkan-vs-reference
-//!   and batched cases of three ChatML prompts
-//!   (`xtc.decode.smollm2_135m_q4_1.golden.p0`, ...; the model file absent
+//!   and batched cases of three ChatML prompts, once per kernel form
+//!   (`xtc.decode.smollm2_135m_q4_1.cpu.golden.p0`, `...gpu.golden.p0`, ...;
+//!   `xtc ci run --kernels gpu|cpu` runs one form's; the model file absent
 //!   is `Skip` outside CI, `Fail` in CI); `xtc ci run --write-baseline
 //!   --golden F` records its tokens for the device. More f32 models are one
 //!   entry in `suites::decode::MODELS`.

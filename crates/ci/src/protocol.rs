@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::case::{CaseError, Ctx, DeviceId, Outcome, Record};
 use super::registry;
 use super::status::Status;
+use xtc_decode::model::vulkan::ops::Variant;
 
 /// Marks the protocol's lines on the child's stdout.
 pub const PREFIX: &str = "@xtc-ci ";
@@ -74,9 +75,16 @@ impl Event {
 static PANIC_NOTE: Mutex<Option<String>> = Mutex::new(None);
 
 /// The body of `xtc ci child`: runs the cases named on `input` (one a line)
-/// in order in this process, writing [`Event`]s to `out`. Returns the exit
+/// in order in this process (`form`: `--kernels` for the cases that pin no
+/// kernel form, [`Ctx::kernel_form`]), writing [`Event`]s to `out`. Returns the exit
 /// status (0, or [`EXIT_RESPAWN`] after a device loss).
-pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut dyn Write) -> i32 {
+pub fn child_main(
+    selector: &str,
+    seed: u64,
+    form: Option<Variant>,
+    input: &mut dyn BufRead,
+    out: &mut dyn Write,
+) -> i32 {
     let names: Vec<String> = input
         .lines()
         .map_while(Result::ok)
@@ -88,7 +96,7 @@ pub fn child_main(selector: &str, seed: u64, input: &mut dyn BufRead, out: &mut 
     // not the child's exit status, which the runner reads as a crash.
     xtc_vk::fail_process_on_validation_errors(false);
     let ci = std::env::var_os("CI").is_some();
-    let mut ctx = Ctx::new(selector, seed, ci);
+    let mut ctx = Ctx::new(selector, seed, ci).with_kernel_form(form);
     let default_hook = panic::take_hook();
     panic::set_hook(Box::new(move |info| {
         let msg = match info.payload().downcast_ref::<&str>() {

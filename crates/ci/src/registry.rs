@@ -6,6 +6,7 @@ use regex::{Regex, RegexSet};
 use super::case::{Case, Suite};
 use super::file_error::FileError;
 use super::suites;
+use xtc_decode::model::vulkan::ops::Variant;
 
 /// Every registered case, suites in [`Suite::ALL`] order then the hidden
 /// [`Suite::Selftest`]; within a suite, in the order its module lists them.
@@ -37,6 +38,9 @@ pub struct Selection {
     pub fraction: usize,
     /// Starting with the `fraction_start`-th selected case (1-based).
     pub fraction_start: usize,
+    /// `--kernels`: only the cases that pin this kernel form or none
+    /// ([`Case::form`]); `None` (`auto`): every case.
+    pub kernels: Option<Variant>,
 }
 
 /// The cases of a run: `(to run, skipped by --skips)`, each in registry
@@ -52,6 +56,7 @@ pub fn select(all: &[Case], sel: &Selection) -> (Vec<Case>, Vec<Case>) {
     let chosen = all
         .iter()
         .filter(|c| suites.contains(&c.suite))
+        .filter(|c| sel.kernels.is_none() || c.form.is_none() || c.form == sel.kernels)
         .filter(|c| sel.include.as_ref().is_none_or(|r| r.is_match(&c.name)))
         .enumerate()
         .filter(|(i, _)| *i >= start && (i - start).is_multiple_of(fraction))

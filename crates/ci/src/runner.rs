@@ -20,6 +20,7 @@ use super::baseline::{DeviceTable, FailureBaseline};
 use super::case::{Case, DeviceId, Measure, Record};
 use super::protocol::{EXIT_RESPAWN, Event};
 use super::status::Status;
+use xtc_decode::model::vulkan::ops::Variant;
 
 /// The baseline key of records from a run whose cases opened no device.
 pub const NO_DEVICE: &str = "no device";
@@ -51,6 +52,9 @@ pub struct RunOptions {
     pub write_baseline: bool,
     /// Extra environment of the children (the runner's own tests).
     pub env: Vec<(String, String)>,
+    /// `--kernels`: the kernel form of the cases that pin none (`None`:
+    /// `auto`), passed to every child.
+    pub kernels: Option<Variant>,
 }
 
 /// The final result of one case.
@@ -505,6 +509,7 @@ fn spawn(opts: &RunOptions, names: &VecDeque<String>) -> std::io::Result<Child> 
     let mut cmd = Command::new(&opts.exe);
     cmd.args(["ci", "child", "--device", &opts.device, "--seed"])
         .arg(opts.seed.to_string())
+        .args(opts.kernels.iter().flat_map(|k| ["--kernels", k.name()]))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -155,6 +155,7 @@ fn run_inner(args: &CalibrateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         max_tokens: max(|p, _| p.rows).unwrap_or(1),
         max_seqs: max(|p, _| p.seqs()).unwrap_or(1),
         max_context: max(|p, _| p.context()).unwrap_or(1),
+        kernels: None,
     };
     let mut model = open(&spec, &target, limits).map_err(Failure::error)?;
     let description = model.describe();

@@ -27,6 +27,8 @@ use xtc_ci::runner::{self, CaseRun, RunOptions, RunResult};
 use xtc_ci::status::{Counts, EXIT_USAGE, Status};
 use xtc_ci::{Measure, Suite, output, protocol};
 
+use crate::generate::KernelForm;
+
 /// Arguments of `xtc ci`.
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "Run `xtc ci run --help` for the options of a run.")]
@@ -105,6 +107,11 @@ pub struct RunArgs {
     /// Vulkan device: `auto`, an index, a name or a render node path.
     #[arg(long, value_name = "D", default_value = "auto")]
     pub device: String,
+    /// Kernel form: `auto` (every case; those that pin no form run the device's, chosen by
+    /// capability and a barrier probe), `gpu` or `cpu` (only the cases pinned to that form,
+    /// `.gpu.` / `.cpu.` in their names, and the unpinned ones, run in that form).
+    #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
+    pub kernels: KernelForm,
     /// Write results.csv, failures.csv, junit.xml, perf.json, golden.json and
     /// logs/ into DIR.
     #[arg(long, value_name = "DIR")]
@@ -185,6 +192,9 @@ pub struct ChildArgs {
     /// Run seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Kernel form of the cases that pin none.
+    #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
+    pub kernels: KernelForm,
 }
 
 /// Runs `xtc ci`; returns the exit status.
@@ -206,7 +216,13 @@ pub fn run(args: &CiArgs, out: &mut dyn Write) -> i32 {
         },
         CiCommand::Child(a) => {
             let stdin = std::io::stdin();
-            protocol::child_main(&a.device, a.seed, &mut stdin.lock(), out)
+            protocol::child_main(
+                &a.device,
+                a.seed,
+                a.kernels.variant(),
+                &mut stdin.lock(),
+                out,
+            )
         }
     }
 }
@@ -302,6 +318,7 @@ fn run_cmd(a: &RunArgs, out: &mut dyn Write) -> Result<i32, String> {
             .transpose()?,
         fraction: a.fraction,
         fraction_start: a.fraction_start,
+        kernels: a.kernels.variant(),
     };
     let flakes = a
         .flakes
@@ -348,6 +365,7 @@ fn run_cmd(a: &RunArgs, out: &mut dyn Write) -> Result<i32, String> {
         golden,
         write_baseline: a.write_baseline,
         env: Vec::new(),
+        kernels: a.kernels.variant(),
     };
     eprintln!(
         "xtc ci: {} cases ({} skipped by --skips), device {:?}, {} jobs, seed {seed} (replay with --seed {seed})",

@@ -70,9 +70,10 @@ pub struct GenerateArgs {
     /// device index, part of its name or its render node (`xtc probe` lists them).
     #[arg(long, value_name = "DEV", default_value = "auto", value_parser = crate::device::parse)]
     pub device: DeviceArg,
-    /// Kernel form on a Vulkan device: `auto` (the device's own), `gpu`
-    /// (workgroup memory and barriers) or `cpu` (barrier-free, subgroups);
-    /// forcing one tests it on any device.
+    /// Kernel form on a Vulkan device: `auto` (by what the device supports and a
+    /// measured barrier probe), `gpu` (workgroup memory and barriers; needs no subgroups)
+    /// or `cpu` (barrier-free, subgroups of at least 8 lanes); forcing one tests it on any
+    /// device that can run it.
     #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
     pub kernels: KernelForm,
     /// Most tokens to generate (EOS included).
@@ -192,7 +193,8 @@ pub(crate) fn load(
 /// `--kernels`: which form of the kernels a Vulkan device runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KernelForm {
-    /// The device's own form (`GpuLlamaOptions::variant` `None`).
+    /// By capability and the barrier probe (`GpuLlamaOptions::variant`
+    /// `None`, `xtc_decode::model::vulkan::form`).
     Auto,
     /// The GPU form ([`Variant::Gpu`]).
     Gpu,

@@ -43,8 +43,8 @@ pub struct PerplexityArgs {
     /// device index, part of its name or its render node (`xtc probe` lists them).
     #[arg(long, value_name = "DEV", default_value = "auto", value_parser = crate::device::parse)]
     pub device: crate::device::DeviceArg,
-    /// Kernel form on a Vulkan device: `auto` (the device's own), `gpu` or
-    /// `cpu` (as `xtc generate --kernels`).
+    /// Kernel form on a Vulkan device: `auto` (by what the device supports and a
+    /// measured barrier probe), `gpu` or `cpu` (as `xtc generate --kernels`).
     #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
     pub kernels: KernelForm,
     /// Tokens per window (at least 2, at most the model's context length).

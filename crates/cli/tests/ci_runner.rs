@@ -315,7 +315,10 @@ fn list_names_every_suite_and_hides_the_selftests() {
         "xtc.fence.pending_until_host_signal",
         "xtc.batch.async.cancel_in_flight",
         "xtc.dispatch.reclaim.handshake",
-        "xtc.decode.synthetic.golden.p0",
+        "xtc.decode.synthetic.cpu.golden.p0",
+        "xtc.decode.synthetic.gpu.golden.p0",
+        "xtc.decode.smollm2_135m_q4_1.gpu.reference.p0",
+        "xtc.decode.smollm2_135m_q4_1.cpu.batched",
         "xtc.perf.decode_iter.b32",
     ] {
         assert!(text.lines().any(|l| l == name), "{name} not listed");

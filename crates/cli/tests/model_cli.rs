@@ -124,6 +124,43 @@ fn generate_stops_at_max_tokens_and_samples_reproducibly() {
     assert_eq!(run("7")["ids"], a["ids"]);
 }
 
+/// Perplexity in the GPU kernel form within 1e-3 nats of the CPU form, on
+/// the shipped text's opening paragraph (its first 200 bytes: the GPU
+/// form's products run about 100x slower on lavapipe, so the whole chapter
+/// would take tens of minutes), both under validation in `.ci/test`.
+#[test]
+fn perplexity_in_the_gpu_form_matches_the_cpu_form() {
+    if model_support::model_path().is_none() || vk_support::device().is_none() {
+        return;
+    }
+    let chapter = std::fs::read_to_string("../../data/pride_and_prejudice_ch1.txt").unwrap();
+    let cut = (0..=200)
+        .rev()
+        .find(|&i| chapter.is_char_boundary(i))
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("xtc-ppl-form-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("opening.txt");
+    std::fs::write(&path, &chapter[..cut]).unwrap();
+    let nll = |form: &str| {
+        let o = xtc(&[
+            "perplexity",
+            "--json",
+            "--kernels",
+            form,
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{form}: {}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(v["scored"].as_u64().unwrap() > 20, "{v}");
+        v["mean_nll"].as_f64().unwrap()
+    };
+    let (gpu, cpu) = (nll("gpu"), nll("cpu"));
+    eprintln!("mean NLL: GPU form {gpu:.6}, CPU form {cpu:.6}");
+    assert!((gpu - cpu).abs() < 1e-3, "GPU form {gpu} vs CPU form {cpu}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn perplexity_of_austen_is_far_below_uniform() {
     if model_support::model_path().is_none() {

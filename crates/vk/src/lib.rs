@@ -35,14 +35,14 @@ pub mod queue;
 pub mod support;
 
 pub use device::{
-    Device, DeviceKind, DeviceOptions, PhysicalDeviceInfo, RenderNode, Selector, Validation,
+    Device, DeviceKind, DeviceOptions, Mask, PhysicalDeviceInfo, RenderNode, Selector, Validation,
     enumerate, fail_process_on_validation_errors, last_validation_error, validation_errors,
 };
 pub use image::{IMAGE_FORMAT, StorageImage, TEXEL_BYTES, TexelFormat};
 pub use memory::{Buffer, Location, STAGING_PIECE};
 pub use pipeline::{
     BINDINGS, BindingSet, CommandPool, IMAGE_BINDING, Kernel, Kernels, PUSH_BYTES, Recorded,
-    Recorder, Timestamps, WEIGHT_IMAGE_BINDING, WINDOW_BYTES, WINDOWS, Window,
+    Recorder, Timestamps, WEIGHT_IMAGE_BINDING, WINDOW_BYTES, WINDOWS, Window, subgroup_ops_of,
 };
 pub use queue::{FenceKind, HostGate, Submission};
 pub use xtc::accel::EventFence;
@@ -50,7 +50,11 @@ pub use xtc::accel::EventFence;
 pub mod kernels {
     //! SPIR-V of every kernel, compiled from `kernels/*.wgsl` by `crates/vk/build.rs`.
     //!
-    //! `KERNELS` lists (entry point name, SPIR-V bytes, little-endian words).
+    //! `KERNELS` lists (entry point name, SPIR-V bytes, little-endian words);
+    //! `SUBGROUP_OPS` lists, for the same entry points in the same order, the
+    //! subgroup operations each one's SPIR-V declares (its
+    //! `GroupNonUniform*` capabilities as `VkSubgroupFeatureFlags` bits; 0:
+    //! none), so [`crate::Kernels::new`] builds only what a device runs.
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 }
 
@@ -109,6 +113,23 @@ pub enum VkError {
     /// not installed) or has a value it does not take.
     #[error("{0}")]
     Validation(String),
+    /// `XTC_VK_MASK` names a capability that cannot be masked.
+    #[error("{0}")]
+    Mask(String),
+    /// A kernel the device cannot run was asked for: its entry point uses
+    /// subgroup operations the device lacks (or hides, `XTC_VK_MASK`), so
+    /// [`Kernels::new`] did not build it.
+    #[error(
+        "kernel {kernel:?} was not built: it needs subgroup operations {needs:?}, and this device's compute stage has {has:?}"
+    )]
+    Unsupported {
+        /// The entry point.
+        kernel: String,
+        /// The subgroup operations it uses.
+        needs: vk::SubgroupFeatureFlags,
+        /// Those the device reports (after its [`Mask`]).
+        has: vk::SubgroupFeatureFlags,
+    },
     /// A system call of the fence plumbing failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -121,7 +142,8 @@ impl From<VkError> for xtc::Error {
     fn from(e: VkError) -> Self {
         match e {
             VkError::Loader(_) | VkError::NoDevice => xtc::Error::Nosys,
-            VkError::NoMatch(_) | VkError::Inval(_) => xtc::Error::Inval,
+            VkError::NoMatch(_) | VkError::Inval(_) | VkError::Mask(_) => xtc::Error::Inval,
+            VkError::Unsupported { .. } => xtc::Error::Nosys,
             VkError::Alloc(_) | VkError::OutOfMemory { .. } => xtc::Error::Nomem,
             VkError::Lost { .. }
             | VkError::Call { .. }

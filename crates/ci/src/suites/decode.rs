@@ -3,6 +3,9 @@
 //! (SmolLM2-135M-Instruct Q4_1 on `GpuLlama`: `super::smollm`, the same
 //! three kinds of cases):
 //!
+//! Every case runs once per kernel form, the form in its name
+//! (`<model>.<form>.*`, `<form>` `cpu` or `gpu`; [`Variant::name`]):
+//!
 //! - `<model>.golden.p<i>`: the greedy tokens of prompt `i` (prefill, then
 //!   one token per iteration) on this device; the runner compares them with
 //!   the golden tokens stored for this device (`--golden`), or stores them
@@ -20,6 +23,7 @@ use crate::case::{Case, CaseError, Ctx, Outcome, Record, Suite, ensure};
 use crate::check;
 use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
 use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 
 /// Largest NMSE of the device's logits against the reference's.
@@ -61,26 +65,39 @@ fn synthetic(_: &Ctx) -> Result<Weights, CaseError> {
     Ok(Weights::synthetic(Config::tiny(), 1))
 }
 
-/// Registers the suite's cases.
+/// Registers the suite's cases: every model's once per kernel form
+/// (`xtc.decode.<model>.<form>.*`, `<form>` `cpu` or `gpu`).
 pub fn cases(v: &mut Vec<Case>) {
     for (mi, m) in MODELS.iter().enumerate() {
-        for (pi, _) in m.prompts.iter().enumerate() {
-            v.push(Case::new(
-                Suite::Decode,
-                format!("xtc.decode.{}.golden.p{pi}", m.name),
-                move |ctx| golden(ctx, &MODELS[mi], pi),
-            ));
-            v.push(Case::new(
-                Suite::Decode,
-                format!("xtc.decode.{}.reference.p{pi}", m.name),
-                move |ctx| against_reference(ctx, &MODELS[mi], pi),
-            ));
+        for form in [Variant::Cpu, Variant::Gpu] {
+            let (name, f) = (m.name, form.name());
+            for (pi, _) in m.prompts.iter().enumerate() {
+                v.push(
+                    Case::new(
+                        Suite::Decode,
+                        format!("xtc.decode.{name}.{f}.golden.p{pi}"),
+                        move |ctx| golden(ctx, &MODELS[mi], form, pi),
+                    )
+                    .in_form(form),
+                );
+                v.push(
+                    Case::new(
+                        Suite::Decode,
+                        format!("xtc.decode.{name}.{f}.reference.p{pi}"),
+                        move |ctx| against_reference(ctx, &MODELS[mi], form, pi),
+                    )
+                    .in_form(form),
+                );
+            }
+            v.push(
+                Case::new(
+                    Suite::Decode,
+                    format!("xtc.decode.{name}.{f}.batched"),
+                    move |ctx| batched(ctx, &MODELS[mi], form),
+                )
+                .in_form(form),
+            );
         }
-        v.push(Case::new(
-            Suite::Decode,
-            format!("xtc.decode.{}.batched", m.name),
-            move |ctx| batched(ctx, &MODELS[mi]),
-        ));
     }
     // The real model (SmolLM2 on GpuLlama): its own module.
     super::smollm::decode_cases(v);
@@ -99,6 +116,7 @@ fn geometry(m: &ModelEntry) -> KvGeometry {
 fn model(
     ctx: &mut Ctx,
     m: &ModelEntry,
+    form: Variant,
     keep_logits: bool,
 ) -> Result<(Weights, GpuModel), CaseError> {
     let w = (m.load)(ctx)?;
@@ -108,6 +126,7 @@ fn model(
         max_tokens: m.prompts.iter().map(|p| p.len()).sum::<usize>().max(8),
         max_seqs: m.prompts.len(),
         keep_logits,
+        variant: Some(form),
         ..GpuOptions::default()
     };
     let gpu = GpuModel::new(&dev, &w, opts)?;
@@ -160,8 +179,8 @@ fn greedy(gpu: &mut GpuModel, m: &ModelEntry, which: &[usize]) -> Result<Vec<Vec
     Ok(out)
 }
 
-fn golden(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome, CaseError> {
-    let (_, mut gpu) = model(ctx, m, false)?;
+fn golden(ctx: &mut Ctx, m: &ModelEntry, form: Variant, p: usize) -> Result<Outcome, CaseError> {
+    let (_, mut gpu) = model(ctx, m, form, false)?;
     let toks = greedy(&mut gpu, m, &[p])?.remove(0);
     let n = toks.len();
     Ok(Outcome::record(
@@ -170,8 +189,13 @@ fn golden(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome, CaseError>
     ))
 }
 
-fn against_reference(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome, CaseError> {
-    let (w, mut gpu) = model(ctx, m, true)?;
+fn against_reference(
+    ctx: &mut Ctx,
+    m: &ModelEntry,
+    form: Variant,
+    p: usize,
+) -> Result<Outcome, CaseError> {
+    let (w, mut gpu) = model(ctx, m, form, true)?;
     let mut cache = CpuKvCache::new(&w.config, geometry(m));
     let mut plan = BatchPlan {
         seqs: vec![seq(m, p, m.prompts[p].to_vec(), 0)],
@@ -219,8 +243,8 @@ fn against_reference(ctx: &mut Ctx, m: &ModelEntry, p: usize) -> Result<Outcome,
     )))
 }
 
-fn batched(ctx: &mut Ctx, m: &ModelEntry) -> Result<Outcome, CaseError> {
-    let (_, mut gpu) = model(ctx, m, false)?;
+fn batched(ctx: &mut Ctx, m: &ModelEntry, form: Variant) -> Result<Outcome, CaseError> {
+    let (_, mut gpu) = model(ctx, m, form, false)?;
     let all: Vec<usize> = (0..m.prompts.len()).collect();
     let together = greedy(&mut gpu, m, &all)?;
     for (i, toks) in together.iter().enumerate() {

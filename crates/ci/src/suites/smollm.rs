@@ -2,16 +2,21 @@
 //! `scripts/fetch-model.sh` fetches) in the `decode` and `perf` suites, on
 //! [`GpuLlama`]:
 //!
-//! - `xtc.decode.smollm2_135m_q4_1.golden.p<i>`: the greedy tokens of ChatML
+//! The decode cases name their kernel form (`xtc.decode.smollm2_135m_q4_1.<form>.*`,
+//! `<form>` `cpu` or `gpu`: [`Variant::name`]): every case below in the CPU
+//! form, `reference.p0` over [`GPU_FORM_TOKENS`] tokens in the GPU form
+//! ([`decode_cases`] says why); the perf case runs the form of `--kernels`.
+//!
+//! - `xtc.decode.smollm2_135m_q4_1.<form>.golden.p<i>`: the greedy tokens of ChatML
 //!   prompt `i` of [`PROMPTS`] ([`N_TOKENS`], EOS not special: the ids keep
 //!   coming) on this device, compared with the golden tokens stored for it
 //!   (`--golden`) or stored (`--write-baseline`).
-//! - `xtc.decode.smollm2_135m_q4_1.reference.p<i>`: Vulkan against the CPU
+//! - `xtc.decode.smollm2_135m_q4_1.<form>.reference.p<i>`: Vulkan against the CPU
 //!   reference ([`Llama::forward`]) along the device's own tokens: the
 //!   sampled row's logits within NMSE [`LOGITS_NMSE`] at every step, every
 //!   device token the reference's greedy choice up to a near-tie
 //!   ([`xtc_decode::model::cpu::f32_model::greedy_agrees`], gap [`TIE`]).
-//! - `xtc.decode.smollm2_135m_q4_1.batched`: every prompt in one ready
+//! - `xtc.decode.smollm2_135m_q4_1.<form>.batched`: every prompt in one ready
 //!   vector gives each sequence the tokens it gets alone.
 //! - `xtc.perf.decode_iter_smollm2.b<N>`: one decode iteration of the real
 //!   model with N members (one token each after a 4-token prefill), ms
@@ -23,13 +28,14 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::case::{Case, CaseError, Ctx, Measure, Outcome, Record, Suite, ensure};
+use crate::case::{Case, CaseError, CaseResult, Ctx, Measure, Outcome, Record, Suite, ensure};
 use crate::check;
 use xtc_decode::model::cpu::f32_model::{self};
 use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
 use xtc_decode::model::text::bpe::Bpe;
 use xtc_decode::model::text::chat;
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{BatchPlan, FETCH_SCRIPT, KvGeometry, SeqWork, find_model};
 
 /// Case-name component of the model.
@@ -45,6 +51,9 @@ pub const PROMPTS: [&str; 3] = [
 /// Greedy tokens generated per prompt.
 pub const N_TOKENS: usize = 16;
 
+/// Greedy tokens of the GPU-form case (`<NAME>.gpu.reference.p0`).
+pub const GPU_FORM_TOKENS: usize = 4;
+
 /// Largest NMSE of the device's logits against the CPU reference's (the
 /// kernels differ in f32 summation order; about 1e-10 is typical).
 pub const LOGITS_NMSE: f64 = 1e-6;
@@ -55,25 +64,48 @@ pub const TIE: f32 = 1e-3;
 const BLOCK: usize = 16;
 const PER_SEQ: usize = 4;
 
-/// Registers the decode suite's cases of the real model.
+/// Registers the decode suite's cases of the real model, per kernel form
+/// (`xtc.decode.smollm2_135m_q4_1.<form>.*`, each form in a group of its
+/// own so the two run in parallel children): the CPU form every case; the
+/// GPU form `reference.p0` over [`GPU_FORM_TOKENS`] tokens only, because
+/// its products run about 100x slower on lavapipe (workgroup barriers switch
+/// fibers: 30 s per 16-member decode iteration on the 2-core machine) and
+/// the whole set would take over ten minutes there.
 pub fn decode_cases(v: &mut Vec<Case>) {
-    for p in 0..PROMPTS.len() {
-        v.push(Case::new(
-            Suite::Decode,
-            format!("xtc.decode.{NAME}.golden.p{p}"),
-            move |ctx| golden(ctx, p),
-        ));
-        v.push(Case::new(
-            Suite::Decode,
-            format!("xtc.decode.{NAME}.reference.p{p}"),
-            move |ctx| against_reference(ctx, p),
-        ));
+    for form in [Variant::Cpu, Variant::Gpu] {
+        let f = form.name();
+        let group = format!("xtc.decode.{NAME}.{f}");
+        let push = |v: &mut Vec<Case>,
+                    what: String,
+                    run: Box<dyn Fn(&mut Ctx) -> CaseResult + Send + Sync>| {
+            v.push(
+                Case::new(Suite::Decode, format!("xtc.decode.{NAME}.{f}.{what}"), run)
+                    .in_group(&group)
+                    .in_form(form),
+            );
+        };
+        if form == Variant::Gpu {
+            push(
+                v,
+                "reference.p0".into(),
+                Box::new(move |ctx| against_reference(ctx, form, 0, GPU_FORM_TOKENS)),
+            );
+            continue;
+        }
+        for p in 0..PROMPTS.len() {
+            push(
+                v,
+                format!("golden.p{p}"),
+                Box::new(move |ctx| golden(ctx, form, p)),
+            );
+            push(
+                v,
+                format!("reference.p{p}"),
+                Box::new(move |ctx| against_reference(ctx, form, p, N_TOKENS)),
+            );
+        }
+        push(v, "batched".into(), Box::new(move |ctx| batched(ctx, form)));
     }
-    v.push(Case::new(
-        Suite::Decode,
-        format!("xtc.decode.{NAME}.batched"),
-        batched,
-    ));
 }
 
 /// Registers the perf suite's cases of the real model.
@@ -125,7 +157,13 @@ fn prompt(t: &Bpe, p: usize) -> Result<Vec<u32>, CaseError> {
     Ok(chat::user_prompt(t, PROMPTS[p])?)
 }
 
-fn gpu(ctx: &mut Ctx, m: &Llama, seqs: usize, keep_logits: bool) -> Result<GpuLlama, CaseError> {
+fn gpu(
+    ctx: &mut Ctx,
+    m: &Llama,
+    form: Variant,
+    seqs: usize,
+    keep_logits: bool,
+) -> Result<GpuLlama, CaseError> {
     let dev = ctx.device()?;
     let opts = GpuLlamaOptions {
         kv: KvGeometry {
@@ -136,7 +174,7 @@ fn gpu(ctx: &mut Ctx, m: &Llama, seqs: usize, keep_logits: bool) -> Result<GpuLl
         max_seqs: seqs,
         max_context: BLOCK * PER_SEQ,
         keep_logits,
-        variant: None,
+        variant: Some(form),
     };
     Ok(GpuLlama::new(&dev, m, opts)?)
 }
@@ -177,9 +215,9 @@ fn greedy(g: &mut GpuLlama, prompts: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<u32
     Ok(out)
 }
 
-fn golden(ctx: &mut Ctx, p: usize) -> Result<Outcome, CaseError> {
+fn golden(ctx: &mut Ctx, form: Variant, p: usize) -> Result<Outcome, CaseError> {
     let (m, t) = model(ctx)?;
-    let mut g = gpu(ctx, m, PROMPTS.len(), false)?;
+    let mut g = gpu(ctx, m, form, PROMPTS.len(), false)?;
     let toks = greedy(&mut g, &[(p, prompt(t, p)?)])?.remove(0);
     let text = t.decode(&toks);
     Ok(Outcome::record(
@@ -188,13 +226,18 @@ fn golden(ctx: &mut Ctx, p: usize) -> Result<Outcome, CaseError> {
     ))
 }
 
-fn against_reference(ctx: &mut Ctx, p: usize) -> Result<Outcome, CaseError> {
+fn against_reference(
+    ctx: &mut Ctx,
+    form: Variant,
+    p: usize,
+    n_tokens: usize,
+) -> Result<Outcome, CaseError> {
     let (m, t) = model(ctx)?;
-    let mut g = gpu(ctx, m, PROMPTS.len(), true)?;
+    let mut g = gpu(ctx, m, form, PROMPTS.len(), true)?;
     let mut seq = m.new_sequence();
     let mut next = prompt(t, p)?;
     let (mut worst, mut ties) = (0f64, 0);
-    for step in 0..N_TOKENS {
+    for step in 0..n_tokens {
         let plan = BatchPlan {
             seqs: vec![SeqWork {
                 tokens: next.clone(),
@@ -238,13 +281,13 @@ fn against_reference(ctx: &mut Ctx, p: usize) -> Result<Outcome, CaseError> {
         next = vec![tok];
     }
     Ok(Outcome::pass_with(format!(
-        "{N_TOKENS} steps, logits NMSE <= {worst:.2e}, {ties} near-ties"
+        "{n_tokens} steps, logits NMSE <= {worst:.2e}, {ties} near-ties"
     )))
 }
 
-fn batched(ctx: &mut Ctx) -> Result<Outcome, CaseError> {
+fn batched(ctx: &mut Ctx, form: Variant) -> Result<Outcome, CaseError> {
     let (m, t) = model(ctx)?;
-    let mut g = gpu(ctx, m, PROMPTS.len(), false)?;
+    let mut g = gpu(ctx, m, form, PROMPTS.len(), false)?;
     let all: Vec<(usize, Vec<u32>)> = (0..PROMPTS.len())
         .map(|p| Ok((p, prompt(t, p)?)))
         .collect::<Result<_, CaseError>>()?;
@@ -273,7 +316,7 @@ fn decode_iter(ctx: &mut Ctx, members: usize) -> Result<Outcome, CaseError> {
         max_seqs: members,
         max_context: 64,
         keep_logits: false,
-        variant: None,
+        variant: ctx.kernel_form(),
     };
     let mut g = GpuLlama::new(&dev, m, opts)?;
     let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();

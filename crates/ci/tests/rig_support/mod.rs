@@ -31,7 +31,7 @@ impl Rig {
         Rig::with_variant(
             dev,
             elems,
-            xtc_decode::model::vulkan::ops::Variant::for_device(dev),
+            xtc_decode::model::vulkan::ops::Variant::for_device(dev).unwrap(),
         )
     }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::device::DeviceArg;
+use crate::generate::KernelForm;
 use xtc_decode::model::adapters::IterationCost;
 use xtc_decode::serve::trace::Scaling;
 
@@ -159,6 +160,12 @@ pub struct DecodeArgs {
     /// or its render node (`xtc probe` lists them).
     #[arg(long, value_name = "DEV", default_value = "auto", value_parser = crate::device::parse)]
     pub device: DeviceArg,
+    /// Kernel form on a Vulkan device: `auto` (by what the device supports and a
+    /// measured barrier probe), `gpu` (workgroup memory and barriers; needs no subgroups)
+    /// or `cpu` (barrier-free, subgroups of at least 8 lanes); forcing one tests it on any
+    /// device that can run it. Ignored by `cpu` and `toy`.
+    #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
+    pub kernels: KernelForm,
     /// Seed of the synthetic weights, the prompts (their windows of the text for
     /// the GGUF model) and the cancellations.
     #[arg(long, value_name = "N", default_value_t = 1)]

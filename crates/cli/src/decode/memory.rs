@@ -97,6 +97,7 @@ pub fn memory_need(
         max_tokens: o.token_budget,
         max_seqs: o.max_active.max(1),
         max_context: config.seq_len,
+        kernels: None,
     };
     let sq = n(o.max_active.max(1));
     let mut parts = vec![("block allocator", KvLedger::host_bytes(o.kv_blocks))];

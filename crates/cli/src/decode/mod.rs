@@ -119,21 +119,29 @@ fn run_inner(args: &DecodeArgs, w: &mut dyn Write) -> Result<i32, String> {
         stop_token: source.stop_token(),
         ..job_opts(args, &wl, &config)
     };
-    let opts = source.fit_kv(&device, &config, opts, args.kv_blocks.is_some());
+    let opts = source.fit_kv(
+        &device,
+        &config,
+        opts,
+        args.kv_blocks.is_some(),
+        args.kernels.variant(),
+    );
     check_kv_size(args, &config, &opts)?;
     check_memory(args, &config, source.weight_elems(), &opts, &device, &wl)?;
     if let Some(m) = unfit_rows(&trace, &wl, &opts, config.seq_len) {
         eprintln!("xtc decode: warning: {m}");
     }
-    let model = source.model(&device, &opts, &config).map_err(|e| {
-        format!(
-            "device model: {e} (buffers for --token-budget {} token rows and a ready vector of \
+    let model = source
+        .model(&device, &opts, &config, args.kernels.variant())
+        .map_err(|e| {
+            format!(
+                "device model: {e} (buffers for --token-budget {} token rows and a ready vector of \
              --max-active {}; {})",
-            opts.token_budget,
-            opts.max_active,
-            kv_origin(args, &opts)
-        )
-    })?;
+                opts.token_budget,
+                opts.max_active,
+                kv_origin(args, &opts)
+            )
+        })?;
     let facts = ModelFacts {
         description: model.borrow().describe(),
         shape: model.borrow().config(),

@@ -28,6 +28,7 @@ use xtc_decode::model::format::gguf::MAGIC;
 use xtc_decode::model::format::tokenizer::{self, Tokenizer};
 use xtc_decode::model::open::{Limits, ModelSpec, OpenError, Target, open};
 use xtc_decode::model::text::bpe::{Bpe, TextStream};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
 use xtc_decode::serve::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
 use xtc_decode::serve::prompts;
@@ -296,18 +297,23 @@ impl Source {
     /// f32), so without `--kv-blocks` the derived block count is capped at
     /// what `maxStorageBufferRange` holds (the full trace's longest requests
     /// times `--max-active` would not fit); admission then charges each
-    /// request its own blocks. Unchanged otherwise.
+    /// request its own blocks. Unchanged otherwise, and in the CPU kernel
+    /// form (`kernels`, or the device's own form for `None`), whose KV cache
+    /// is an image.
     pub fn fit_kv(
         &self,
         device: &Target,
         config: &Config,
         opts: JobOpts,
         explicit: bool,
+        kernels: Option<Variant>,
     ) -> JobOpts {
         let (Source::Gguf(_), Target::Vulkan(dev)) = (self, device) else {
             return opts;
         };
-        if explicit || device.on_host() {
+        // A probe failure leaves the cap on: the model's own error follows.
+        let form = kernels.unwrap_or_else(|| Variant::for_device(dev).unwrap_or(Variant::Gpu));
+        if explicit || form == Variant::Cpu {
             return opts;
         }
         let per_block = 2 * config.n_layers * opts.block_size.max(1) * config.kv_dim() * 4;
@@ -333,8 +339,9 @@ impl Source {
     }
 
     /// Opens the model on `device` ([`xtc_decode::model::open::open`]) with a KV
-    /// cache and buffers for `opts`; `config` is [`Source::config`] for the
-    /// device.
+    /// cache and buffers for `opts`, in the kernel form `kernels` on a
+    /// Vulkan device (`None`: the device's own, `--kernels auto`); `config`
+    /// is [`Source::config`] for the device.
     ///
     /// # Errors
     /// As [`xtc_decode::model::open::open`].
@@ -343,6 +350,7 @@ impl Source {
         device: &Target,
         opts: &JobOpts,
         config: &Config,
+        kernels: Option<Variant>,
     ) -> Result<SharedModel, OpenError> {
         let limits = Limits {
             kv: KvGeometry {
@@ -352,6 +360,7 @@ impl Source {
             max_tokens: opts.token_budget,
             max_seqs: opts.max_active.max(1),
             max_context: config.seq_len,
+            kernels,
         };
         Ok(job::shared(open(&self.spec(), device, limits)?))
     }

@@ -474,6 +474,19 @@ impl VulkanModel<GpuModel> {
             max_seqs,
             ..GpuOptions::default()
         };
+        VulkanModel::with_options(dev, weights, opts)
+    }
+
+    /// As [`new`](Self::new) with every [`GpuOptions`] (e.g. a forced
+    /// kernel form, `GpuOptions::variant`).
+    ///
+    /// # Errors
+    /// As [`GpuModel::new`].
+    pub fn with_options(
+        dev: &xtc_vk::Device,
+        weights: &Weights,
+        opts: GpuOptions,
+    ) -> xtc::Result<Self> {
         let gpu = GpuModel::new(dev, weights, opts)?;
         Ok(VulkanModel {
             gpu,

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use super::adapters::{CpuModel, IterationCost, ToyModel, VulkanModel};
 use super::cpu::llama::Llama;
 use super::stream::{CpuStream, Stream, VulkanStream};
+use super::vulkan::f32_model::GpuOptions;
 use super::vulkan::llama::{GpuLlamaError, GpuLlamaOptions};
 use super::vulkan::ops::Variant;
 use super::{Config, KvGeometry, Weights};
@@ -124,6 +125,11 @@ pub struct Limits {
     /// Positions per sequence (a GGUF model on a Vulkan device: at most the
     /// model's, and [`Target::context`]'s).
     pub max_context: usize,
+    /// The kernel form on a Vulkan device (`None`: by capability and the
+    /// barrier probe, [`crate::model::vulkan::form`]; a forced form tests
+    /// it on any device, and the CPU form on a device without subgroups is
+    /// an [`OpenError::Llama`]).
+    pub kernels: Option<Variant>,
 }
 
 /// The sizes a one-sequence [`Stream`] is opened for.
@@ -180,9 +186,16 @@ pub fn open(
         (Target::Cpu, ModelSpec::Gguf { model, name }) => {
             Box::new(CpuModel::llama(model.clone(), kv, name))
         }
-        (Target::Vulkan(dev), ModelSpec::F32(w)) => Box::new(
-            VulkanModel::new(dev, w, kv, limits.max_tokens, max_seqs).map_err(OpenError::F32)?,
-        ),
+        (Target::Vulkan(dev), ModelSpec::F32(w)) => {
+            let o = GpuOptions {
+                kv,
+                max_tokens: limits.max_tokens,
+                max_seqs,
+                variant: limits.kernels,
+                ..GpuOptions::default()
+            };
+            Box::new(VulkanModel::with_options(dev, w, o).map_err(OpenError::F32)?)
+        }
         (Target::Vulkan(dev), ModelSpec::Gguf { model, name }) => {
             let o = GpuLlamaOptions {
                 kv,
@@ -190,7 +203,7 @@ pub fn open(
                 max_seqs,
                 max_context: limits.max_context,
                 keep_logits: false,
-                variant: None,
+                variant: limits.kernels,
             };
             Box::new(VulkanModel::llama(dev, model, o, name)?)
         }
@@ -311,6 +324,7 @@ mod tests {
             max_tokens: 16,
             max_seqs: 2,
             max_context: 32,
+            kernels: None,
         };
         let cpu = open(&spec, &Target::Cpu, limits).unwrap();
         assert_eq!(cpu.config(), Config::tiny());

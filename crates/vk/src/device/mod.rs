@@ -21,9 +21,11 @@ use super::pipeline_cache::{CacheKey, CacheState, PipelineCache};
 use super::queue::QueueState;
 use super::{VkError, VkResult, call};
 
+mod mask;
 mod options;
 mod validation;
 
+pub use mask::Mask;
 pub use options::DeviceOptions;
 use validation::*;
 pub use validation::{
@@ -446,9 +448,12 @@ pub(crate) struct Inner {
     pub(crate) allocator: Mutex<ManuallyDrop<Allocator>>,
     pub(crate) fence_fd: Option<khr::external_fence_fd::Device>,
     pub(crate) limits: vk::PhysicalDeviceLimits,
-    /// `(subgroupSize, compute stage supports subgroup ops with ballot and
-    /// arithmetic)` from `VkPhysicalDeviceSubgroupProperties`.
-    pub(crate) subgroup: (u32, bool),
+    /// `(subgroupSize, the subgroup operations of the compute stage)` from
+    /// `VkPhysicalDeviceSubgroupProperties` (empty operations when the
+    /// compute stage has none, or they are masked).
+    pub(crate) subgroup: (u32, vk::SubgroupFeatureFlags),
+    /// What `XTC_VK_MASK` (or [`Device::open_with_mask`]) hides.
+    pub(crate) mask: Mask,
     /// `timestampValidBits` of the compute queue family (0: no timestamps).
     pub(crate) timestamp_bits: u32,
     /// [`DeviceOptions::force_staging`].
@@ -475,19 +480,36 @@ impl Device {
     /// Khronos validation layer runs as [`Validation::from_env`] says: core
     /// and synchronization validation in debug builds when installed;
     /// `XTC_VK_VALIDATION` (`0`, `1`/`sync`, `core`, `gpu`) chooses, and then
-    /// a missing layer is an error.
+    /// a missing layer is an error. `XTC_VK_MASK` ([`Mask::from_env`], e.g.
+    /// `subgroups`) hides capabilities the device has, to test the paths of
+    /// a device without them.
     ///
     /// # Errors
     /// [`VkError::Loader`] / [`VkError::NoDevice`] (no Vulkan here),
     /// [`VkError::NoMatch`] (selector), [`VkError::Validation`] (validation
     /// requested and not installed, or a bad `XTC_VK_VALIDATION`),
-    /// [`VkError::Inval`] (a bad `XTC_VK_FORCE_STAGING` or
-    /// `XTC_VK_PIPELINE_CACHE`), a failed `vkCreateDevice`.
+    /// [`VkError::Mask`] (a bad `XTC_VK_MASK`), [`VkError::Inval`] (a bad
+    /// `XTC_VK_FORCE_STAGING` or `XTC_VK_PIPELINE_CACHE`), a failed
+    /// `vkCreateDevice`.
     ///
     /// The other variables of [`DeviceOptions::from_env`] apply too
-    /// (`XTC_VK_FORCE_STAGING`, `XTC_VK_PIPELINE_CACHE`).
+    /// (`XTC_VK_FORCE_STAGING`, `XTC_VK_PIPELINE_CACHE`, `XTC_VK_MASK`).
     pub fn open(sel: &Selector) -> VkResult<Device> {
         Device::open_options(sel, &DeviceOptions::from_env()?)
+    }
+
+    /// As [`open`](Self::open), hiding what `mask` says whatever
+    /// `XTC_VK_MASK` says (tests of the paths of a device without a
+    /// capability, e.g. [`Mask::SUBGROUPS`]).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with_mask(sel: &Selector, mask: Mask) -> VkResult<Device> {
+        let opts = DeviceOptions {
+            mask,
+            ..DeviceOptions::from_env()?
+        };
+        Device::open_options(sel, &opts)
     }
 
     /// As [`open`](Self::open), with `validation` whatever `XTC_VK_VALIDATION`
@@ -502,7 +524,7 @@ impl Device {
     }
 
     /// Opens the device `sel` picks as `opts` say, whatever the environment
-    /// says (tests of forced staging and of the pipeline cache).
+    /// says (tests of forced staging, the pipeline cache and masks).
     ///
     /// # Errors
     /// As [`open`](Self::open); `vkCreatePipelineCache` failing on an empty
@@ -510,6 +532,7 @@ impl Device {
     /// never an error (see [`crate::pipeline_cache`]).
     pub fn open_options(sel: &Selector, opts: &DeviceOptions) -> VkResult<Device> {
         let (validation, required) = opts.validation;
+        let mask = opts.mask;
         let instance = Instance::new(validation, required)?;
         let all = instance.describe_all()?;
         let infos: Vec<_> = all.iter().map(|(_, d)| d.clone()).collect();
@@ -541,13 +564,14 @@ impl Device {
                 .get_physical_device_properties2(physical, &mut props)
         };
         let pipeline_cache_uuid = props.properties.pipeline_cache_uuid;
-        let needed = vk::SubgroupFeatureFlags::BASIC
-            | vk::SubgroupFeatureFlags::BALLOT
-            | vk::SubgroupFeatureFlags::ARITHMETIC;
+        let compute = sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE);
         let subgroup = (
             sub.subgroup_size,
-            sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
-                && sub.supported_operations.contains(needed),
+            if compute && !mask.subgroups {
+                sub.supported_operations
+            } else {
+                vk::SubgroupFeatureFlags::empty()
+            },
         );
         // SAFETY: `physical` belongs to the instance; the query only fills
         // its output.
@@ -609,6 +633,7 @@ impl Device {
             fence_fd,
             limits,
             subgroup,
+            mask,
             timestamp_bits,
             force_staging: opts.force_staging,
             device_only_types,
@@ -677,10 +702,27 @@ impl Device {
     /// The compute stage's subgroup size when it supports the subgroup
     /// operations the quantized kernels' CPU form uses (basic, ballot:
     /// `subgroupBroadcast`, arithmetic: `subgroupAdd` / `Max` / `Min`), else
-    /// `None`.
+    /// `None` (also when [`Mask::subgroups`] hides them).
     pub fn subgroup_size(&self) -> Option<u32> {
         let (size, ops) = self.0.subgroup;
-        ops.then_some(size)
+        let needed = vk::SubgroupFeatureFlags::BASIC
+            | vk::SubgroupFeatureFlags::BALLOT
+            | vk::SubgroupFeatureFlags::ARITHMETIC;
+        ops.contains(needed).then_some(size)
+    }
+
+    /// The subgroup operations (`VkSubgroupFeatureFlags`) the compute stage
+    /// supports: `supportedOperations` of `VkPhysicalDeviceSubgroupProperties`
+    /// when `supportedStages` includes compute, else empty; empty as well
+    /// when [`Mask::subgroups`] hides them. [`super::Kernels::new`] builds an
+    /// entry point only when its operations are among these.
+    pub fn subgroup_operations(&self) -> vk::SubgroupFeatureFlags {
+        self.0.subgroup.1
+    }
+
+    /// What this device hides ([`Device::open_with_mask`], `XTC_VK_MASK`).
+    pub fn mask(&self) -> Mask {
+        self.0.mask
     }
 
     /// Nanoseconds per timestamp tick (`timestampPeriod`), or `None` when

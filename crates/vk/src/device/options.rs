@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use super::Validation;
+use super::{Mask, Validation};
 use crate::{VkError, VkResult};
 
 /// Options of [`Device::open_options`](super::Device::open_options).
@@ -24,6 +24,8 @@ pub struct DeviceOptions {
     /// UUID and driver version, see [`crate::pipeline_cache`]); `None`: no
     /// cache is read or written.
     pub pipeline_cache: Option<PathBuf>,
+    /// Capabilities hidden (`XTC_VK_MASK`, [`Mask::from_env`]).
+    pub mask: Mask,
 }
 
 impl Default for DeviceOptions {
@@ -33,6 +35,7 @@ impl Default for DeviceOptions {
             validation: (Validation::Off, false),
             force_staging: false,
             pipeline_cache: None,
+            mask: Mask::default(),
         }
     }
 }
@@ -69,6 +72,7 @@ impl DeviceOptions {
                 var("XDG_CACHE_HOME").as_deref(),
                 var("HOME").as_deref(),
             )?,
+            mask: Mask::from_env()?,
         })
     }
 }

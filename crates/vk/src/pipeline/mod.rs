@@ -41,7 +41,7 @@ use super::device::{Device, c_name};
 use super::image::StorageImage;
 use super::memory::Buffer;
 use super::queue::{HostGate, Submission};
-use super::{VkError, VkResult, call, kernels::KERNELS};
+use super::{VkError, VkResult, call, kernels::KERNELS, kernels::SUBGROUP_OPS};
 
 mod command;
 
@@ -146,8 +146,8 @@ pub struct Kernel {
     dev_id: usize,
 }
 
-/// Every kernel compiled from `kernels/` as a pipeline, with the shared
-/// descriptor-set and pipeline layouts.
+/// Every kernel compiled from `kernels/` that the device can run, as a
+/// pipeline, with the shared descriptor-set and pipeline layouts.
 pub struct Kernels {
     dev: Device,
     set_layout: vk::DescriptorSetLayout,
@@ -155,15 +155,46 @@ pub struct Kernels {
     pipelines: Vec<(&'static str, vk::Pipeline)>,
 }
 
+/// The subgroup operations the SPIR-V of entry point `name` uses
+/// (`vk::kernels::SUBGROUP_OPS`; empty for an unknown name).
+pub fn subgroup_ops_of(name: &str) -> vk::SubgroupFeatureFlags {
+    let bits = SUBGROUP_OPS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |e| e.1);
+    vk::SubgroupFeatureFlags::from_raw(bits)
+}
+
 impl Kernels {
-    /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`,
-    /// through the device's pipeline cache, then writes that cache back to
-    /// its file ([`Device::save_pipeline_cache`]; a failed write is a
-    /// warning on stderr).
+    /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`
+    /// that the device can run, through the device's pipeline cache, then
+    /// writes that cache back to its file ([`Device::save_pipeline_cache`];
+    /// a failed write is a warning on stderr). An entry point whose SPIR-V
+    /// uses subgroup operations ([`subgroup_ops_of`]) is built only when they
+    /// are all among [`Device::subgroup_operations`] (so a device without
+    /// subgroups, or with them masked, never compiles one); [`Kernels::get`]
+    /// of an entry point left out is [`VkError::Unsupported`].
     ///
     /// # Errors
     /// `Call` if a layout, shader module or pipeline cannot be created.
     pub fn new(dev: &Device) -> VkResult<Kernels> {
+        Kernels::build_where(dev, |_| true)
+    }
+
+    /// As [`new`](Self::new), building only the entry points named in
+    /// `names` (and that the device can run): a cheap set for a probe or a
+    /// single-kernel test.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); `Inval` for a name not in `kernels/`.
+    pub fn only(dev: &Device, names: &[&str]) -> VkResult<Kernels> {
+        if let Some(n) = names.iter().find(|n| !KERNELS.iter().any(|(k, _)| k == *n)) {
+            return Err(VkError::Inval(format!("no kernel named {n:?}")));
+        }
+        Kernels::build_where(dev, |n| names.contains(&n))
+    }
+
+    fn build_where(dev: &Device, wanted: impl Fn(&str) -> bool) -> VkResult<Kernels> {
         let d = dev.raw();
         let bindings: Vec<_> = (0..BINDINGS)
             .map(|b| {
@@ -208,9 +239,12 @@ impl Kernels {
         // SAFETY: valid create info; arrays live across the call.
         me.layout = unsafe { d.create_pipeline_layout(&info, None) }
             .map_err(call("vkCreatePipelineLayout"))?;
+        let has = dev.subgroup_operations();
         for (name, spv) in KERNELS {
-            let p = me.build(name, spv)?;
-            me.pipelines.push((name, p));
+            if wanted(name) && has.contains(subgroup_ops_of(name)) {
+                let p = me.build(name, spv)?;
+                me.pipelines.push((name, p));
+            }
         }
         save_pipeline_cache(dev);
         Ok(me)
@@ -247,17 +281,34 @@ impl Kernels {
     /// The kernel whose entry point is `name` (e.g. `"matmul"`).
     ///
     /// # Errors
-    /// `Inval` for an unknown name.
+    /// [`VkError::Unsupported`] for an entry point the device cannot run
+    /// (not built, see [`Kernels::new`]); `Inval` for an unknown name or one
+    /// left out of a [`Kernels::only`] set.
     pub fn get(&self, name: &str) -> VkResult<Kernel> {
         let p = self.pipelines.iter().find(|(n, _)| *n == name);
         p.map(|&(_, pipeline)| Kernel {
             pipeline,
             dev_id: self.dev.id(),
         })
-        .ok_or_else(|| VkError::Inval(format!("no kernel named {name:?}")))
+        .ok_or_else(|| {
+            let (needs, has) = (subgroup_ops_of(name), self.dev.subgroup_operations());
+            if !has.contains(needs) {
+                VkError::Unsupported {
+                    kernel: name.to_owned(),
+                    needs,
+                    has,
+                }
+            } else if KERNELS.iter().any(|(n, _)| *n == name) {
+                VkError::Inval(format!(
+                    "kernel {name:?} is not in this set (Kernels::only)"
+                ))
+            } else {
+                VkError::Inval(format!("no kernel named {name:?}"))
+            }
+        })
     }
 
-    /// Entry point names of all kernels.
+    /// Entry point names of the kernels built (those the device can run).
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.pipelines.iter().map(|(n, _)| *n)
     }

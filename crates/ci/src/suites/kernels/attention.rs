@@ -52,7 +52,17 @@ pub(super) fn attention_cases(v: &mut Vec<Spec>) {
         v.push(spec(
             format!("xtc.kernels.{op}.{fname}.h{h}_kv{kv}_hs{hs}_bs{bs}"),
             entries,
-            move |ctx| attention(ctx, form, (h, kv, hs), bs),
+            move |ctx| attention(ctx, form, (h, kv, hs), bs, false),
+        ));
+    }
+    // Past 2,048 cached positions at SmolLM2's head shapes, in both forms:
+    // the GPU form's `attention`, and the CPU form's op, which past the
+    // lane loop budget dispatches `attention` too (`Attention::dispatch`).
+    for (form, fname) in [(AttForm::Gpu, "f32"), (AttForm::Lane, "f32_cpu_form")] {
+        v.push(spec(
+            format!("xtc.kernels.attention.{fname}.h9_kv3_hs64_bs16.long"),
+            &["kv_append", "attention"],
+            move |ctx| attention(ctx, form, (9, 3, 64), 16, true),
         ));
     }
 }
@@ -60,8 +70,16 @@ pub(super) fn attention_cases(v: &mut Vec<Spec>) {
 /// A ready vector mixing decode tokens after 0, 1, 70 and 129 cached
 /// positions with prefill chunks of 9 and 20 tokens, over block tables in
 /// scattered (descending) order: KV append of every row, then attention of
-/// every (row, head) over positions `0..=pos`.
-fn attention(ctx: &mut Ctx, form: AttForm, heads: (usize, usize, usize), bs: usize) -> CaseResult {
+/// every (row, head) over positions `0..=pos`. `long`: instead decode
+/// tokens after 2,100 and 3,000 cached positions and a chunk of 5 after
+/// 2,047 (attention over more than 2,048 positions).
+fn attention(
+    ctx: &mut Ctx,
+    form: AttForm,
+    heads: (usize, usize, usize),
+    bs: usize,
+    long: bool,
+) -> CaseResult {
     let (n_heads, n_kv, hs) = heads;
     let mut rng = ctx.rng();
     let c = Config {
@@ -71,21 +89,22 @@ fn attention(ctx: &mut Ctx, form: AttForm, heads: (usize, usize, usize), bs: usi
         n_heads,
         n_kv_heads: n_kv,
         vocab_size: 16,
-        seq_len: 256,
+        seq_len: if long { 4096 } else { 256 },
     };
     let (dim, kvd) = (c.dim, c.kv_dim());
+    let shape: &[(usize, usize)] = if long {
+        &[(2100, 1), (2047, 5), (3000, 1)]
+    } else {
+        &[(70, 1), (0, 9), (1, 1), (13, 20), (0, 1), (129, 3)]
+    };
     let geo = KvGeometry {
         block_size: bs,
-        n_blocks: 300 / bs + 40,
+        n_blocks: shape
+            .iter()
+            .map(|(c, n)| (c + n).div_ceil(bs))
+            .sum::<usize>()
+            + 40,
     };
-    let shape = [
-        (70usize, 1usize),
-        (0, 9),
-        (1, 1),
-        (13, 20),
-        (0, 1),
-        (129, 3),
-    ];
     let mut next_block = 0u32;
     let seqs: Vec<SeqWork> = shape
         .iter()
@@ -242,7 +261,7 @@ fn attention(ctx: &mut Ctx, form: AttForm, heads: (usize, usize, usize), bs: usi
         if form != AttForm::AppendOnly {
             b.expect(
                 &att,
-                if form == AttForm::Gpu {
+                if form == AttForm::Gpu || long {
                     "attention"
                 } else {
                     "attention_lane"

@@ -93,6 +93,23 @@ pub fn specs() -> Vec<Spec> {
     dense::swiglu_cases(&mut v);
     dense::argmax_cases(&mut v);
     qkernels::cases(&mut v);
+    // The kernel-form probe (`kernels/form_probe.wgsl`): both kernels'
+    // outputs against the host's (`form::measure` checks them); its timing
+    // is reported, never judged.
+    v.push(spec(
+        "xtc.kernels.form_probe.barrier_vs_plain".into(),
+        &["form_probe_barrier", "form_probe_plain"],
+        |ctx| {
+            let dev = ctx.device()?;
+            let p = xtc_decode::model::vulkan::form::measure(&dev)?;
+            ok(format!(
+                "outputs exact; {:?} with barriers, {:?} without (ratio {:.1})",
+                p.barrier,
+                p.plain,
+                p.ratio()
+            ))
+        },
+    ));
     v
 }
 

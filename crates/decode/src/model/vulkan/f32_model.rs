@@ -39,7 +39,8 @@ pub struct GpuOptions {
     /// Copy the sampled rows' logits back each iteration
     /// ([`GpuModel::finish_with_logits`]); off by default (costs a copy).
     pub keep_logits: bool,
-    /// Kernel forms to use; `None`: [`Variant::for_device`].
+    /// Kernel forms to use; `None`: [`super::form::choose`] (the barrier
+    /// probe; this model's CPU form needs no subgroups).
     pub variant: Option<Variant>,
     /// Hold the KV cache in a storage image ([`KvImage`]) rather than a
     /// buffer: `None` (the default) does so for the [`Variant::Cpu`] forms
@@ -122,7 +123,11 @@ impl GpuModel {
             return Err(Error::Inval);
         }
         let kernels = Kernels::new(dev)?;
-        let variant = opts.variant.unwrap_or_else(|| Variant::for_device(dev));
+        let variant = match opts.variant {
+            Some(v) => v,
+            // The f32 kernels use no subgroups: the probe alone decides.
+            None => super::form::choose(dev, true)?,
+        };
         let ops = Ops::new(&kernels, variant)?;
         let image = KvImage::new(&c, opts.kv, dev.image_limits()).filter(|_| {
             // Every position of a sequence must fit the image form's loop budget.

@@ -2,7 +2,8 @@
 //! ([`ops`], and the quantized ones in [`qops`]), the texel stream quantized
 //! matrices are repacked into ([`qweights`]), the f32 model
 //! ([`f32_model::GpuModel`], its buffers and recording in `f32_record`) and
-//! the GGUF model ([`llama::GpuLlama`]).
+//! the GGUF model ([`llama::GpuLlama`]), and which kernel form a device
+//! runs ([`form`]: by capability and a measured barrier probe).
 //!
 //! What both models share lives here: an iteration in flight
 //! ([`InFlight`]: its submission, what it samples, and the reading back of
@@ -11,6 +12,7 @@
 
 pub mod f32_model;
 mod f32_record;
+pub mod form;
 pub mod llama;
 pub mod ops;
 pub mod qops;

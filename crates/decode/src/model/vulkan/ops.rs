@@ -20,7 +20,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::model::BatchPlan;
-use xtc_vk::{DeviceKind, Kernel, Kernels, Recorder, VkError, VkResult, WINDOWS, Window};
+use xtc_vk::{Kernel, Kernels, Recorder, VkError, VkResult, WINDOWS, Window};
 
 /// Packs one iteration's metadata into `out` (cleared first): the row records
 /// `[n_tokens][4]` at offset 0 (token, sequence index, position, offset of the
@@ -59,23 +59,37 @@ pub fn pack_metadata(plan: &BatchPlan, block_size: usize, out: &mut Vec<u32>) ->
 }
 
 /// Which form of the kernels that have two (matmul, attention) to run. The
-/// `Cpu` form is used only where it fits [`LANE_LOOP_BUDGET`].
+/// `Cpu` form is used only where it fits [`LANE_LOOP_BUDGET`]. Which form a
+/// device runs follows what it supports and measures, not its type
+/// ([`super::form`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
-    /// Cooperative workgroups with workgroup memory and barriers (GPUs).
+    /// Cooperative workgroups with workgroup memory and barriers (where
+    /// barriers are cheap: GPUs; needs no subgroups).
     Gpu,
-    /// Barrier-free forms (CPU devices such as lavapipe, where a workgroup
-    /// barrier switches between all of the workgroup's fibers).
+    /// Barrier-free forms with subgroups of at least 8 lanes (where a
+    /// workgroup barrier is dear: CPU devices such as lavapipe, where it
+    /// switches between all of the workgroup's fibers).
     Cpu,
 }
 
 impl Variant {
-    /// The variant for a device: `Cpu` for [`DeviceKind::Cpu`], else `Gpu`.
-    pub fn for_device(dev: &xtc_vk::Device) -> Variant {
-        if dev.info().kind == DeviceKind::Cpu {
-            Variant::Cpu
-        } else {
-            Variant::Gpu
+    /// The form of the quantized kernels for `dev` by
+    /// [`super::form::choose`]: `Gpu` where the CPU form's subgroups are missing (or masked, `XTC_VK_MASK=subgroups`),
+    /// else the one the barrier probe favours (measured once per device and
+    /// driver, cached).
+    ///
+    /// # Errors
+    /// Device errors of the probe.
+    pub fn for_device(dev: &xtc_vk::Device) -> VkResult<Variant> {
+        super::form::choose(dev, super::form::cpu_form_supported(dev))
+    }
+
+    /// `"gpu"` or `"cpu"` (the `--kernels` value and case-name component).
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Gpu => "gpu",
+            Variant::Cpu => "cpu",
         }
     }
 }

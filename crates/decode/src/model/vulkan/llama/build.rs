@@ -8,6 +8,7 @@ use crate::model::cpu::llama::Llama;
 use crate::model::format::gguf::Gguf;
 use crate::model::format::llama_config::LlamaConfig;
 use crate::model::format::quant::{self, QMatrix};
+use crate::model::vulkan::form;
 use crate::model::vulkan::ops::{Attention, AttentionImage, KvImage, Variant};
 use crate::model::vulkan::qops::{argmax_groups, rope_table};
 use crate::model::vulkan::qweights::{QTensor, TexelStream};
@@ -92,7 +93,8 @@ fn stack(s: &mut TexelStream, names: &[String], parts: &[QMatrix<'_>]) -> Result
 ///
 /// # Errors
 /// [`GpuLlamaError::Options`] for zero sizes, a `max_context` above the
-/// model's, or the CPU form asked of a device without subgroups of 8.
+/// model's, or the CPU form asked of a device without subgroups of 8;
+/// [`GpuLlamaError::Vk`] when the form probe fails.
 pub(super) fn validate(
     dev: &Device,
     lc: &LlamaConfig,
@@ -120,23 +122,51 @@ pub(super) fn validate(
     };
     // The CPU form hands x around subgroups of at least 8 lanes
     // (`subgroupBroadcast` from lanes 0..7) and reduces with
-    // `subgroupAdd` / `Max` / `Min`; without them the GPU form runs.
-    let subgroups = dev.subgroup_size().is_some_and(|s| s >= 8);
+    // `subgroupAdd` / `Max` / `Min`, reads the weights from a 4096 x 16384
+    // image and the KV cache from an image within the attention loop budget;
+    // without them the GPU form runs (`form::choose`).
+    let subgroups = form::cpu_form_supported(dev);
+    let fits = cpu_form_fits(dev, &shape, opts);
     let variant = match opts.variant {
         Some(v) => v,
-        None if subgroups => Variant::for_device(dev),
-        None => Variant::Gpu,
+        None => form::choose(dev, subgroups && fits)?,
     };
     if variant == Variant::Cpu && !subgroups {
+        let why = if dev.mask().subgroups {
+            "masked (XTC_VK_MASK=subgroups)".to_owned()
+        } else {
+            format!("{:?} lanes", dev.subgroup_size())
+        };
         return Err(bad(
             "variant",
             &format!(
-                "the CPU-device kernels need subgroups of at least 8 lanes with ballot and arithmetic operations; this device has {:?} (use the GPU form)",
-                dev.subgroup_size()
+                "the CPU form of the kernels needs subgroups of at least 8 lanes with basic, ballot and arithmetic operations; this device's are {why} (use the GPU form: --kernels gpu)"
             ),
         ));
     }
     Ok((shape, variant))
+}
+
+/// Whether the CPU form can take `shape` and `opts` on `dev`: the weight
+/// image's 16384 rows and a KV image within the device's limits whose
+/// attention fits the loop budget ([`AttentionImage::fits`]).
+fn cpu_form_fits(dev: &Device, shape: &Config, opts: &GpuLlamaOptions) -> bool {
+    dev.image_limits().0 >= IMAGE_ROWS && kv_image(dev, shape, opts).is_some()
+}
+
+/// The KV image layout of `shape` over `opts.kv`, when the device's limits
+/// hold it and the image attention runs `opts.max_context` positions.
+fn kv_image(dev: &Device, shape: &Config, opts: &GpuLlamaOptions) -> Option<KvImage> {
+    let hs = shape.head_size();
+    KvImage::new(shape, opts.kv, dev.image_limits()).filter(|_| {
+        let probe = Attention {
+            head_size: hs as u32,
+            kv_dim: shape.kv_dim() as u32,
+            max_pos: opts.max_context as u32 - 1,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        AttentionImage(probe).fits()
+    })
 }
 
 /// The weights repacked for the kernels: the texel stream of the matrices
@@ -331,15 +361,7 @@ pub(super) fn allocate(
     variant: Variant,
 ) -> Result<Buffers> {
     let hs = shape.head_size();
-    let image = KvImage::new(shape, opts.kv, dev.image_limits()).filter(|_| {
-        let probe = Attention {
-            head_size: hs as u32,
-            kv_dim: shape.kv_dim() as u32,
-            max_pos: opts.max_context as u32 - 1,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        AttentionImage(probe).fits()
-    });
+    let image = kv_image(dev, shape, opts);
     if variant == Variant::Cpu && image.is_none() {
         return Err(GpuLlamaError::Options {
             option: "max_context",
@@ -421,7 +443,7 @@ pub(super) fn allocate(
 /// Binds the weights and buffers to the kernels' descriptor set.
 ///
 /// # Errors
-/// [`GpuLlamaError::Range`] for a buffer beyond the device's storage
+/// [`GpuLlamaError::StorageRange`] for a buffer beyond the device's storage
 /// buffer range; device errors.
 pub(super) fn bind(
     dev: &Device,
@@ -430,11 +452,14 @@ pub(super) fn bind(
     b: &Buffers,
 ) -> Result<BindingSet> {
     let bound = [&up.wbuf, &b.act, &b.kv, &b.meta, &b.tokens];
-    if bound
-        .iter()
-        .any(|x| x.size() > dev.max_storage_buffer_range())
-    {
-        return Err(GpuLlamaError::Range);
+    let names = ["weights", "activations", "KV cache", "metadata", "tokens"];
+    let max = dev.max_storage_buffer_range();
+    if let Some((x, buffer)) = bound.iter().zip(names).find(|(x, _)| x.size() > max) {
+        return Err(GpuLlamaError::StorageRange {
+            buffer,
+            bytes: x.size(),
+            max,
+        });
     }
     Ok(BindingSet::with_images(
         kernels,

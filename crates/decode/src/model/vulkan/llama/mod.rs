@@ -109,7 +109,8 @@ impl GpuLlama {
     /// [`GpuLlamaError::Options`] for zero sizes or a `max_context` above the
     /// model's context length (or, on CPU devices, the attention kernel's
     /// loop budget); [`GpuLlamaError::Repack`] for a matrix whose rows are not
-    /// a multiple of 4; [`GpuLlamaError::Range`] when offsets overflow 32
+    /// a multiple of 4; [`GpuLlamaError::StorageRange`] for a buffer above
+    /// `maxStorageBufferRange`; [`GpuLlamaError::Range`] when offsets overflow 32
     /// bits; [`GpuLlamaError::Vk`] for device errors (out of memory, limits).
     pub fn new(
         dev: &Device,

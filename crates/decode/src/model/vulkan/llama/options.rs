@@ -22,10 +22,13 @@ pub struct GpuLlamaOptions {
     /// Copy the sampled rows' logits back each iteration
     /// ([`GpuLlama::finish_with_logits`]); off by default (costs a copy).
     pub keep_logits: bool,
-    /// Kernel forms; `None`: [`Variant::for_device`], or `Gpu` where the
-    /// device lacks what the CPU form needs: subgroups of at least 8 lanes
-    /// with ballot and arithmetic operations ([`Device::subgroup_size`];
-    /// llvmpipe on a CPU without AVX has 4). Asking for `Cpu` there is an
+    /// Kernel forms; `None`: by capability and the barrier probe
+    /// ([`crate::model::vulkan::form`]): `Gpu` where the device lacks what
+    /// the CPU form needs (subgroups of at least 8 lanes with basic, ballot
+    /// and arithmetic operations, [`xtc_vk::Device::subgroup_size`]; llvmpipe on a
+    /// CPU without AVX has 4; `XTC_VK_MASK=subgroups` hides them) or the
+    /// options exceed its limits (`max_context`), else the form the probe
+    /// favours. Asking for `Cpu` without the subgroups is an
     /// [`GpuLlamaError::Options`] error.
     pub variant: Option<Variant>,
 }
@@ -71,6 +74,20 @@ pub enum GpuLlamaError {
     /// The device refused (out of memory, limits, a lost device).
     #[error(transparent)]
     Vk(#[from] VkError),
+    /// A buffer the kernels bind is larger than the device's
+    /// `maxStorageBufferRange` (in the GPU form the KV cache is one storage
+    /// buffer: fewer KV blocks fit).
+    #[error(
+        "the {buffer} buffer is {bytes} bytes, above this device's maxStorageBufferRange of {max} bytes (fewer KV blocks, or a shorter context)"
+    )]
+    StorageRange {
+        /// Which buffer (`weights`, `activations`, `KV cache`, ...).
+        buffer: &'static str,
+        /// Its size in bytes.
+        bytes: u64,
+        /// `maxStorageBufferRange` in bytes.
+        max: u64,
+    },
     /// Sizes that do not fit the kernels' 32-bit offsets.
     #[error("buffer sizes overflow the kernels' 32-bit offsets")]
     Range,

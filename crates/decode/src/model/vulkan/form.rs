@@ -1,0 +1,234 @@
+//! Which kernel form ([`Variant`]) a device runs: by what it supports and
+//! what it measures, never by its device type.
+//!
+//! The rule ([`choose`]):
+//! 1. The GPU form ([`Variant::Gpu`]: workgroup memory and barriers, storage
+//!    buffers) needs nothing beyond Vulkan 1.2 compute: always eligible.
+//! 2. The CPU form ([`Variant::Cpu`]: barrier-free, subgroups, the weight and
+//!    KV images) is eligible only where the compute stage has subgroups of
+//!    at least 8 lanes with the basic, ballot and arithmetic operations its
+//!    kernels use ([`xtc_vk::Device::subgroup_size`]; `XTC_VK_MASK=subgroups`
+//!    hides them) and the shape fits its limits (the caller's `cpu_fits`:
+//!    the KV image and the attention loop budget, see
+//!    [`super::llama::GpuLlamaOptions::max_context`]).
+//!    (The f32 model's CPU form uses no subgroups: eligible everywhere.)
+//! 3. Where both are eligible, a probe measures the cost of a workgroup
+//!    barrier ([`BarrierProbe`]: the same arithmetic with and without two
+//!    barriers per step, `kernels/form_probe.wgsl`); the CPU form is chosen
+//!    when barriers make that work at least [`CPU_FORM_RATIO`] times slower
+//!    (a CPU device switches between a workgroup's fibers at every barrier;
+//!    a GPU pays a few cycles), else the GPU form.
+//!
+//! The probe runs once per device and driver (tens of milliseconds), then the
+//! ratio is kept for the process and in
+//! `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/form-probe/<key>` (the key: PCI
+//! vendor and device ids, `driverVersion` and a hash of the device and
+//! driver names; a file that is absent or unreadable is measured again; a
+//! cache that cannot be written is not an error).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::ops::Variant;
+use xtc_vk::{
+    BINDINGS, BindingSet, Buffer, CommandPool, Device, Kernels, Location, VkError, VkResult,
+};
+
+/// Barrier-to-plain time ratio ([`BarrierProbe::ratio`]) at or above which
+/// the CPU form is chosen. lavapipe measures 10 or more (its barriers switch
+/// coroutines); a GPU about 1.
+pub const CPU_FORM_RATIO: f64 = 3.0;
+
+/// Steps per invocation of the probe kernels (well inside llvmpipe's loop
+/// budget, [`super::ops::LANE_LOOP_BUDGET`]).
+const ITERS: u32 = 512;
+/// Workgroups of 64 per probe dispatch.
+const GROUPS: u32 = 64;
+/// Timed runs of each kernel (the fastest counts).
+const RUNS: usize = 5;
+
+/// What the barrier probe measured on one device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BarrierProbe {
+    /// Fastest submit-to-completion time of `form_probe_barrier`.
+    pub barrier: Duration,
+    /// Fastest submit-to-completion time of `form_probe_plain`.
+    pub plain: Duration,
+}
+
+impl BarrierProbe {
+    /// `barrier / plain` (how much two barriers per step slow the same
+    /// work down; 1 where barriers are free).
+    pub fn ratio(&self) -> f64 {
+        self.barrier.as_secs_f64() / self.plain.as_secs_f64().max(1e-9)
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ProbePush {
+    iters: u32,
+    out_off: u32,
+}
+
+/// The host's result of one probe kernel for `l` (invocation in its
+/// workgroup): what `form_probe_barrier` (`barrier`) or `form_probe_plain`
+/// computes, in the same f32 operations.
+pub fn probe_expected(barrier: bool) -> Vec<f32> {
+    let mut acc: Vec<f32> = (0..64).map(|l| l as f32).collect();
+    for _ in 0..ITERS {
+        acc = (0..64)
+            .map(|l| {
+                let from = if barrier { acc[(l + 1) & 63] } else { acc[l] };
+                from * 0.5 + l as f32
+            })
+            .collect();
+    }
+    acc
+}
+
+/// Runs both probe kernels [`RUNS`] times each, alternating, and checks
+/// their results against [`probe_expected`].
+///
+/// # Errors
+/// Device errors; [`VkError::Inval`] when a kernel's output is wrong (a
+/// device that does not run it as written).
+pub fn measure(dev: &Device) -> VkResult<BarrierProbe> {
+    let kernels = Kernels::only(dev, &["form_probe_barrier", "form_probe_plain"])?;
+    let n = (GROUPS * 64) as usize;
+    let bufs = (0..BINDINGS)
+        .map(|i| {
+            let size = if i == 1 { 2 * n as u64 * 4 } else { 16 };
+            Buffer::new(dev, size, Location::Readback, "form probe")
+        })
+        .collect::<VkResult<Vec<_>>>()?;
+    let refs: Vec<&Buffer> = bufs.iter().collect();
+    let set = BindingSet::new(&kernels, &refs)?;
+    let mut pool = CommandPool::new(dev)?;
+    let mut best = [Duration::MAX; 2];
+    for _ in 0..RUNS {
+        for (i, name) in ["form_probe_barrier", "form_probe_plain"]
+            .iter()
+            .enumerate()
+        {
+            pool.reset()?;
+            let mut rec = pool.record(&kernels, &set)?;
+            let push = ProbePush {
+                iters: ITERS,
+                out_off: (i * n) as u32,
+            };
+            rec.dispatch(kernels.get(name)?, &push, [GROUPS, 1, 1])?;
+            rec.host_barrier();
+            let cmd = rec.finish()?;
+            let t = Instant::now();
+            pool.submit(vec![cmd])?.wait(None)?;
+            best[i] = best[i].min(t.elapsed());
+        }
+    }
+    pool.reset()?;
+    let mut out = vec![0f32; 2 * n];
+    bufs[1].read(0, &mut out)?;
+    for (i, barrier) in [true, false].into_iter().enumerate() {
+        let want = probe_expected(barrier);
+        let got = &out[i * n..(i + 1) * n];
+        if let Some(j) = (0..n).find(|&j| got[j] != want[j % 64]) {
+            return Err(VkError::Inval(format!(
+                "form probe ({}): invocation {j} computed {}, expected {}",
+                if barrier { "barrier" } else { "plain" },
+                got[j],
+                want[j % 64]
+            )));
+        }
+    }
+    Ok(BarrierProbe {
+        barrier: best[0],
+        plain: best[1],
+    })
+}
+
+/// The cache key of `dev`: vendor and device ids, driver version, and an
+/// FNV-1a hash of the device name and driver.
+pub fn cache_key(dev: &Device) -> String {
+    let i = dev.info();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in i.name.bytes().chain([0]).chain(i.driver.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!(
+        "{:04x}-{:04x}-{:08x}-{h:016x}",
+        i.vendor_id, i.device_id, i.driver_version
+    )
+}
+
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/form-probe`, or `None` without
+/// either variable.
+fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("xtc").join("form-probe"))
+}
+
+/// The barrier ratio of `dev`: from this process's memory, else the cache
+/// file, else measured ([`measure`]) and stored in both.
+///
+/// # Errors
+/// As [`measure`].
+pub fn barrier_ratio(dev: &Device) -> VkResult<f64> {
+    static SEEN: Mutex<Option<HashMap<String, f64>>> = Mutex::new(None);
+    let key = cache_key(dev);
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(HashMap::new);
+    if let Some(&r) = seen.get(&key) {
+        return Ok(r);
+    }
+    let file = cache_dir().map(|d| d.join(&key));
+    let cached = file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .and_then(|s| s.trim().strip_prefix("barrier_ratio=")?.parse::<f64>().ok())
+        .filter(|r| r.is_finite() && *r > 0.0);
+    let ratio = match cached {
+        Some(r) => r,
+        None => {
+            let r = measure(dev)?.ratio();
+            if let Some(f) = &file {
+                // Best effort: a read-only home only costs the next process
+                // the probe again.
+                let _ = std::fs::create_dir_all(f.parent().unwrap_or(f));
+                let _ = std::fs::write(f, format!("barrier_ratio={r}\n"));
+            }
+            r
+        }
+    };
+    seen.insert(key, ratio);
+    Ok(ratio)
+}
+
+/// Whether `dev` has what the CPU form's kernels use: subgroups of at least
+/// 8 lanes with the basic, ballot and arithmetic operations.
+pub fn cpu_form_supported(dev: &Device) -> bool {
+    dev.subgroup_size().is_some_and(|s| s >= 8)
+}
+
+/// The form `dev` runs by the rule of the module documentation, where
+/// `cpu_eligible` says whether the CPU form can run the caller's kernels and
+/// shape there (for the quantized model: [`cpu_form_supported`] and its
+/// limits; the f32 model's CPU form uses no subgroups).
+///
+/// # Errors
+/// As [`measure`] (only where both forms are eligible and no ratio is cached).
+pub fn choose(dev: &Device, cpu_eligible: bool) -> VkResult<Variant> {
+    if !cpu_eligible {
+        return Ok(Variant::Gpu);
+    }
+    Ok(if barrier_ratio(dev)? >= CPU_FORM_RATIO {
+        Variant::Cpu
+    } else {
+        Variant::Gpu
+    })
+}
