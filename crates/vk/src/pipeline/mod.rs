@@ -41,7 +41,10 @@ use super::device::{Device, c_name};
 use super::image::StorageImage;
 use super::memory::Buffer;
 use super::queue::Submission;
-use super::{VkError, VkResult, call, kernels::KERNELS};
+use super::{
+    VkError, VkResult, call,
+    kernels::{INTEGER_DOT, KERNELS},
+};
 
 mod command;
 
@@ -156,7 +159,9 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`.
+    /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`
+    /// (those in `INTEGER_DOT`, which use `OpSDot`, only where
+    /// [`Device::integer_dot_product`]).
     ///
     /// # Errors
     /// `Call` if a layout, shader module or pipeline cannot be created.
@@ -206,6 +211,9 @@ impl Kernels {
         me.layout = unsafe { d.create_pipeline_layout(&info, None) }
             .map_err(call("vkCreatePipelineLayout"))?;
         for (name, spv) in KERNELS {
+            if INTEGER_DOT.contains(name) && !dev.integer_dot_product() {
+                continue;
+            }
             let p = me.build(name, spv)?;
             me.pipelines.push((name, p));
         }

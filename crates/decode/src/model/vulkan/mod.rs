@@ -14,6 +14,7 @@ mod f32_record;
 pub mod llama;
 pub mod ops;
 pub mod qops;
+pub mod qops8;
 pub mod qweights;
 
 use std::os::fd::{AsFd, BorrowedFd};
