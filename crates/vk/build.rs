@@ -67,6 +67,14 @@ fn main() {
         writeln!(table, "    {entry:?},").unwrap();
     }
     table.push_str("];\n");
+    table.push_str(
+        "/// The int8-activation entry points (built by `Kernels::with_int8` only).\n\
+         pub const INT8: &[&str] = &[\n",
+    );
+    for entry in qmatmul8_gen::int8_entries() {
+        writeln!(table, "    {entry:?},").unwrap();
+    }
+    table.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }
 

@@ -44,7 +44,18 @@ fn main() {
         Err(e) => panic!("CI is set but no Vulkan device opened: {e}"),
     };
     let quick = std::env::var_os("XTC_BENCH_QUICK").is_some();
-    let kernels = Kernels::new(&dev).unwrap();
+    let t0 = Instant::now();
+    let kernels = Kernels::with_int8(&dev).unwrap();
+    let build = t0.elapsed();
+    let int8 = kernels
+        .names()
+        .filter(|n| n.starts_with("qmm8_") || n.starts_with("quant_q81"))
+        .count();
+    println!(
+        "Kernels::with_int8: {} pipelines ({int8} of them int8) in {:.0} ms",
+        kernels.names().count(),
+        build.as_secs_f64() * 1e3
+    );
     let native = dev.integer_dot_product();
     let mut rng = fastrand::Rng::with_seed(7);
     let shapes = [
@@ -128,16 +139,33 @@ fn main() {
                     f.2 = f.2.min(t0.elapsed().as_secs_f64() / reps as f64);
                 }
             }
-            // The last run of each int8 form left its y at y1: compare with f32's.
+            // Each int8 form once more, alone: its y against the f32 form's.
             let mut a = vec![0f32; m as usize * n];
-            let mut b = vec![0f32; m as usize * n];
             act.read(u64::from(y0) * 4, &mut a).unwrap();
-            act.read(u64::from(y1) * 4, &mut b).unwrap();
             let rms = (a.iter().map(|v| v * v).sum::<f32>() / a.len() as f32).sqrt();
-            let err = a.iter().zip(&b).fold(0f32, |e, (x, y)| e.max((x - y).abs())) / rms;
+            let mut errs = vec![0f32; forms.len()];
+            for (f, e) in forms.iter().zip(errs.iter_mut()).skip(1) {
+                pool.reset().unwrap();
+                let mut rec = pool.record(&kernels, &set).unwrap();
+                rec.fill(&act, u64::from(y1) * 4, u64::from(m) * n as u64 * 4, 0)
+                    .unwrap();
+                rec.barrier();
+                for stage in &f.1 {
+                    for (kern, push, grid, offs) in stage {
+                        rec.dispatch_windowed(*kern, push, *grid, *offs).unwrap();
+                    }
+                    rec.barrier();
+                }
+                rec.host_barrier();
+                let cmd = rec.finish().unwrap();
+                pool.submit(vec![cmd]).unwrap().wait(None).unwrap();
+                let mut b = vec![0f32; m as usize * n];
+                act.read(u64::from(y1) * 4, &mut b).unwrap();
+                *e = a.iter().zip(&b).fold(0f32, |e, (x, y)| e.max((x - y).abs())) / rms;
+            }
             let f32_secs = forms[0].2;
             let wbytes = s.bytes().len() as f64;
-            for (form, _, secs) in &forms {
+            for ((form, _, secs), err) in forms.iter().zip(&errs) {
                 let e = if *form == "f32" {
                     String::new()
                 } else {

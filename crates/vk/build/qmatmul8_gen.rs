@@ -45,6 +45,18 @@ pub fn integer_dot_entries() -> Vec<String> {
     v
 }
 
+/// Every entry point this file generates (the quantizer, both dot forms).
+pub fn int8_entries() -> Vec<String> {
+    let mut v = vec!["quant_q81".to_string()];
+    for (ty, _) in TYPES {
+        for rows in ROWS {
+            v.push(format!("qmm8_{ty}_r{rows}"));
+            v.push(format!("qmm8_{ty}_r{rows}_poly"));
+        }
+    }
+    v
+}
+
 /// Returns the int8 kernels' WGSL (after `qmatmul_gen::generate()`'s text).
 pub fn generate() -> String {
     let mut out = String::with_capacity(96 * 1024);

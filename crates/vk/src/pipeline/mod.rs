@@ -43,7 +43,7 @@ use super::memory::Buffer;
 use super::queue::Submission;
 use super::{
     VkError, VkResult, call,
-    kernels::{INTEGER_DOT, KERNELS},
+    kernels::{INT8, INTEGER_DOT, KERNELS},
 };
 
 mod command;
@@ -160,12 +160,27 @@ pub struct Kernels {
 
 impl Kernels {
     /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`
-    /// (those in `INTEGER_DOT`, which use `OpSDot`, only where
-    /// [`Device::integer_dot_product`]).
+    /// except the int8-activation products and their quantizer
+    /// (`vk::kernels::INT8`, see [`with_int8`](Self::with_int8)).
     ///
     /// # Errors
     /// `Call` if a layout, shader module or pipeline cannot be created.
     pub fn new(dev: &Device) -> VkResult<Kernels> {
+        Kernels::build_all(dev, false)
+    }
+
+    /// As [`new`](Self::new), with the int8-activation entry points too
+    /// (`vk::kernels::INT8`; about a third more build time on lavapipe).
+    /// Those using `OpSDot` (`vk::kernels::INTEGER_DOT`) are built only
+    /// where [`Device::integer_dot_product`]; their `_poly` twins always.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_int8(dev: &Device) -> VkResult<Kernels> {
+        Kernels::build_all(dev, true)
+    }
+
+    fn build_all(dev: &Device, int8: bool) -> VkResult<Kernels> {
         let d = dev.raw();
         let bindings: Vec<_> = (0..BINDINGS)
             .map(|b| {
@@ -211,7 +226,12 @@ impl Kernels {
         me.layout = unsafe { d.create_pipeline_layout(&info, None) }
             .map_err(call("vkCreatePipelineLayout"))?;
         for (name, spv) in KERNELS {
-            if INTEGER_DOT.contains(name) && !dev.integer_dot_product() {
+            let skip = if INT8.contains(name) {
+                !int8 || (INTEGER_DOT.contains(name) && !dev.integer_dot_product())
+            } else {
+                false
+            };
+            if skip {
                 continue;
             }
             let p = me.build(name, spv)?;

@@ -90,7 +90,8 @@ impl QMatmul8 {
     /// `op` against the blocks at `xq_off` (absolute, a multiple of 4), or
     /// `None` when its weights are neither Q4_1 nor Q8_0.
     pub fn new(op: QMatmul, xq_off: u32, form: DotForm) -> Option<QMatmul8> {
-        if !matches!(op.kernel_type(), KernelType::Q41 | KernelType::Q80) {
+        if op.mode & POLY_BIT != 0 || !matches!(op.kernel_type(), KernelType::Q41 | KernelType::Q80)
+        {
             return None;
         }
         let poly = if form == DotForm::Poly { POLY_BIT } else { 0 };
@@ -102,7 +103,8 @@ impl QMatmul8 {
     }
 
     fn name(&self, rows: u32) -> &'static str {
-        let q41 = self.0.kernel_type() == KernelType::Q41;
+        // Type 0 is Q4_1 (`QMatmul::mode` bits 8..16; bit 16 is ours).
+        let q41 = (self.0.mode >> 8) & 255 == 0;
         let poly = self.0.mode & POLY_BIT != 0;
         match (q41, rows, poly) {
             (true, 1, false) => "qmm8_q41_r1",
