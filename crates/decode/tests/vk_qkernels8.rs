@@ -2,7 +2,8 @@
 //! `crates/vk/build/qmatmul8_gen.rs`; ops in `decode::model::vulkan::qops8`)
 //! on the default device (lavapipe in CI; with `CI` set a missing device
 //! fails): the quantizer against its CPU reference, and both dot forms of the
-//! Q4_1 / Q8_0 products against the integer sum of the quantized blocks
+//! Q4_1 / Q8_0 products, in both kernel forms (CPU: windowed; GPU: weights
+//! in the buffer, workgroup reduction), against the integer sum of the quantized blocks
 //! (tight) and against the f32 reference product (within 8-bit activation
 //! error), plain and with a fused RMSNorm, over chunked windows.
 
@@ -37,15 +38,17 @@ struct Rig<'k> {
 }
 
 impl<'k> Rig<'k> {
-    /// The stream in the weight image; `g` (f32) at element 0 of the
-    /// weights buffer.
+    /// The stream in the weight image and at the start of the weights
+    /// buffer, `g` (f32) after it (at [`Rig::g_off`]).
     fn new(dev: &Device, kernels: &'k Kernels, s: &TexelStream, g: &[f32]) -> Rig<'k> {
         let rows = (s.texels() as u32).div_ceil(4096);
         let mut img =
             StorageImage::with_format(dev, TexelFormat::Rgba32U, [4096, rows, 1], "w").unwrap();
         img.upload(s.bytes()).unwrap();
-        let mut w = Buffer::new(dev, (g.len() * 4) as u64, Location::Readback, "w").unwrap();
-        w.write(0, g).unwrap();
+        let len = s.bytes().len() + g.len() * 4;
+        let mut w = Buffer::new(dev, len as u64, Location::Readback, "w").unwrap();
+        w.write(0, s.bytes()).unwrap();
+        w.write(s.bytes().len() as u64, g).unwrap();
         let act_len = u64::from(Y) * 4 + 32 * 256 * 4;
         let act = Buffer::new(dev, act_len, Location::Readback, "act").unwrap();
         let bufs: Vec<Buffer> = (0..3)
@@ -65,8 +68,14 @@ impl<'k> Rig<'k> {
     }
 
     /// Quantizes x `[m, k]` (times g with a norm) and runs `op` against the
-    /// blocks; returns (the blocks' words, y `[m, n]`).
-    fn run(&mut self, op: QMatmul, x: &[f32], form: DotForm) -> (Vec<u32>, Vec<f32>) {
+    /// blocks in `variant`'s form; returns (the blocks' words, y `[m, n]`).
+    fn run(
+        &mut self,
+        op: QMatmul,
+        x: &[f32],
+        form: DotForm,
+        variant: Variant,
+    ) -> (Vec<u32>, Vec<f32>) {
         let (m, k, n) = (op.m, op.k, op.n);
         self.act.write(0, x).unwrap();
         self.act
@@ -74,15 +83,22 @@ impl<'k> Rig<'k> {
             .unwrap();
         let quant = QuantizeQ81::new(m, k, 0, XQ, op.norm_off);
         let prod = QMatmul8::new(op, XQ, form).unwrap();
-        let chunks = prod.windowed(Variant::Cpu, &self.set.windows()).unwrap();
+        let chunks = prod.windowed(variant, &self.set.windows());
+        assert_eq!(chunks.is_some(), variant == Variant::Cpu);
         self.pool.reset().unwrap();
         let mut rec = self.pool.record(self.kernels, &self.set).unwrap();
         let qk = self.kernels.get(QuantizeQ81::KERNEL).unwrap();
         rec.dispatch(qk, &quant, quant.grid()).unwrap();
         rec.barrier();
-        for c in &chunks {
-            let kern = self.kernels.get(c.kernel).unwrap();
-            rec.dispatch_windowed(kern, &c.push, c.grid, c.offsets)
+        if let Some(chunks) = chunks {
+            for c in &chunks {
+                let kern = self.kernels.get(c.kernel).unwrap();
+                rec.dispatch_windowed(kern, &c.push, c.grid, c.offsets)
+                    .unwrap();
+            }
+        } else {
+            let (name, grid) = prod.dispatch(variant);
+            rec.dispatch(self.kernels.get(name).unwrap(), &prod, grid)
                 .unwrap();
         }
         rec.host_barrier();
@@ -164,16 +180,19 @@ fn int8_products_match_their_blocks_and_the_f32_reference() {
         for norm in [false, true] {
             let mut op = QMatmul::plain(&t, m as u32, 0, Y, false);
             if norm {
-                op = op.with_norm(0, EPS);
+                op = op.with_norm((s.bytes().len() / 4) as u32, EPS);
             }
             let want = if norm {
                 reference_norm_matmul(&mat, &x, m, &g, EPS)
             } else {
                 reference_matmul(&mat, &x, m)
             };
-            for &form in &forms {
-                let (blocks, y) = rig.run(op, &x, form);
-                let what = format!("{ty:?} {n}x{k} m {m} norm {norm} {form:?}");
+            for (&form, variant) in forms
+                .iter()
+                .flat_map(|f| [(f, Variant::Cpu), (f, Variant::Gpu)])
+            {
+                let (blocks, y) = rig.run(op, &x, form, variant);
+                let what = format!("{ty:?} {n}x{k} m {m} norm {norm} {form:?} {variant:?}");
                 // The quantizer: d and ss exact up to rounding, codes within
                 // one step (the device may round x / d differently at ties).
                 for (r, row) in x.chunks_exact(k).enumerate() {

@@ -7,7 +7,7 @@
 // `inv_rms`) it uses. Pure std, deterministic output, no inner attributes or
 // doc comments (declared as a module of the build script).
 //
-// Every product is emitted twice: `qmm8_<ty>_r<R>` calls WGSL's
+// Every product (CPU form `_r<R>`, GPU form `_gpu`) is emitted twice: `qmm8_<ty>_r<R>` calls WGSL's
 // `dot4I8Packed` (naga writes SPIR-V `OpSDot` with the `DotProduct`
 // capabilities: the device must enable `VK_KHR_shader_integer_dot_product`),
 // and `qmm8_<ty>_r<R>_poly` the same sum written with shifts and an integer
@@ -41,6 +41,7 @@ pub fn integer_dot_entries() -> Vec<String> {
         for rows in ROWS {
             v.push(format!("qmm8_{ty}_r{rows}"));
         }
+        v.push(format!("qmm8_{ty}_gpu"));
     }
     v
 }
@@ -53,6 +54,8 @@ pub fn int8_entries() -> Vec<String> {
             v.push(format!("qmm8_{ty}_r{rows}"));
             v.push(format!("qmm8_{ty}_r{rows}_poly"));
         }
+        v.push(format!("qmm8_{ty}_gpu"));
+        v.push(format!("qmm8_{ty}_gpu_poly"));
     }
     v
 }
@@ -62,13 +65,74 @@ pub fn generate() -> String {
     let mut out = String::with_capacity(96 * 1024);
     out.push_str(HEADER);
     for (ty, texels) in TYPES {
-        for rows in ROWS {
-            for poly in [false, true] {
+        for poly in [false, true] {
+            for rows in ROWS {
                 product(&mut out, ty, texels, rows, poly);
             }
+            gpu_product(&mut out, ty, texels, poly);
         }
     }
     out
+}
+
+/// `qmm8_<ty>_gpu[_poly]`, the GPU form against Q8_1 blocks: workgroup 64 =
+/// 4 outputs x 16 threads, 4 rows m per workgroup, each thread taking every
+/// 16th block of its output row for the 4 rows (x blocks read straight from
+/// the activation buffer: 48 bytes a block, adjacent threads adjacent
+/// blocks), then `qmatmul_gen`'s GPU epilogue (reduction, norm, stores).
+fn gpu_product(out: &mut String, ty: &str, t: u32, poly: bool) {
+    let suffix = if poly { "_poly" } else { "" };
+    let dot = if poly { "dot4_poly" } else { "dot4I8Packed" };
+    let (load, lo, hi, m_term) = if t == 1 {
+        (
+            "let w = wbuf[p.qs_off + pb * 32u + jj];",
+            "w[t] & 0x0f0f0f0fu",
+            "(w[t] >> 4u) & 0x0f0f0f0fu",
+            " + dm.y * act[o + 9u]",
+        )
+    } else {
+        (
+            "let wa = wbuf[p.qs_off + 2u * (pb * 32u + jj)];\n            let wb = wbuf[p.qs_off + 2u * (pb * 32u + jj) + 1u];",
+            "wa[t]",
+            "wb[t]",
+            "",
+        )
+    };
+    write!(
+        out,
+        r#"
+@compute @workgroup_size(64)
+fn qmm8_{ty}_gpu{suffix}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let n = wg.x * 4u + li / 16u;
+    let j = li % 16u;
+    let r0 = wg.y * 4u;
+    let nb = p.k / 32u;
+    let jj = n % 32u;
+    var acc = vec4<f32>(0.0); // rows r0 .. r0 + 3
+    var ss = vec4<f32>(0.0); // sums of squares: kept by the first output's threads only
+    for (var b = j; b < nb && n < p.n; b += 16u) {{
+        let pb = (n / 32u) * nb + b;
+        let dm = unpack2x16float(wbuf[p.sc_off + pb * 8u + jj / 4u][jj % 4u]);
+        {load}
+        for (var r = 0u; r < 4u; r++) {{
+            if (r0 + r < p.m) {{
+                let o = p.x_off + ((r0 + r) * nb + b) * 12u;
+                var i = 0;
+                for (var t = 0u; t < 4u; t++) {{
+                    i += {dot}({lo}, bitcast<u32>(act[o + t]));
+                    i += {dot}({hi}, bitcast<u32>(act[o + 4u + t]));
+                }}
+                acc[r] += dm.x * act[o + 8u] * f32(i){m_term};
+                if (li < 16u) {{
+                    ss[r] += act[o + 10u];
+                }}
+            }}
+        }}
+    }}
+"#
+    )
+    .expect("formatting into a String cannot fail");
+    out.push_str(crate::qmatmul_gen::GPU_EPILOGUE);
 }
 
 /// `qmm8_<ty>_r<R>[_poly]`: the CPU form of the product against Q8_1 blocks.
@@ -249,6 +313,11 @@ const HEADER: &str = r#"
 // are themselves), then y += d4 * d8 * isum (+ m4 * s8 for Q4_1). With a fused norm
 // the quantizer applied g and the product scales by 1 / rms from the blocks' sums
 // of squares. `_poly` twins: the same with `dot4_poly` (shifts and an integer dot).
+//
+// `qmm8_<ty>_gpu` (GPUs): QMatmul's GPU form (workgroup 64 = 4 outputs x 16 threads,
+// 4 rows m per workgroup, grid (N / 4, ceil(m / 4))) against the blocks at x_off
+// (absolute): each thread takes every 16th block of its output for the 4 rows,
+// reading the blocks from act; then the f32 GPU form's reduction and stores.
 
 fn dot4_poly(a: u32, b: u32) -> i32 {
     let sh = vec4<u32>(24u, 16u, 8u, 0u);

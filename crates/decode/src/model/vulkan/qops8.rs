@@ -3,7 +3,8 @@
 //! into Q8_1-style blocks once, and [`QMatmul8`] runs a [`QMatmul`] of Q4_1 or
 //! Q8_0 weights against them with packed 4x8-bit integer dot products
 //! (`dot4I8Packed`, SPIR-V `OpSDot`), or the same sum without the extension
-//! ([`DotForm::Poly`]). CPU form ([`Variant::Cpu`]) only.
+//! ([`DotForm::Poly`]), in both kernel forms ([`Variant::Cpu`]: windowed,
+//! weights in the image; [`Variant::Gpu`]: weights in the buffer).
 //!
 //! Block layout (per row of x `[m, k]`, `k / 32` blocks of [`Q81_WORDS`]
 //! 32-bit words): 8 words of int8 codes `q = round(x / d)` (4 a word, element
@@ -102,6 +103,16 @@ impl QMatmul8 {
         }))
     }
 
+    fn gpu_name(&self) -> &'static str {
+        let q41 = (self.0.mode >> 8) & 255 == 0;
+        match (q41, self.0.mode & POLY_BIT != 0) {
+            (true, false) => "qmm8_q41_gpu",
+            (true, true) => "qmm8_q41_gpu_poly",
+            (false, false) => "qmm8_q80_gpu",
+            (false, true) => "qmm8_q80_gpu_poly",
+        }
+    }
+
     fn name(&self, rows: u32) -> &'static str {
         // Type 0 is Q4_1 (`QMatmul::mode` bits 8..16; bit 16 is ours).
         let q41 = (self.0.mode >> 8) & 255 == 0;
@@ -132,13 +143,20 @@ fn rows_per_invocation(m: u32) -> u32 {
 }
 
 impl Op for QMatmul8 {
-    const KERNEL: &'static str = "qmm8_q41_r1";
+    const KERNEL: &'static str = "qmm8_q41_gpu";
+    /// The GPU form's grid: `[ceil(n / 4), ceil(m / 4), 1]`.
     fn grid(&self) -> [u32; 3] {
-        [self.0.m.max(1), self.0.n.div_ceil(32).max(1), 1]
+        [self.0.n.div_ceil(4).max(1), self.0.m.div_ceil(4).max(1), 1]
     }
-    /// The CPU form, the only one: rows chunked so each chunk's blocks fit
-    /// one placement of the activation window; `None` on [`Variant::Gpu`]
-    /// or when a row of blocks does not fit a window.
+    /// The GPU form (`x_off` absolute; correct on any device, slow where
+    /// barriers are), used whenever [`Op::windowed`] does not apply.
+    fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
+        let _ = variant;
+        (self.gpu_name(), self.grid())
+    }
+    /// The CPU form: rows chunked so each chunk's blocks fit one placement
+    /// of the activation window; `None` on [`Variant::Gpu`] or when a row
+    /// of blocks does not fit a window.
     fn windowed(
         &self,
         variant: Variant,
