@@ -37,6 +37,57 @@ pub enum DotForm {
     Poly,
 }
 
+/// What the products of a [`GpuLlama`](crate::model::vulkan::llama::GpuLlama)
+/// multiply their weights with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activations {
+    /// f32 activations (the products of [`QMatmul`] as they are): the
+    /// default. Measured on lavapipe, the int8 forms are 0.5-1.0x its speed
+    /// (`cargo bench --bench qmatmul8`, `docs/arch/vk.md`), and no GPU has
+    /// been measured, so nothing picks int8 by itself yet.
+    #[default]
+    F32,
+    /// Each product input quantized once to Q8_1-style blocks
+    /// ([`QuantizeQ81`]) and the Q4_1 / Q8_0 products run as [`QMatmul8`]
+    /// (other weight types stay f32), with `OpSDot` where the device has
+    /// it ([`xtc_vk::Device::integer_dot_product`]), else [`DotForm::Poly`].
+    Int8,
+    /// As [`Activations::Int8`], always with [`DotForm::Poly`].
+    Int8Poly,
+}
+
+/// The environment variable [`Activations::from_env`] reads.
+pub const ACTIVATIONS_ENV: &str = "XTC_ACTIVATIONS";
+
+/// An [`ACTIVATIONS_ENV`] value that is none of `f32`, `int8`, `int8-poly`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{ACTIVATIONS_ENV}={0:?}: expected f32, int8 or int8-poly")]
+pub struct ActivationsEnvError(pub String);
+
+impl Activations {
+    /// [`ACTIVATIONS_ENV`]: `f32` (or unset), `int8`, `int8-poly`.
+    ///
+    /// # Errors
+    /// [`ActivationsEnvError`] for any other value.
+    pub fn from_env() -> Result<Activations, ActivationsEnvError> {
+        match std::env::var(ACTIVATIONS_ENV).ok().as_deref() {
+            None | Some("f32") => Ok(Activations::F32),
+            Some("int8") => Ok(Activations::Int8),
+            Some("int8-poly") => Ok(Activations::Int8Poly),
+            Some(other) => Err(ActivationsEnvError(other.to_string())),
+        }
+    }
+
+    /// The dot form on `dev`, or `None` for [`Activations::F32`].
+    pub fn dot_form(self, dev: &xtc_vk::Device) -> Option<DotForm> {
+        match self {
+            Activations::F32 => None,
+            Activations::Int8 if dev.integer_dot_product() => Some(DotForm::Native),
+            Activations::Int8 | Activations::Int8Poly => Some(DotForm::Poly),
+        }
+    }
+}
+
 /// `quant_q81`: x `[m, k]` (f32 at `x_off`, absolute) to Q8_1-style blocks
 /// at `out_off` (absolute, a multiple of 4; [`q81_len`] elements), of `x * g`
 /// when a norm vector is given. The fields are [`QMatmul`]'s: `m`, `k`,
