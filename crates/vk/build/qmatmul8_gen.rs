@@ -176,18 +176,26 @@ fn qmm8_{ty}_r{rows}{suffix}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
             );
         }
     }
+    // Lanes 0, 1, 2 load the block's three vec4 (one gather for the 8
+    // lanes; the same address in every lane would gather three times, see
+    // docs/arch/vk.md) and subgroupBroadcast hands them round.
     for r in 0..rows {
         line(
             out,
             2,
-            &format!("let xa{r} = bitcast<vec4<u32>>(xwin.v[xr{r} + b * 3u]);"),
+            &format!("let mine{r} = xwin.v[xr{r} + b * 3u + min(sl & 7u, 2u)];"),
         );
         line(
             out,
             2,
-            &format!("let xb{r} = bitcast<vec4<u32>>(xwin.v[xr{r} + b * 3u + 1u]);"),
+            &format!("let xa{r} = bitcast<vec4<u32>>(subgroupBroadcast(mine{r}, 0u));"),
         );
-        line(out, 2, &format!("let xd{r} = xwin.v[xr{r} + b * 3u + 2u];"));
+        line(
+            out,
+            2,
+            &format!("let xb{r} = bitcast<vec4<u32>>(subgroupBroadcast(mine{r}, 1u));"),
+        );
+        line(out, 2, &format!("let xd{r} = subgroupBroadcast(mine{r}, 2u);"));
         line(out, 2, &format!("ss{r} += xd{r}.z;"));
     }
     // Codes of output c against x's words: (lo, hi) = elements (4t.., 16+4t..).
@@ -307,8 +315,8 @@ const HEADER: &str = r#"
 //
 // `qmm8_<ty>_r<R>` (q41, q80; R = 1, 2, 4): QMatmul's CPU form (same parameters,
 // outputs and modes, see above) with x_off the blocks' offset inside the activation
-// window (row stride 12 nb words); every lane reads its rows' block (uniform
-// loads), and per block and output sum_i q4_i * q8_i in integers: four
+// window (row stride 12 nb words); lanes 0..2 load a row's block (3 vec4) and
+// subgroupBroadcast hands it to every lane, and per block and output sum_i q4_i * q8_i in integers: four
 // dot4I8Packed per 16 elements (Q4_1 nibbles are 0..15, so as signed bytes they
 // are themselves), then y += d4 * d8 * isum (+ m4 * s8 for Q4_1). With a fused norm
 // the quantizer applied g and the product scales by 1 / rms from the blocks' sums
