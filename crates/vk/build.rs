@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
-#[path = "build/qmatmul_gen.rs"]
-mod qmatmul_gen;
 #[path = "build/qmatmul8_gen.rs"]
 mod qmatmul8_gen;
+#[path = "build/qmatmul_gen.rs"]
+mod qmatmul_gen;
 
 /// The hand-written kernels: `kernels/` at the workspace root.
 const KERNELS_DIR: &str = "../../kernels";

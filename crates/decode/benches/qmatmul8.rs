@@ -30,7 +30,14 @@ type Dispatch = (Kernel, QMatmul, [u32; 3], [u64; 2]);
 
 fn chunks<O: Op>(kernels: &Kernels, ws: Vec<Windowed<O>>, push: fn(O) -> QMatmul) -> Vec<Dispatch> {
     ws.into_iter()
-        .map(|w| (kernels.get(w.kernel).unwrap(), push(w.push), w.grid, w.offsets))
+        .map(|w| {
+            (
+                kernels.get(w.kernel).unwrap(),
+                push(w.push),
+                w.grid,
+                w.offsets,
+            )
+        })
         .collect()
 }
 
@@ -106,7 +113,11 @@ fn main() {
             let qd: Dispatch = (qk, quant.0, quant.grid(), [0, 0]);
             let mut forms: Vec<(&str, Vec<Vec<Dispatch>>, f64)> = vec![(
                 "f32",
-                vec![chunks(&kernels, f32_op.windowed(Variant::Cpu, &win).unwrap(), |o| o)],
+                vec![chunks(
+                    &kernels,
+                    f32_op.windowed(Variant::Cpu, &win).unwrap(),
+                    |o| o,
+                )],
                 f64::MAX,
             )];
             let dots = [(DotForm::Native, "int8"), (DotForm::Poly, "poly")];
@@ -126,8 +137,7 @@ fn main() {
                     for _ in 0..reps {
                         for stage in &f.1 {
                             for (kern, push, grid, offs) in stage {
-                                rec.dispatch_windowed(*kern, push, *grid, *offs)
-                                    .unwrap();
+                                rec.dispatch_windowed(*kern, push, *grid, *offs).unwrap();
                             }
                             rec.barrier();
                         }
@@ -161,7 +171,11 @@ fn main() {
                 pool.submit(vec![cmd]).unwrap().wait(None).unwrap();
                 let mut b = vec![0f32; m as usize * n];
                 act.read(u64::from(y1) * 4, &mut b).unwrap();
-                *e = a.iter().zip(&b).fold(0f32, |e, (x, y)| e.max((x - y).abs())) / rms;
+                *e = a
+                    .iter()
+                    .zip(&b)
+                    .fold(0f32, |e, (x, y)| e.max((x - y).abs()))
+                    / rms;
             }
             let f32_secs = forms[0].2;
             let wbytes = s.bytes().len() as f64;

@@ -187,7 +187,10 @@ fn int8_perplexity_is_within_0_02_nats_of_f32() {
     let Some(dev) = vk_support::device() else {
         return;
     };
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/pride_and_prejudice_ch1.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/pride_and_prejudice_ch1.txt"
+    );
     let ids = t.encode(&std::fs::read_to_string(path).unwrap());
     let ctx = 512;
     let mean = |acts| {

@@ -195,7 +195,11 @@ fn qmm8_{ty}_r{rows}{suffix}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
             2,
             &format!("let xb{r} = bitcast<vec4<u32>>(subgroupBroadcast(mine{r}, 1u));"),
         );
-        line(out, 2, &format!("let xd{r} = subgroupBroadcast(mine{r}, 2u);"));
+        line(
+            out,
+            2,
+            &format!("let xd{r} = subgroupBroadcast(mine{r}, 2u);"),
+        );
         line(out, 2, &format!("ss{r} += xd{r}.z;"));
     }
     // Codes of output c against x's words: (lo, hi) = elements (4t.., 16+4t..).

@@ -46,9 +46,7 @@ use crate::model::vulkan::{ActOffsets, InFlight};
 use crate::model::vulkan::ops::{
     Attention, AttentionImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use crate::model::vulkan::qops::{
-    ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups,
-};
+use crate::model::vulkan::qops::{ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups};
 use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81};
 use crate::model::vulkan::qweights::QTensor;
 use crate::model::{BatchPlan, Config};
@@ -416,9 +414,7 @@ impl Recording<'_> {
                 Proj::Parts(parts) => parts
                     .iter()
                     .zip([a.q, a.k, a.v])
-                    .map(|(q, y)| {
-                        QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps)
-                    })
+                    .map(|(q, y)| QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps))
                     .collect(),
             };
             self.products(&mut p, &qkv);
