@@ -42,9 +42,11 @@ pub enum DotForm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Activations {
     /// f32 activations (the products of [`QMatmul`] as they are): the
-    /// default. Measured on lavapipe, the int8 forms are 0.5-1.0x its speed
-    /// (`cargo bench --bench qmatmul8`, `docs/arch/vk.md`), and no GPU has
-    /// been measured, so nothing picks int8 by itself yet.
+    /// default everywhere. Measured on lavapipe (`docs/arch/vk.md`), int8
+    /// runs the Q4_1 products 1.05-1.25x from 8 rows up and the Q8_0 LM
+    /// head 0.7-0.9x, the model about 1.1x at 16-32 members; no probe
+    /// chooses it per device yet and no GPU has run it, and the f32 path is
+    /// the one that matches the CPU reference token for token.
     #[default]
     F32,
     /// Each product input quantized once to Q8_1-style blocks
