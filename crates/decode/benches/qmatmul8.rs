@@ -109,8 +109,9 @@ fn main() {
             let f32_op = QMatmul::plain(&t, m, 0, y0, false);
             let i8_op = QMatmul::plain(&t, m, 0, y1, false);
             let quant = QuantizeQ81::new(m, k as u32, 0, xq, u32::MAX);
-            let qk = kernels.get(QuantizeQ81::KERNEL).unwrap();
-            let qd: Dispatch = (qk, quant.0, quant.grid(), [0, 0]);
+            let qd = chunks(&kernels, quant.windowed(Variant::Cpu, &win).unwrap(), |o| {
+                o.0
+            });
             let mut forms: Vec<(&str, Vec<Vec<Dispatch>>, f64)> = vec![(
                 "f32",
                 vec![chunks(
@@ -127,7 +128,7 @@ fn main() {
                 }
                 let op8 = QMatmul8::new(i8_op, xq, form).unwrap();
                 let prod = chunks(&kernels, op8.windowed(Variant::Cpu, &win).unwrap(), |o| o.0);
-                forms.push((label, vec![vec![qd], prod], f64::MAX));
+                forms.push((label, vec![qd.clone(), prod], f64::MAX));
             }
             let reps = if m == 1 { 20 } else { 5 };
             for _ in 0..(if quick { 2 } else { 4 }) {

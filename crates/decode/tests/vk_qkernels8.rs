@@ -87,8 +87,19 @@ impl<'k> Rig<'k> {
         assert_eq!(chunks.is_some(), variant == Variant::Cpu);
         self.pool.reset().unwrap();
         let mut rec = self.pool.record(self.kernels, &self.set).unwrap();
-        let qk = self.kernels.get(QuantizeQ81::KERNEL).unwrap();
-        rec.dispatch(qk, &quant, quant.grid()).unwrap();
+        match quant.windowed(variant, &self.set.windows()) {
+            Some(qc) => {
+                for c in &qc {
+                    let kern = self.kernels.get(c.kernel).unwrap();
+                    rec.dispatch_windowed(kern, &c.push, c.grid, c.offsets)
+                        .unwrap();
+                }
+            }
+            None => {
+                let qk = self.kernels.get(QuantizeQ81::KERNEL).unwrap();
+                rec.dispatch(qk, &quant, quant.grid()).unwrap();
+            }
+        }
         rec.barrier();
         if let Some(chunks) = chunks {
             for c in &chunks {

@@ -14,7 +14,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::model::vulkan::ops::{Op, Variant, Windowed, spans_of};
-use crate::model::vulkan::qops::QMatmul;
+use crate::model::vulkan::qops::{NO_NORM, QMatmul};
 use crate::model::vulkan::qweights::KernelType;
 use xtc_vk::{WINDOWS, Window};
 
@@ -100,7 +100,7 @@ pub struct QuantizeQ81(pub QMatmul);
 
 impl QuantizeQ81 {
     /// Quantizes `m` rows of width `k` (a multiple of 32) at `x_off` into
-    /// `out_off`; `norm_off` ([`NO_NORM`](crate::model::vulkan::qops::NO_NORM) for none) is `g [k]` in the
+    /// `out_off`; `norm_off` ([`NO_NORM`] for none) is `g [k]` in the
     /// weights buffer, applied before quantizing.
     pub fn new(m: u32, k: u32, x_off: u32, out_off: u32, norm_off: u32) -> QuantizeQ81 {
         QuantizeQ81(QMatmul {
@@ -127,6 +127,51 @@ impl Op for QuantizeQ81 {
     const KERNEL: &'static str = "quant_q81";
     fn grid(&self) -> [u32; 3] {
         [(self.0.k / 32).div_ceil(64).max(1), self.0.m.max(1), 1]
+    }
+    /// `quant_q81_win` on CPU devices: x rows chunked so each chunk fits
+    /// one placement of the activation window, the norm vector read through
+    /// the weight window; `None` on [`Variant::Gpu`], for offsets or a
+    /// width that are not multiples of 4, or a norm vector that does not fit
+    /// one window.
+    fn windowed(
+        &self,
+        variant: Variant,
+        win: &[Window; WINDOWS as usize],
+    ) -> Option<Vec<Windowed<Self>>> {
+        let op = &self.0;
+        let aligned = op.x_off.is_multiple_of(4) && op.k.is_multiple_of(32);
+        if variant != Variant::Cpu || op.m == 0 || !aligned {
+            return None;
+        }
+        let (w_window, norm_off) = match op.norm_off {
+            NO_NORM => (0, NO_NORM),
+            off => {
+                let start = u64::from(off) * 4;
+                let (at, covered) = win[0].place(start)?;
+                if covered < u64::from(op.k) * 4 || !off.is_multiple_of(4) {
+                    return None;
+                }
+                (at, u32::try_from((start - at) / 4).ok()?)
+            }
+        };
+        let spans = spans_of(&win[1], op.x_off, op.m, u64::from(op.k), 1)?;
+        Some(
+            spans
+                .iter()
+                .map(|s| Windowed {
+                    kernel: "quant_q81_win",
+                    push: QuantizeQ81(QMatmul {
+                        m: s.count,
+                        x_off: s.rel,
+                        m_base: s.first,
+                        norm_off,
+                        ..*op
+                    }),
+                    grid: [op.k / 32, s.count, 1],
+                    offsets: [w_window, s.offset],
+                })
+                .collect(),
+        )
     }
 }
 
