@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+#[path = "build/qmatmul8_gen.rs"]
+mod qmatmul8_gen;
 #[path = "build/qmatmul_gen.rs"]
 mod qmatmul_gen;
 
@@ -29,10 +31,11 @@ const KERNELS_DIR: &str = "../../kernels";
 fn main() {
     println!("cargo:rerun-if-changed={KERNELS_DIR}");
     println!("cargo:rerun-if-changed=build/qmatmul_gen.rs");
+    println!("cargo:rerun-if-changed=build/qmatmul8_gen.rs");
     println!("cargo:rerun-if-env-changed=XTC_WRITE_WGSL");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let generated = out_dir.join("qmatmul.wgsl");
-    let wgsl = qmatmul_gen::generate();
+    let wgsl = qmatmul_gen::generate() + &qmatmul8_gen::generate();
     std::fs::write(&generated, &wgsl).expect("write qmatmul.wgsl");
     if let Some(dir) = std::env::var_os("XTC_WRITE_WGSL") {
         std::fs::write(Path::new(&dir).join("qmatmul.wgsl"), &wgsl).expect("XTC_WRITE_WGSL");
@@ -66,6 +69,22 @@ fn main() {
     table.push_str("];\n");
     needs.push_str("];\n");
     table.push_str(&needs);
+    table.push_str(
+        "/// Entry points whose SPIR-V uses `OpSDot` (built only where the device\n\
+         /// enables integer dot products).\npub const INTEGER_DOT: &[&str] = &[\n",
+    );
+    for entry in qmatmul8_gen::integer_dot_entries() {
+        writeln!(table, "    {entry:?},").unwrap();
+    }
+    table.push_str("];\n");
+    table.push_str(
+        "/// The int8-activation entry points (built by `Kernels::with_int8` only).\n\
+         pub const INT8: &[&str] = &[\n",
+    );
+    for entry in qmatmul8_gen::int8_entries() {
+        writeln!(table, "    {entry:?},").unwrap();
+    }
+    table.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }
 

@@ -21,6 +21,7 @@ use super::cpu::llama::{Chunk, ForwardError, Llama, Logits, Sequence};
 use super::cpu::math::neg_log_softmax;
 use super::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use super::vulkan::ops::Variant;
+use super::vulkan::qops8::Activations;
 use super::{BatchPlan, KvGeometry, SeqWork};
 
 /// Why a stream's forward pass failed.
@@ -146,6 +147,27 @@ impl VulkanStream {
         logit_rows: usize,
         variant: Option<Variant>,
     ) -> Result<Self, GpuLlamaError> {
+        let acts = Activations::from_env().map_err(|e| GpuLlamaError::Options {
+            option: "activations",
+            why: e.to_string(),
+        })?;
+        VulkanStream::with_activations(dev, model, context, max_rows, logit_rows, variant, acts)
+    }
+
+    /// As [`new`](Self::new), with the products' activations given instead
+    /// of read from `XTC_ACTIVATIONS` ([`Activations::from_env`]).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_activations(
+        dev: &xtc_vk::Device,
+        model: &Llama,
+        context: usize,
+        max_rows: usize,
+        logit_rows: usize,
+        variant: Option<Variant>,
+        acts: Activations,
+    ) -> Result<Self, GpuLlamaError> {
         let blocks = context.div_ceil(BLOCK).max(1);
         let max_rows = max_rows.max(1);
         let logit_rows = logit_rows.clamp(1, max_rows);
@@ -160,7 +182,7 @@ impl VulkanStream {
             keep_logits: true,
             variant,
         };
-        let gpu = GpuLlama::new(dev, model, opts)?;
+        let gpu = GpuLlama::with_activations(dev, model, opts, acts)?;
         Ok(VulkanStream {
             gpu,
             pos: 0,

@@ -411,6 +411,30 @@ impl Instance {
         unsafe { self.instance.get_physical_device_features2(pd, &mut f2) };
         f12.timeline_semaphore == vk::TRUE
     }
+
+    /// Whether `pd` offers `VK_KHR_shader_integer_dot_product` with the
+    /// `shaderIntegerDotProduct` feature (the packed 4x8-bit dot products
+    /// of the int8 kernels, SPIR-V `OpSDot`).
+    fn has_integer_dot(&self, pd: vk::PhysicalDevice) -> bool {
+        // SAFETY: `pd` belongs to this instance; the query only fills its output.
+        let exts = unsafe {
+            self.instance
+                .enumerate_device_extension_properties(pd)
+                .unwrap_or_default()
+        };
+        let name = khr::shader_integer_dot_product::NAME;
+        let listed = exts
+            .iter()
+            .any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name));
+        if !listed {
+            return false;
+        }
+        let mut dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut dot);
+        // SAFETY: core 1.1 query; the chain lives here.
+        unsafe { self.instance.get_physical_device_features2(pd, &mut f2) };
+        dot.shader_integer_dot_product == vk::TRUE
+    }
 }
 
 impl Drop for Instance {
@@ -463,6 +487,9 @@ pub(crate) struct Inner {
     pub(crate) device_only_types: u32,
     /// The persisted pipeline cache ([`super::pipeline_cache`]).
     pub(crate) pipeline_cache: PipelineCache,
+    /// `VK_KHR_shader_integer_dot_product` with `shaderIntegerDotProduct`
+    /// is enabled on this device (SPIR-V `OpSDot` / `OpUDot` allowed).
+    pub(crate) integer_dot: bool,
     instance: ManuallyDrop<Instance>,
 }
 
@@ -539,7 +566,14 @@ impl Device {
         let info = sel.choose(&infos)?.clone();
         let physical = all[info.index].0;
         let family = info.compute_family.ok_or(VkError::NoDevice)?;
-        let device = create_device(&instance.instance, physical, family, info.sync_fd_export)?;
+        let integer_dot = instance.has_integer_dot(physical);
+        let device = create_device(
+            &instance.instance,
+            physical,
+            family,
+            info.sync_fd_export,
+            integer_dot,
+        )?;
         let allocator = new_allocator(&instance.instance, &device, physical);
         let allocator = match allocator {
             Ok(a) => a,
@@ -638,6 +672,7 @@ impl Device {
             force_staging: opts.force_staging,
             device_only_types,
             pipeline_cache,
+            integer_dot,
             instance: ManuallyDrop::new(instance),
         })))
     }
@@ -723,6 +758,15 @@ impl Device {
     /// What this device hides ([`Device::open_with_mask`], `XTC_VK_MASK`).
     pub fn mask(&self) -> Mask {
         self.0.mask
+    }
+
+    /// Whether the device runs packed 4x8-bit integer dot products
+    /// (`VK_KHR_shader_integer_dot_product` offered with
+    /// `shaderIntegerDotProduct`, and enabled at open): the int8 kernels'
+    /// `OpSDot` entry points (`qmm8_*` without `_poly`) need it; their
+    /// `_poly` twins do not.
+    pub fn integer_dot_product(&self) -> bool {
+        self.0.integer_dot
     }
 
     /// Nanoseconds per timestamp tick (`timestampPeriod`), or `None` when
@@ -823,21 +867,29 @@ fn create_device(
     pd: vk::PhysicalDevice,
     family: u32,
     fence_fd: bool,
+    integer_dot: bool,
 ) -> VkResult<ash::Device> {
     let prio = [1.0f32];
     let queues = [vk::DeviceQueueCreateInfo::default()
         .queue_family_index(family)
         .queue_priorities(&prio)];
-    let exts = if fence_fd {
-        vec![khr::external_fence_fd::NAME.as_ptr()]
-    } else {
-        vec![]
-    };
+    let mut exts = vec![];
+    if fence_fd {
+        exts.push(khr::external_fence_fd::NAME.as_ptr());
+    }
+    if integer_dot {
+        exts.push(khr::shader_integer_dot_product::NAME.as_ptr());
+    }
     let mut f12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
-    let info = vk::DeviceCreateInfo::default()
+    let mut dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
+        .shader_integer_dot_product(true);
+    let mut info = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queues)
         .enabled_extension_names(&exts)
         .push_next(&mut f12);
+    if integer_dot {
+        info = info.push_next(&mut dot);
+    }
     // SAFETY: `pd` belongs to `inst`; `info` and its arrays/chain live across the call.
     unsafe { inst.create_device(pd, &info, None) }.map_err(call("vkCreateDevice"))
 }

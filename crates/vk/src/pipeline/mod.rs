@@ -41,7 +41,10 @@ use super::device::{Device, c_name};
 use super::image::StorageImage;
 use super::memory::Buffer;
 use super::queue::{HostGate, Submission};
-use super::{VkError, VkResult, call, kernels::KERNELS, kernels::SUBGROUP_OPS};
+use super::{
+    VkError, VkResult, call,
+    kernels::{INT8, INTEGER_DOT, KERNELS, SUBGROUP_OPS},
+};
 
 mod command;
 
@@ -169,7 +172,9 @@ impl Kernels {
     /// Builds a pipeline for every entry point in `vk::kernels::KERNELS`
     /// that the device can run, through the device's pipeline cache, then
     /// writes that cache back to its file ([`Device::save_pipeline_cache`];
-    /// a failed write is a warning on stderr). An entry point whose SPIR-V
+    /// a failed write is a warning on stderr), except the int8-activation
+    /// products and their quantizer (`vk::kernels::INT8`, see
+    /// [`with_int8`](Self::with_int8)). An entry point whose SPIR-V
     /// uses subgroup operations ([`subgroup_ops_of`]) is built only when they
     /// are all among [`Device::subgroup_operations`] (so a device without
     /// subgroups, or with them masked, never compiles one); [`Kernels::get`]
@@ -178,12 +183,23 @@ impl Kernels {
     /// # Errors
     /// `Call` if a layout, shader module or pipeline cannot be created.
     pub fn new(dev: &Device) -> VkResult<Kernels> {
-        Kernels::build_where(dev, |_| true)
+        Kernels::build_where(dev, false, |_| true)
+    }
+
+    /// As [`new`](Self::new), with the int8-activation entry points too
+    /// (`vk::kernels::INT8`; about a third more build time on lavapipe).
+    /// Those using `OpSDot` (`vk::kernels::INTEGER_DOT`) are built only
+    /// where [`Device::integer_dot_product`]; their `_poly` twins always.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_int8(dev: &Device) -> VkResult<Kernels> {
+        Kernels::build_where(dev, true, |_| true)
     }
 
     /// As [`new`](Self::new), building only the entry points named in
-    /// `names` (and that the device can run): a cheap set for a probe or a
-    /// single-kernel test.
+    /// `names` (and that the device can run; int8 entry points included
+    /// when named): a cheap set for a probe or a single-kernel test.
     ///
     /// # Errors
     /// As [`new`](Self::new); `Inval` for a name not in `kernels/`.
@@ -191,10 +207,10 @@ impl Kernels {
         if let Some(n) = names.iter().find(|n| !KERNELS.iter().any(|(k, _)| k == *n)) {
             return Err(VkError::Inval(format!("no kernel named {n:?}")));
         }
-        Kernels::build_where(dev, |n| names.contains(&n))
+        Kernels::build_where(dev, true, |n| names.contains(&n))
     }
 
-    fn build_where(dev: &Device, wanted: impl Fn(&str) -> bool) -> VkResult<Kernels> {
+    fn build_where(dev: &Device, int8: bool, wanted: impl Fn(&str) -> bool) -> VkResult<Kernels> {
         let d = dev.raw();
         let bindings: Vec<_> = (0..BINDINGS)
             .map(|b| {
@@ -241,7 +257,9 @@ impl Kernels {
             .map_err(call("vkCreatePipelineLayout"))?;
         let has = dev.subgroup_operations();
         for (name, spv) in KERNELS {
-            if wanted(name) && has.contains(subgroup_ops_of(name)) {
+            let skip_int8 = INT8.contains(name)
+                && (!int8 || (INTEGER_DOT.contains(name) && !dev.integer_dot_product()));
+            if !skip_int8 && wanted(name) && has.contains(subgroup_ops_of(name)) {
                 let p = me.build(name, spv)?;
                 me.pipelines.push((name, p));
             }

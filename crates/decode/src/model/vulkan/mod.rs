@@ -16,6 +16,7 @@ pub mod form;
 pub mod llama;
 pub mod ops;
 pub mod qops;
+pub mod qops8;
 pub mod qweights;
 
 use std::os::fd::{AsFd, BorrowedFd};

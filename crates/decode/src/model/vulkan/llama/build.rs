@@ -11,6 +11,7 @@ use crate::model::format::quant::{self, QMatrix};
 use crate::model::vulkan::form;
 use crate::model::vulkan::ops::{Attention, AttentionImage, KvImage, Variant};
 use crate::model::vulkan::qops::{argmax_groups, rope_table};
+use crate::model::vulkan::qops8::Q81_WORDS;
 use crate::model::vulkan::qweights::{QTensor, TexelStream};
 use crate::model::vulkan::{ActOffsets, u32_of};
 use crate::model::{Config, ModelError};
@@ -341,6 +342,9 @@ pub(super) struct Buffers {
     pub(super) logits: Option<Buffer>,
     pub(super) a: ActOffsets,
     pub(super) part_off: u32,
+    /// The int8 activations' blocks (`quant_q81`'s output, sized for
+    /// `max_tokens` rows of the widest product input) when `int8`.
+    pub(super) xq_off: Option<u32>,
     pub(super) kv_layer: u32,
     pub(super) meta_len: usize,
 }
@@ -348,7 +352,7 @@ pub(super) struct Buffers {
 /// Allocates the KV cache (an image where the attention form's loop budget
 /// allows, on CPU devices), the activations with the LM head's argmax
 /// partials, the metadata, the sampled tokens and (with `keep_logits`)
-/// the logits readback.
+/// the logits readback; with `int8`, room for the quantized activations.
 ///
 /// # Errors
 /// [`GpuLlamaError::Options`] for a `max_context` the CPU-device attention
@@ -359,6 +363,7 @@ pub(super) fn allocate(
     shape: &Config,
     opts: &GpuLlamaOptions,
     variant: Variant,
+    int8: bool,
 ) -> Result<Buffers> {
     let hs = shape.head_size();
     let image = kv_image(dev, shape, opts);
@@ -393,7 +398,19 @@ pub(super) fn allocate(
         )?,
         2,
     )?;
-    let act_len = a.len.checked_add(parts).ok_or(GpuLlamaError::Range)?;
+    let mut act_len = a.len.checked_add(parts).ok_or(GpuLlamaError::Range)?;
+    let xq_off = match int8 {
+        true => {
+            let at = act_len.next_multiple_of(4);
+            let widest = shape.dim.max(shape.hidden_dim) as u64;
+            let rows = mul(opts.max_tokens as u64, widest / 32)?;
+            act_len = at
+                .checked_add(mul(rows, u64::from(Q81_WORDS))?)
+                .ok_or(GpuLlamaError::Range)?;
+            Some(u32::try_from(at).map_err(|_| GpuLlamaError::Range)?)
+        }
+        false => None,
+    };
     u32::try_from(act_len).map_err(|_| GpuLlamaError::Range)?;
     let act = Buffer::new(dev, mul(act_len, 4)?, Location::Device, "activations")?;
     let (kv, kv_image) = match image {
@@ -435,6 +452,7 @@ pub(super) fn allocate(
         logits,
         a,
         part_off,
+        xq_off,
         kv_layer: u32_of(kv_layer).map_err(|_| GpuLlamaError::Range)?,
         meta_len: meta_len as usize,
     })

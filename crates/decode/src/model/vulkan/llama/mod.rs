@@ -47,6 +47,7 @@ use crate::model::vulkan::ops::{
     Attention, AttentionImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
 use crate::model::vulkan::qops::{ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups};
+use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81};
 use crate::model::vulkan::qweights::QTensor;
 use crate::model::{BatchPlan, Config};
 use xtc::{Error, Result};
@@ -86,6 +87,8 @@ pub struct GpuLlama {
     a: ActOffsets,
     /// The LM head's argmax partials `[max_seqs][groups][2]` (after `a.len`).
     part_off: u32,
+    /// The int8 products' dot form and the quantized activations' offset.
+    act8: Option<(DotForm, u32)>,
     kv_layer: u32,
     weight_bytes: u64,
     scratch: Vec<u32>,
@@ -117,13 +120,35 @@ impl GpuLlama {
         model: &Llama,
         opts: GpuLlamaOptions,
     ) -> std::result::Result<GpuLlama, GpuLlamaError> {
+        let acts = Activations::from_env().map_err(|e| GpuLlamaError::Options {
+            option: "activations",
+            why: e.to_string(),
+        })?;
+        GpuLlama::with_activations(dev, model, opts, acts)
+    }
+
+    /// As [`new`](Self::new), with the products' activations given instead
+    /// of read from `XTC_ACTIVATIONS` ([`Activations::from_env`]).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_activations(
+        dev: &Device,
+        model: &Llama,
+        opts: GpuLlamaOptions,
+        acts: Activations,
+    ) -> std::result::Result<GpuLlama, GpuLlamaError> {
         let lc = *model.config();
         let (shape, variant) = build::validate(dev, &lc, &opts)?;
-        let kernels = Kernels::new(dev)?;
+        let form = acts.dot_form(dev);
+        let kernels = match form {
+            Some(_) => Kernels::with_int8(dev)?,
+            None => Kernels::new(dev)?,
+        };
         let ops = Ops::new(&kernels, variant)?;
         let mut w = build::repack(model, &shape, &opts)?;
         let up = build::upload(dev, variant, &mut w)?;
-        let b = build::allocate(dev, &shape, &opts, variant)?;
+        let b = build::allocate(dev, &shape, &opts, variant, form.is_some())?;
         let set = build::bind(dev, &kernels, &up, &b)?;
         Ok(GpuLlama {
             pool: CommandPool::new(dev)?,
@@ -149,6 +174,7 @@ impl GpuLlama {
             rope_tab: w.rope_tab,
             a: b.a,
             part_off: b.part_off,
+            act8: form.zip(b.xq_off),
             kv_layer: b.kv_layer,
             weight_bytes: up.weight_bytes,
             scratch: Vec::with_capacity(b.meta_len),
@@ -342,6 +368,9 @@ enum Step {
     Embed(QEmbed),
     Norm(RmsNorm),
     Mm(QMatmul),
+    /// Activations quantized for the [`Step::Mm8`] products after it.
+    Quant(QuantizeQ81),
+    Mm8(QMatmul8),
     RopeKv(RopeKv),
     Attend(Attention, bool),
     Glu(SwiGlu),
@@ -378,19 +407,18 @@ impl Recording<'_> {
         for (l, lw) in m.layers.iter().enumerate() {
             let l = l as u32;
             let eps = m.rms_eps;
-            match &lw.qkv {
-                Proj::Stacked(q) => p.push(Step::Mm(
+            let qkv = match &lw.qkv {
+                Proj::Stacked(q) => vec![
                     QMatmul::split(q, t, a.x, [d, kvd, kvd], [a.q, a.k, a.v])
                         .with_norm(lw.attn_norm, eps),
-                )),
-                Proj::Parts(parts) => {
-                    for (q, y) in parts.iter().zip([a.q, a.k, a.v]) {
-                        p.push(Step::Mm(
-                            QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps),
-                        ));
-                    }
-                }
-            }
+                ],
+                Proj::Parts(parts) => parts
+                    .iter()
+                    .zip([a.q, a.k, a.v])
+                    .map(|(q, y)| QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps))
+                    .collect(),
+            };
+            self.products(&mut p, &qkv);
             p.push(Step::Barrier("qmm norm.q|k|v"));
             let (kc_off, vc_off) = match img {
                 true => (l, c.n_layers as u32 + l),
@@ -436,21 +464,23 @@ impl Recording<'_> {
                 img,
             ));
             p.push(Step::Barrier("attention"));
-            p.push(Step::Mm(QMatmul::plain(&lw.wo, t, a.att, a.x, true)));
+            self.products(&mut p, &[QMatmul::plain(&lw.wo, t, a.att, a.x, true)]);
             p.push(Step::Barrier("qmm o (+x)"));
             match &lw.w13 {
                 Proj::Stacked(w) => {
-                    p.push(Step::Mm(
-                        QMatmul::glu(w, t, a.x, a.h1).with_norm(lw.ffn_norm, eps),
-                    ));
+                    let glu = QMatmul::glu(w, t, a.x, a.h1).with_norm(lw.ffn_norm, eps);
+                    self.products(&mut p, &[glu]);
                     p.push(Step::Barrier("qmm norm.gate|up, swiglu"));
                 }
                 Proj::Parts(parts) => {
-                    for (w, y) in parts.iter().zip([a.h1, a.h3]) {
-                        p.push(Step::Mm(
-                            QMatmul::plain(w, t, a.x, y, false).with_norm(lw.ffn_norm, eps),
-                        ));
-                    }
+                    let up: Vec<QMatmul> = parts
+                        .iter()
+                        .zip([a.h1, a.h3])
+                        .map(|(w, y)| {
+                            QMatmul::plain(w, t, a.x, y, false).with_norm(lw.ffn_norm, eps)
+                        })
+                        .collect();
+                    self.products(&mut p, &up);
                     p.push(Step::Barrier("qmm norm.gate|up"));
                     p.push(Step::Glu(SwiGlu {
                         n_rows: t,
@@ -461,7 +491,7 @@ impl Recording<'_> {
                     p.push(Step::Barrier("swiglu"));
                 }
             }
-            p.push(Step::Mm(QMatmul::plain(&lw.w2, t, a.h1, a.x, true)));
+            self.products(&mut p, &[QMatmul::plain(&lw.w2, t, a.h1, a.x, true)]);
             p.push(Step::Barrier("qmm down (+x)"));
         }
         if self.s > 0 {
@@ -472,9 +502,8 @@ impl Recording<'_> {
             }));
             p.push(Step::Barrier("rmsnorm (sampled rows)"));
             let v = c.vocab_size as u32;
-            p.push(Step::Mm(QMatmul::logits_argmax(
-                &m.head, self.s, a.sel, a.logits, m.part_off,
-            )));
+            let head = QMatmul::logits_argmax(&m.head, self.s, a.sel, a.logits, m.part_off);
+            self.products(&mut p, &[head]);
             p.push(Step::Barrier("qmm LM head (+argmax partials)"));
             p.push(Step::Argmax(ArgmaxPart {
                 n_rows: self.s,
@@ -486,6 +515,28 @@ impl Recording<'_> {
             p.push(Step::Barrier("argmax_part"));
         }
         PlanOps { steps: p }
+    }
+
+    /// Products of one input (same x, rows, width and fused norm): as they
+    /// are, or with int8 activations (the input quantized once, a barrier,
+    /// then every product against the blocks) when the model runs them and
+    /// every product's weights have an int8 form.
+    fn products(&self, p: &mut Vec<Step>, ops: &[QMatmul]) {
+        let int8 = self.m.act8.and_then(|(form, xq)| {
+            ops.iter()
+                .map(|o| QMatmul8::new(*o, xq, form))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| (v, xq))
+        });
+        match (int8, ops.first()) {
+            (Some((mm8, xq)), Some(o)) => {
+                let q = QuantizeQ81::new(o.m, o.k, o.x_off, xq, o.norm_off);
+                p.push(Step::Quant(q));
+                p.push(Step::Barrier("quant_q81"));
+                p.extend(mm8.into_iter().map(Step::Mm8));
+            }
+            _ => p.extend(ops.iter().map(|o| Step::Mm(*o))),
+        }
     }
 }
 
@@ -508,6 +559,8 @@ impl PlanOps {
                 Step::Embed(o) => ops.run(rec, o)?,
                 Step::Norm(o) => ops.run(rec, o)?,
                 Step::Mm(o) => ops.run(rec, o)?,
+                Step::Quant(o) => ops.run(rec, o)?,
+                Step::Mm8(o) => ops.run(rec, o)?,
                 Step::RopeKv(o) => ops.run(rec, o)?,
                 Step::Attend(o, true) => ops.run(rec, &AttentionImage(*o))?,
                 Step::Attend(o, false) => ops.run(rec, o)?,
