@@ -18,7 +18,8 @@ use xtc_decode::model::vulkan::form;
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
 use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
-use xtc_vk::{Device, Kernels, Mask, Selector, VkError, kernels::KERNELS, subgroup_ops_of};
+use xtc_vk::kernels::{INT8, INTEGER_DOT, KERNELS};
+use xtc_vk::{Device, Kernels, Mask, Selector, VkError, subgroup_ops_of};
 
 fn masked() -> Option<Device> {
     vk_support::device()?;
@@ -37,9 +38,12 @@ fn masked_subgroups_build_only_the_entry_points_that_need_none() {
     assert_eq!(Variant::for_device(&dev).unwrap(), Variant::Gpu);
     let k = Kernels::new(&dev).unwrap();
     let built: Vec<&str> = k.names().collect();
+    // `Kernels::new` leaves out the int8-activation entry points
+    // (`Kernels::with_int8` builds them).
     let (needing, free): (Vec<_>, Vec<_>) = KERNELS
         .iter()
         .map(|(n, _)| *n)
+        .filter(|n| !INT8.contains(n))
         .partition(|n| !subgroup_ops_of(n).is_empty());
     // The CPU-form products use subgroups; the GPU-form ones do not.
     assert!(needing.contains(&"qmm_q41_r4") && free.contains(&"qmm_q41_gpu"));
@@ -51,10 +55,30 @@ fn masked_subgroups_build_only_the_entry_points_that_need_none() {
         }
         other => panic!("{other:?}"),
     }
-    // Unmasked, the same device builds every entry point.
+    // With int8 asked for, the masked device adds exactly the int8 entry
+    // points that use no subgroup operation (and no `OpSDot` where the
+    // device has no integer dot products).
+    let k8 = Kernels::with_int8(&dev).unwrap();
+    let added: Vec<&str> = k8.names().filter(|n| !built.contains(n)).collect();
+    let want: Vec<&str> = INT8
+        .iter()
+        .copied()
+        .filter(|n| subgroup_ops_of(n).is_empty())
+        .filter(|n| dev.integer_dot_product() || !INTEGER_DOT.contains(n))
+        .collect();
+    let mut added_sorted = added.clone();
+    added_sorted.sort_unstable();
+    let mut want_sorted = want.clone();
+    want_sorted.sort_unstable();
+    assert_eq!(added_sorted, want_sorted);
+    assert!(added.contains(&"qmm8_q41_gpu_poly"), "{added:?}");
+    // Unmasked, the same device builds every entry point but the int8 ones.
     let dev = vk_support::device().unwrap();
     if dev.subgroup_size().is_some_and(|s| s >= 8) {
-        assert_eq!(Kernels::new(&dev).unwrap().names().count(), KERNELS.len());
+        assert_eq!(
+            Kernels::new(&dev).unwrap().names().count(),
+            KERNELS.len() - INT8.len()
+        );
     }
     assert_eq!(xtc_vk::validation_errors(), 0);
 }
