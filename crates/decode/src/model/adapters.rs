@@ -39,6 +39,7 @@ use super::text::sampling::argmax;
 use super::vulkan::InFlight;
 use super::vulkan::f32_model::{GpuModel, GpuOptions};
 use super::vulkan::llama::{GpuLlama, GpuLlamaError, GpuLlamaOptions};
+use super::vulkan::qops8::DotForm;
 use super::{BatchPlan, Config, KvGeometry, Weights};
 use crate::{Completion, DeviceError, Model};
 
@@ -403,6 +404,11 @@ pub trait DeviceForward {
     /// # Errors
     /// Not the latest submission, or a device failure.
     fn finish(&mut self, f: InFlight) -> xtc::Result<Vec<u32>>;
+    /// What the description adds after the device (e.g. `int8
+    /// activations (OpSDot)`), or `None`.
+    fn notes(&self) -> Option<String> {
+        None
+    }
 }
 
 impl DeviceForward for GpuModel {
@@ -432,6 +438,12 @@ impl DeviceForward for GpuLlama {
     }
     fn finish(&mut self, f: InFlight) -> xtc::Result<Vec<u32>> {
         GpuLlama::finish(self, f)
+    }
+    fn notes(&self) -> Option<String> {
+        self.int8_dot().map(|d| match d {
+            DotForm::Native => "int8 activations (OpSDot)".to_string(),
+            DotForm::Poly => "int8 activations (polyfill)".to_string(),
+        })
     }
 }
 
@@ -533,10 +545,18 @@ impl<G: DeviceForward> Model for VulkanModel<G> {
 
     fn describe(&self) -> String {
         let info = self.gpu.device().info();
+        let notes = self
+            .gpu
+            .notes()
+            .map(|n| format!("; {n}"))
+            .unwrap_or_default();
         if self.name.is_empty() {
-            format!("{} ({:?}, Vulkan)", info.name, info.kind)
+            format!("{} ({:?}, Vulkan{notes})", info.name, info.kind)
         } else {
-            format!("{} ({:?}, Vulkan), {}", info.name, info.kind, self.name)
+            format!(
+                "{} ({:?}, Vulkan{notes}), {}",
+                info.name, info.kind, self.name
+            )
         }
     }
 

@@ -163,14 +163,14 @@ pub fn cache_key(dev: &Device) -> String {
     )
 }
 
-/// `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/form-probe`, or `None` without
-/// either variable.
-fn cache_dir() -> Option<PathBuf> {
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/<sub>` (`form-probe` here), or
+/// `None` without either variable.
+pub(crate) fn cache_dir(sub: &str) -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("xtc").join("form-probe"))
+    Some(base.join("xtc").join(sub))
 }
 
 /// The barrier ratio of `dev`: from this process's memory, else the cache
@@ -186,7 +186,7 @@ pub fn barrier_ratio(dev: &Device) -> VkResult<f64> {
     if let Some(&r) = seen.get(&key) {
         return Ok(r);
     }
-    let file = cache_dir().map(|d| d.join(&key));
+    let file = cache_dir("form-probe").map(|d| d.join(&key));
     let cached = file
         .as_ref()
         .and_then(|f| std::fs::read_to_string(f).ok())

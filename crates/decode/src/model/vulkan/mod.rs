@@ -3,13 +3,16 @@
 //! matrices are repacked into ([`qweights`]), the f32 model
 //! ([`f32_model::GpuModel`], its buffers and recording in `f32_record`) and
 //! the GGUF model ([`llama::GpuLlama`]), and which kernel form a device
-//! runs ([`form`]: by capability and a measured barrier probe).
+//! runs ([`form`]: by capability and a measured barrier probe) and whether
+//! its products take int8 activations ([`act_probe`], for
+//! `XTC_ACTIVATIONS=auto`).
 //!
 //! What both models share lives here: an iteration in flight
 //! ([`InFlight`]: its submission, what it samples, and the reading back of
 //! its tokens and logits), the activation layout ([`ActOffsets`]) and
 //! [`u32_of`].
 
+pub mod act_probe;
 pub mod f32_model;
 mod f32_record;
 pub mod form;

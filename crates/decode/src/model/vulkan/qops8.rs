@@ -56,18 +56,25 @@ pub enum Activations {
     Int8,
     /// As [`Activations::Int8`], always with [`DotForm::Poly`].
     Int8Poly,
+    /// [`Activations::Int8`] where a measured probe finds the int8
+    /// products at least [`INT8_RATIO`](super::act_probe::INT8_RATIO) times
+    /// faster on the device in the model's kernel form, else
+    /// [`Activations::F32`] ([`super::act_probe`]; resolved by
+    /// [`Activations::resolve`] when the model is built).
+    Auto,
 }
 
 /// The environment variable [`Activations::from_env`] reads.
 pub const ACTIVATIONS_ENV: &str = "XTC_ACTIVATIONS";
 
-/// An [`ACTIVATIONS_ENV`] value that is none of `f32`, `int8`, `int8-poly`.
+/// An [`ACTIVATIONS_ENV`] value that is none of `f32`, `int8`, `int8-poly`,
+/// `auto`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{ACTIVATIONS_ENV}={0:?}: expected f32, int8 or int8-poly")]
+#[error("{ACTIVATIONS_ENV}={0:?}: expected f32, int8, int8-poly or auto")]
 pub struct ActivationsEnvError(pub String);
 
 impl Activations {
-    /// [`ACTIVATIONS_ENV`]: `f32` (or unset), `int8`, `int8-poly`.
+    /// [`ACTIVATIONS_ENV`]: `f32` (or unset), `int8`, `int8-poly`, `auto`.
     ///
     /// # Errors
     /// [`ActivationsEnvError`] for any other value.
@@ -76,14 +83,30 @@ impl Activations {
             None | Some("f32") => Ok(Activations::F32),
             Some("int8") => Ok(Activations::Int8),
             Some("int8-poly") => Ok(Activations::Int8Poly),
+            Some("auto") => Ok(Activations::Auto),
             Some(other) => Err(ActivationsEnvError(other.to_string())),
         }
     }
 
-    /// The dot form on `dev`, or `None` for [`Activations::F32`].
+    /// [`Activations::Auto`] decided on `dev` in `variant`'s kernel form
+    /// ([`super::act_probe::choose`]); any other value as it is.
+    ///
+    /// # Errors
+    /// As [`super::act_probe::measure`] (only for `Auto` without a cached
+    /// ratio).
+    pub fn resolve(self, dev: &xtc_vk::Device, variant: Variant) -> xtc_vk::VkResult<Activations> {
+        match self {
+            Activations::Auto => super::act_probe::choose(dev, variant),
+            other => Ok(other),
+        }
+    }
+
+    /// The dot form on `dev`, or `None` for [`Activations::F32`] (and for
+    /// an unresolved [`Activations::Auto`]: [`resolve`](Self::resolve)
+    /// it first).
     pub fn dot_form(self, dev: &xtc_vk::Device) -> Option<DotForm> {
         match self {
-            Activations::F32 => None,
+            Activations::F32 | Activations::Auto => None,
             Activations::Int8 if dev.integer_dot_product() => Some(DotForm::Native),
             Activations::Int8 | Activations::Int8Poly => Some(DotForm::Poly),
         }

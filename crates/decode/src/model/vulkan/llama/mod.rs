@@ -140,7 +140,7 @@ impl GpuLlama {
     ) -> std::result::Result<GpuLlama, GpuLlamaError> {
         let lc = *model.config();
         let (shape, variant) = build::validate(dev, &lc, &opts)?;
-        let form = acts.dot_form(dev);
+        let form = acts.resolve(dev, variant)?.dot_form(dev);
         let kernels = match form {
             Some(_) => Kernels::with_int8(dev)?,
             None => Kernels::new(dev)?,
@@ -190,6 +190,13 @@ impl GpuLlama {
     /// The options it was made with.
     pub fn options(&self) -> &GpuLlamaOptions {
         &self.opts
+    }
+
+    /// How the int8 products compute their dot products, or `None` where
+    /// the products take f32 activations (`XTC_ACTIVATIONS` unset, `f32`,
+    /// or `auto` resolved to f32).
+    pub fn int8_dot(&self) -> Option<DotForm> {
+        self.act8.map(|(d, _)| d)
     }
 
     /// The kernel forms in use.
