@@ -279,6 +279,7 @@ pub struct Ctx {
     device: Option<Result<Device, (String, bool)>>,
     kernels: Option<Arc<Kernels>>,
     form: Option<Variant>,
+    timeout: Option<std::time::Duration>,
     pub(crate) opened: Option<DeviceId>,
 }
 
@@ -294,6 +295,7 @@ impl Ctx {
             device: None,
             kernels: None,
             form: None,
+            timeout: None,
             opened: None,
         }
     }
@@ -302,6 +304,20 @@ impl Ctx {
     pub fn with_kernel_form(mut self, form: Option<Variant>) -> Ctx {
         self.form = form;
         self
+    }
+
+    /// The same context with the runner's `--timeout` per case (`None`:
+    /// unknown, as when a case runs outside `xtc ci`).
+    pub fn with_timeout(mut self, timeout: Option<std::time::Duration>) -> Ctx {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The runner's `--timeout` per case, which a case whose cost depends
+    /// on the device (the real model's perf cases) measures within; `None`
+    /// when not known.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout
     }
 
     /// The kernel form of `--kernels` for the cases that do not pin one

@@ -76,12 +76,14 @@ static PANIC_NOTE: Mutex<Option<String>> = Mutex::new(None);
 
 /// The body of `xtc ci child`: runs the cases named on `input` (one a line)
 /// in order in this process (`form`: `--kernels` for the cases that pin no
-/// kernel form, [`Ctx::kernel_form`]), writing [`Event`]s to `out`. Returns the exit
+/// kernel form, [`Ctx::kernel_form`]; `timeout`: the runner's `--timeout`
+/// per case, [`Ctx::timeout`]), writing [`Event`]s to `out`. Returns the exit
 /// status (0, or [`EXIT_RESPAWN`] after a device loss).
 pub fn child_main(
     selector: &str,
     seed: u64,
     form: Option<Variant>,
+    timeout: Option<std::time::Duration>,
     input: &mut dyn BufRead,
     out: &mut dyn Write,
 ) -> i32 {
@@ -96,7 +98,9 @@ pub fn child_main(
     // not the child's exit status, which the runner reads as a crash.
     xtc_vk::fail_process_on_validation_errors(false);
     let ci = std::env::var_os("CI").is_some();
-    let mut ctx = Ctx::new(selector, seed, ci).with_kernel_form(form);
+    let mut ctx = Ctx::new(selector, seed, ci)
+        .with_kernel_form(form)
+        .with_timeout(timeout);
     let default_hook = panic::take_hook();
     panic::set_hook(Box::new(move |info| {
         let msg = match info.payload().downcast_ref::<&str>() {

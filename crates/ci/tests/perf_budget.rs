@@ -1,0 +1,58 @@
+//! The real model's perf case measures within the runner's `--timeout`
+//! (`Ctx::timeout`, passed to `xtc ci child --timeout`): where not even one
+//! timed iteration fits in what is left (here a 1 ms timeout) it is a
+//! `Skip` that names the iteration's cost and `--timeout`, not a case the
+//! runner kills; with room it records the median iteration. Needs the model
+//! file (`xtc_decode::model::find_model`) and a Vulkan device (lavapipe in
+//! CI); with `CI` set a missing one fails.
+
+use std::time::Duration;
+
+use xtc_ci::case::{CaseError, Ctx, Record};
+use xtc_ci::registry::all_cases;
+use xtc_decode::model::find_model;
+
+const CASE: &str = "xtc.perf.decode_iter_smollm2.b1";
+
+fn run(timeout: Duration) -> Result<xtc_ci::case::Outcome, CaseError> {
+    let case = all_cases()
+        .into_iter()
+        .find(|c| c.name == CASE)
+        .expect("the case is registered");
+    let ci = std::env::var_os("CI").is_some();
+    let mut ctx = Ctx::new("auto", 7, ci).with_timeout(Some(timeout));
+    ctx.begin_case(CASE);
+    (case.run)(&mut ctx)
+}
+
+#[test]
+fn the_perf_case_skips_when_no_iteration_fits_and_measures_when_one_does() {
+    if let Err(e) = find_model(None) {
+        assert!(std::env::var_os("CI").is_none(), "CI is set: {e}");
+        eprintln!("skipping: {e}");
+        return;
+    }
+    match run(Duration::from_millis(1)) {
+        Err(CaseError::Skip(why)) => {
+            assert!(
+                why.contains("one iteration of 1 members took")
+                    && why.contains("--timeout 0 s")
+                    && why.contains("raise --timeout"),
+                "{why}"
+            );
+        }
+        Err(CaseError::Fail(e)) if e.contains("no Vulkan") || e.contains("device") => {
+            panic!("{e}")
+        }
+        other => panic!("expected a Skip, got {other:?}"),
+    }
+    let out = run(Duration::from_secs(600)).expect("measured");
+    match out.record {
+        Some(Record::Perf(m)) => {
+            assert_eq!(m.unit, "ms");
+            assert!(m.value > 0.0 && m.value.is_finite(), "{m:?}");
+            assert!(out.message.contains("median of 9"), "{}", out.message);
+        }
+        other => panic!("expected a perf record, got {other:?}"),
+    }
+}
