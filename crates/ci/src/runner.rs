@@ -510,8 +510,8 @@ fn spawn(opts: &RunOptions, names: &VecDeque<String>) -> std::io::Result<Child> 
     cmd.args(["ci", "child", "--device", &opts.device, "--seed"])
         .arg(opts.seed.to_string())
         .args(opts.kernels.iter().flat_map(|k| ["--kernels", k.name()]))
-        .arg("--timeout")
-        .arg(opts.timeout.as_secs_f64().to_string())
+        .arg("--timeout-ms")
+        .arg(opts.timeout.as_millis().max(1).to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

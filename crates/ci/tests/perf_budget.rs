@@ -1,5 +1,5 @@
 //! The real model's perf case measures within the runner's `--timeout`
-//! (`Ctx::timeout`, passed to `xtc ci child --timeout`): where not even one
+//! (`Ctx::timeout`, passed to `xtc ci child --timeout-ms`): where not even one
 //! timed iteration fits in what is left (here a 1 ms timeout) it is a
 //! `Skip` that names the iteration's cost and `--timeout`, not a case the
 //! runner kills; with room it records the median iteration. Needs the model

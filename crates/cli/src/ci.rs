@@ -195,18 +195,10 @@ pub struct ChildArgs {
     /// Kernel form of the cases that pin none.
     #[arg(long, value_name = "FORM", value_enum, default_value_t = KernelForm::Auto)]
     pub kernels: KernelForm,
-    /// The runner's --timeout per case, in seconds (cases whose cost
+    /// The runner's --timeout per case, in milliseconds (cases whose cost
     /// depends on the device measure within it).
-    #[arg(long, value_name = "SECS", value_parser = child_timeout)]
-    pub timeout: Option<f64>,
-}
-
-/// `--timeout` of `xtc ci child`: a positive, finite number of seconds.
-fn child_timeout(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(v),
-        _ => Err(format!("{s:?}: expected a positive number of seconds")),
-    }
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: Option<u64>,
 }
 
 /// Runs `xtc ci`; returns the exit status.
@@ -232,7 +224,7 @@ pub fn run(args: &CiArgs, out: &mut dyn Write) -> i32 {
                 &a.device,
                 a.seed,
                 a.kernels.variant(),
-                a.timeout.map(std::time::Duration::from_secs_f64),
+                a.timeout_ms.map(std::time::Duration::from_millis),
                 &mut stdin.lock(),
                 out,
             )
