@@ -14,7 +14,7 @@ mod vk_support;
 use xtc_decode::model::cpu::llama::{Chunk, Logits, Sequence};
 use xtc_decode::model::stream::{SCORE_STEP, VulkanStream, nll};
 use xtc_decode::model::text::chat;
-use xtc_decode::model::text::sampling::argmax;
+use xtc_decode::model::text::sampling::{argmax, top2_margin};
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::vulkan::qops8::Activations;
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
@@ -44,20 +44,6 @@ const PROMPTS: [&str; 16] = [
     "What does a thermometer measure?",
     "Suggest a name for a pet turtle.",
 ];
-
-/// The reference's top-1 minus top-2 logit (a difference of log-probabilities).
-fn margin(logits: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::MIN, f32::MIN);
-    for &v in logits {
-        if v > a {
-            b = a;
-            a = v;
-        } else if v > b {
-            b = v;
-        }
-    }
-    a - b
-}
 
 struct Member {
     prompt: Vec<u32>,
@@ -155,7 +141,7 @@ fn int8_greedy_parts_from_the_reference_only_at_small_margins() {
             let want = argmax(&cpu[j]);
             tokens += 1;
             if gpu_toks[k] != want {
-                let gap = margin(&cpu[j]);
+                let gap = top2_margin(&cpu[j]);
                 partings.push((*i, mem.out.len(), gap));
                 assert!(
                     gap < MARGIN,

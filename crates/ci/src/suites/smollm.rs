@@ -43,9 +43,10 @@ use std::sync::OnceLock;
 use crate::case::{Case, CaseError, CaseResult, Ctx, Measure, Outcome, Record, Suite, ensure};
 use crate::check;
 use xtc_decode::model::cpu::f32_model::{self};
-use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
+use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits, Sequence};
 use xtc_decode::model::text::bpe::Bpe;
 use xtc_decode::model::text::chat;
+use xtc_decode::model::text::sampling::top2_margin;
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::vulkan::qops8::Activations;
@@ -271,6 +272,44 @@ fn golden(ctx: &mut Ctx, form: Variant, p: usize) -> Result<Outcome, CaseError> 
     ))
 }
 
+/// One greedy step of prompt `p` fed `next` on the device and on the CPU
+/// reference (`seq` advances): (the device's token, its logits row, the
+/// reference's logits row).
+fn step_both(
+    g: &mut GpuLlama,
+    m: &Llama,
+    seq: &mut Sequence,
+    next: &[u32],
+    p: usize,
+    step: usize,
+) -> Result<(u32, Vec<f32>, Vec<f32>), CaseError> {
+    let plan = BatchPlan {
+        seqs: vec![SeqWork {
+            tokens: next.to_vec(),
+            start_pos: seq.len(),
+            block_table: table(p),
+            sample: true,
+        }],
+    };
+    let want = m
+        .forward(&mut [Chunk {
+            seq,
+            tokens: next,
+            logits: Logits::Last,
+        }])?
+        .remove(0);
+    let f = g.submit(&plan)?;
+    let (toks, mut logits) = g.finish_with_logits(f)?;
+    ensure(toks.len() == 1 && logits.len() == 1, || {
+        format!(
+            "step {step}: {} tokens, {} logits rows",
+            toks.len(),
+            logits.len()
+        )
+    })?;
+    Ok((toks[0], logits.remove(0), want))
+}
+
 fn against_reference(
     ctx: &mut Ctx,
     form: Variant,
@@ -283,37 +322,13 @@ fn against_reference(
     let mut next = prompt(t, p)?;
     let (mut worst, mut ties) = (0f64, 0);
     for step in 0..n_tokens {
-        let plan = BatchPlan {
-            seqs: vec![SeqWork {
-                tokens: next.clone(),
-                start_pos: seq.len(),
-                block_table: table(p),
-                sample: true,
-            }],
-        };
-        let want = m
-            .forward(&mut [Chunk {
-                seq: &mut seq,
-                tokens: &next,
-                logits: Logits::Last,
-            }])?
-            .remove(0);
-        let f = g.submit(&plan)?;
-        let (toks, logits) = g.finish_with_logits(f)?;
-        ensure(toks.len() == 1 && logits.len() == 1, || {
-            format!(
-                "step {step}: {} tokens, {} logits rows",
-                toks.len(),
-                logits.len()
-            )
-        })?;
+        let (tok, logits, want) = step_both(&mut g, m, &mut seq, &next, p, step)?;
         worst = worst.max(check::close(
             &format!("step {step} logits"),
-            &logits[0],
+            &logits,
             &want,
             LOGITS_NMSE,
         )?);
-        let tok = toks[0];
         if let Err(gap) = f32_model::greedy_agrees(tok, &want, TIE) {
             return Err(CaseError::Fail(format!(
                 "step {step}: device token {tok}, reference {} (logit gap {gap})",
@@ -328,21 +343,6 @@ fn against_reference(
     Ok(Outcome::pass_with(format!(
         "{n_tokens} steps, logits NMSE <= {worst:.2e}, {ties} near-ties"
     )))
-}
-
-/// The reference's top-1 minus top-2 logit (a difference of
-/// log-probabilities).
-fn top2_margin(logits: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::MIN, f32::MIN);
-    for &v in logits {
-        if v > a {
-            b = a;
-            a = v;
-        } else if v > b {
-            b = v;
-        }
-    }
-    a - b
 }
 
 /// The int8-activation path ([`Activations::Int8`]: `OpSDot` where the
@@ -366,43 +366,19 @@ fn int8_against_reference(
     let mut next = prompt(t, p)?;
     let (mut worst, mut parted, mut widest) = (0f64, 0usize, 0f32);
     for step in 0..n_tokens {
-        let plan = BatchPlan {
-            seqs: vec![SeqWork {
-                tokens: next.clone(),
-                start_pos: seq.len(),
-                block_table: table(p),
-                sample: true,
-            }],
-        };
-        let want = m
-            .forward(&mut [Chunk {
-                seq: &mut seq,
-                tokens: &next,
-                logits: Logits::Last,
-            }])?
-            .remove(0);
-        let f = g.submit(&plan)?;
-        let (toks, logits) = g.finish_with_logits(f)?;
-        ensure(toks.len() == 1 && logits.len() == 1, || {
-            format!(
-                "step {step}: {} tokens, {} logits rows",
-                toks.len(),
-                logits.len()
-            )
-        })?;
+        let (tok, logits, want) = step_both(&mut g, m, &mut seq, &next, p, step)?;
         worst = worst.max(check::close(
             &format!("step {step} logits (int8 activations)"),
-            &logits[0],
+            &logits,
             &want,
             INT8_LOGITS_NMSE,
         )?);
         let reference = f32_model::argmax(&want);
-        if toks[0] != reference {
+        if tok != reference {
             let margin = top2_margin(&want);
             ensure(margin < INT8_MARGIN, || {
                 format!(
-                    "step {step}: device token {}, reference {reference} with a top-2 margin of {margin:.3} nats (>= {INT8_MARGIN})",
-                    toks[0]
+                    "step {step}: device token {tok}, reference {reference} with a top-2 margin of {margin:.3} nats (>= {INT8_MARGIN})"
                 )
             })?;
             parted += 1;

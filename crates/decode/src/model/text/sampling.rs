@@ -182,9 +182,38 @@ pub fn argmax(v: &[f32]) -> u32 {
     best.unwrap_or(0) as u32
 }
 
+/// The largest logit minus the second largest (for logits, a difference of
+/// log-probabilities in nats): how far from a tie a greedy choice is. NaNs
+/// are ignored; fewer than two values give `f32::INFINITY`.
+pub fn top2_margin(v: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in v.iter().filter(|x| !x.is_nan()) {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    if b == f32::NEG_INFINITY {
+        f32::INFINITY
+    } else {
+        a - b
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top2_margin_is_the_gap_between_the_two_largest() {
+        assert_eq!(top2_margin(&[1.0, 4.0, 2.5]), 1.5);
+        assert_eq!(top2_margin(&[3.0, 3.0, -1.0]), 0.0);
+        assert_eq!(top2_margin(&[f32::NAN, 2.0, 0.5, f32::NAN]), 1.5);
+        assert_eq!(top2_margin(&[7.0]), f32::INFINITY);
+        assert_eq!(top2_margin(&[]), f32::INFINITY);
+    }
 
     fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
         SamplingParams {

@@ -31,11 +31,9 @@
 //! member) runs 0.7-0.9x with int8 on lavapipe and is left out, being about
 //! 1/30 of a decode iteration's product work.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::form::{cache_dir, cache_key};
+use super::form::{cache_key, cached_ratio};
 use super::ops::{Op, Variant};
 use super::qops::QMatmul;
 use super::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81, q81_len};
@@ -239,34 +237,10 @@ fn form_name(variant: Variant) -> &'static str {
 /// # Errors
 /// As [`measure`].
 pub fn int8_ratio(dev: &Device, variant: Variant) -> VkResult<f64> {
-    static SEEN: Mutex<Option<HashMap<String, f64>>> = Mutex::new(None);
     let key = format!("{}-{}", cache_key(dev), form_name(variant));
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    let seen = seen.get_or_insert_with(HashMap::new);
-    if let Some(&r) = seen.get(&key) {
-        return Ok(r);
-    }
-    let file = cache_dir("activations-probe").map(|d| d.join(&key));
-    let cached = file
-        .as_ref()
-        .and_then(|f| std::fs::read_to_string(f).ok())
-        .and_then(|s| s.trim().strip_prefix("f32_over_int8=")?.parse::<f64>().ok())
-        .filter(|r| r.is_finite() && *r > 0.0);
-    let ratio = match cached {
-        Some(r) => r,
-        None => {
-            let r = measure(dev, variant)?.ratio();
-            if let Some(f) = &file {
-                // Best effort: a read-only home only costs the next process
-                // the probe again.
-                let _ = std::fs::create_dir_all(f.parent().unwrap_or(f));
-                let _ = std::fs::write(f, format!("f32_over_int8={r}\n"));
-            }
-            r
-        }
-    };
-    seen.insert(key, ratio);
-    Ok(ratio)
+    cached_ratio("activations-probe", key, "f32_over_int8", || {
+        Ok(measure(dev, variant)?.ratio())
+    })
 }
 
 /// [`Activations::Int8`] where [`int8_ratio`] is at least [`INT8_RATIO`],

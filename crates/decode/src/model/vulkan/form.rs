@@ -173,40 +173,60 @@ pub(crate) fn cache_dir(sub: &str) -> Option<PathBuf> {
     Some(base.join("xtc").join(sub))
 }
 
+/// A ratio a probe measures once per device: from this process's memory,
+/// else the file `<cache_dir(sub)>/<key>` (one line `<field>=<value>`; a
+/// value that is not a positive finite number counts as absent), else
+/// `measure()`d and stored in both (a cache that cannot be written is not
+/// an error).
+///
+/// # Errors
+/// As `measure`.
+pub(crate) fn cached_ratio(
+    sub: &str,
+    key: String,
+    field: &str,
+    measure: impl FnOnce() -> VkResult<f64>,
+) -> VkResult<f64> {
+    static SEEN: Mutex<Option<HashMap<String, f64>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(HashMap::new);
+    let mem_key = format!("{sub}/{key}");
+    if let Some(&r) = seen.get(&mem_key) {
+        return Ok(r);
+    }
+    let file = cache_dir(sub).map(|d| d.join(&key));
+    let prefix = format!("{field}=");
+    let cached = file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .and_then(|s| s.trim().strip_prefix(&prefix)?.parse::<f64>().ok())
+        .filter(|r| r.is_finite() && *r > 0.0);
+    let ratio = match cached {
+        Some(r) => r,
+        None => {
+            let r = measure()?;
+            if let Some(f) = &file {
+                // Best effort: a read-only home only costs the next process
+                // the probe again.
+                let _ = std::fs::create_dir_all(f.parent().unwrap_or(f));
+                let _ = std::fs::write(f, format!("{field}={r}\n"));
+            }
+            r
+        }
+    };
+    seen.insert(mem_key, ratio);
+    Ok(ratio)
+}
+
 /// The barrier ratio of `dev`: from this process's memory, else the cache
 /// file, else measured ([`measure`]) and stored in both.
 ///
 /// # Errors
 /// As [`measure`].
 pub fn barrier_ratio(dev: &Device) -> VkResult<f64> {
-    static SEEN: Mutex<Option<HashMap<String, f64>>> = Mutex::new(None);
-    let key = cache_key(dev);
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    let seen = seen.get_or_insert_with(HashMap::new);
-    if let Some(&r) = seen.get(&key) {
-        return Ok(r);
-    }
-    let file = cache_dir("form-probe").map(|d| d.join(&key));
-    let cached = file
-        .as_ref()
-        .and_then(|f| std::fs::read_to_string(f).ok())
-        .and_then(|s| s.trim().strip_prefix("barrier_ratio=")?.parse::<f64>().ok())
-        .filter(|r| r.is_finite() && *r > 0.0);
-    let ratio = match cached {
-        Some(r) => r,
-        None => {
-            let r = measure(dev)?.ratio();
-            if let Some(f) = &file {
-                // Best effort: a read-only home only costs the next process
-                // the probe again.
-                let _ = std::fs::create_dir_all(f.parent().unwrap_or(f));
-                let _ = std::fs::write(f, format!("barrier_ratio={r}\n"));
-            }
-            r
-        }
-    };
-    seen.insert(key, ratio);
-    Ok(ratio)
+    cached_ratio("form-probe", cache_key(dev), "barrier_ratio", || {
+        Ok(measure(dev)?.ratio())
+    })
 }
 
 /// Whether `dev` has what the CPU form's kernels use: subgroups of at least
