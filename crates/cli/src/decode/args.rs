@@ -17,13 +17,13 @@ pub const DEFAULT_TIME_SCALE: f64 = 8.0;
 pub const MAX_ACTIVE_LIMIT: usize = 1 << 20;
 
 /// Default number of requests replayed (a GGUF model on a CPU device:
-/// [`source::CPU_MODEL_REQUESTS`]).
+/// [`super::source::CPU_MODEL_REQUESTS`]).
 pub const DEFAULT_REQUESTS: usize = 512;
 
 /// Length scaling on CPU devices: prompt / 32 (the trace's median prompt of
 /// ~1,000 tokens becomes ~32), output / 4 (median ~240 becomes ~60), each
 /// capped at 128 tokens (half the synthetic model's 256 positions,
-/// [`Config::tiny`]; the GGUF model on a CPU device gets the same caps).
+/// [`xtc_decode::model::Config::tiny`]; the GGUF model on a CPU device gets the same caps).
 pub const CPU_SCALING: Scaling = Scaling {
     time_scale: DEFAULT_TIME_SCALE,
     prompt_div: 32,
@@ -273,7 +273,8 @@ pub struct DecodeArgs {
     /// on the blocking pool, like a device, without using the CPU). Either a
     /// cost file written by `xtc calibrate --output FILE` (the model's
     /// measured fit: fixed + per token row + per KV position read), or
-    /// FIXED_US,PER_ROW_US[,PER_POSITION_US] in microseconds (e.g. 1800,90).
+    /// FIXED_US,PER_ROW_US or FIXED_US,PER_ROW_US,PER_POSITION_US in
+    /// microseconds (e.g. 1800,90).
     /// Default: 0,0, or with --sweep 1800,90, a labelled default model
     /// (lavapipe's two-point fit for the synthetic model, not a calibration).
     #[arg(long, value_name = "FILE|FIXED_US,PER_ROW_US", value_parser = toy_cost)]

@@ -1,6 +1,6 @@
 //! What a run needs before it starts: a KV cache whose size block ids can
-//! name ([`check_kv_size`]), requests that can fit it (the trace rows that
-//! never can are named up front: [`unfit_rows`]), and host memory for the model's part
+//! name (`check_kv_size`), requests that can fit it (the trace rows that
+//! never can are named up front: `unfit_rows`), and host memory for the model's part
 //! ([`xtc_decode::model::open::model_memory`]) and the serving side's
 //! ([`memory_need`]) within what the process can still get ([`host_limit`],
 //! read through `xtc::rt::sysfs`).

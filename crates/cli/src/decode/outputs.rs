@@ -1,6 +1,6 @@
 //! What a run leaves besides its report: the metrics of each run and the
 //! `/metrics` server ([`Observe`]), and the output files `--trace-out`,
-//! `--requests-out` and `--metrics-out` ([`Outputs`]), checked before the run
+//! `--requests-out` and `--metrics-out` (`Outputs`), checked before the run
 //! and written after it.
 
 use std::rc::Rc;

@@ -1,6 +1,6 @@
 //! What `xtc decode` prints besides the report: the banner on stderr
-//! ([`banner`]) and the sample completions, as text ([`render_samples`]) or
-//! in the JSON report ([`with_samples`]).
+//! (`banner`) and the sample completions, as text ([`render_samples`]) or
+//! in the JSON report (`with_samples`).
 
 use std::time::Duration;
 

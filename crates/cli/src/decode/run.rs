@@ -1,5 +1,5 @@
-//! One run of a workload ([`run_once`], with its progress bar) and the exit
-//! status its report calls for ([`exit_status`], [`finish_status`]).
+//! One run of a workload (`run_once`, with its progress bar) and the exit
+//! status its report calls for ([`exit_status`], `finish_status`).
 
 use std::io::IsTerminal;
 use std::rc::Rc;

@@ -5,7 +5,7 @@
 //! sequence with logits).
 //!
 //! # One folder per concern
-//! - [`format`]: the files a model is read from. GGUF ([`format::gguf`]:
+//! - [`format`](mod@format): the files a model is read from. GGUF ([`format::gguf`]:
 //!   header, metadata, tensor table, mapped tensor bytes with no copy, and a
 //!   writer for tests), its block formats ([`format::quant`]: F32, F16,
 //!   Q4_0, Q4_1, Q8_0), the llama configuration in its metadata

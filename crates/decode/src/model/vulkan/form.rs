@@ -89,7 +89,7 @@ pub fn probe_expected(barrier: bool) -> Vec<f32> {
     acc
 }
 
-/// Runs both probe kernels [`RUNS`] times each, alternating, and checks
+/// Runs both probe kernels `RUNS` (5) times each, alternating, and checks
 /// their results against [`probe_expected`].
 ///
 /// # Errors

@@ -9,8 +9,8 @@
 //!
 //! What both models share lives here: an iteration in flight
 //! ([`InFlight`]: its submission, what it samples, and the reading back of
-//! its tokens and logits), the activation layout ([`ActOffsets`]) and
-//! [`u32_of`].
+//! its tokens and logits), the activation layout (`ActOffsets`) and
+//! `u32_of`.
 
 pub mod act_probe;
 pub mod f32_model;
@@ -106,7 +106,7 @@ impl ActOffsets {
 }
 
 /// One submitted iteration. Poll [`fence_fd`](Self::fence_fd) (readable when
-/// done), then hand it to [`GpuModel::finish`].
+/// done), then hand it to [`GpuModel::finish`](f32_model::GpuModel::finish).
 #[derive(Debug)]
 pub struct InFlight {
     /// Shared with the batch engine's FENCE wait ([`InFlight::fence`]);
@@ -179,7 +179,7 @@ impl InFlight {
     /// The completion fence as a shared owner, for `batch::Exec::Fence`
     /// (B-066, B-067): the engine keeps this clone until its `collect`
     /// returned, so the fd stays open for the whole wait even once
-    /// [`GpuModel::finish`] consumed `self`.
+    /// [`GpuModel::finish`](f32_model::GpuModel::finish) consumed `self`.
     pub fn fence(&self) -> Rc<dyn AsFd> {
         Rc::new(self.sub.clone()) // `Arc<T: AsFd>` is `AsFd`
     }

@@ -44,9 +44,9 @@ pub enum Activations {
     /// f32 activations (the products of [`QMatmul`] as they are): the
     /// default everywhere. Measured on lavapipe (`docs/arch/vk.md`), int8
     /// runs the Q4_1 products 1.05-1.25x from 8 rows up and the Q8_0 LM
-    /// head 0.7-0.9x, the model about 1.1x at 16-32 members; no probe
-    /// chooses it per device yet and no GPU has run it, and the f32 path is
-    /// the one that matches the CPU reference token for token.
+    /// head 0.7-0.9x, the model 1.14-1.33x from 8 members up; it stays the
+    /// default because it is the path that matches the CPU reference token
+    /// for token ([`Activations::Auto`] lets a probe choose instead).
     #[default]
     F32,
     /// Each product input quantized once to Q8_1-style blocks

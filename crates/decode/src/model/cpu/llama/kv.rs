@@ -16,7 +16,7 @@ pub enum Logits {
     All,
 }
 
-/// One sequence's share of a [`Llama::forward`] call: tokens appended at
+/// One sequence's share of a [`Llama::forward`](super::Llama::forward) call: tokens appended at
 /// positions `seq.len()..seq.len() + tokens.len()`.
 #[derive(Debug)]
 pub struct Chunk<'a> {
@@ -76,7 +76,7 @@ impl Sequence {
 
 /// A paged KV cache: per layer, K and V of `n_blocks * block_size`
 /// positions (`[n_layers][n_blocks][block_size][kv_dim]` f32 each),
-/// addressed through a plan's block tables ([`Llama::forward_paged`]); the
+/// addressed through a plan's block tables ([`Llama::forward_paged`](super::Llama::forward_paged)); the
 /// CPU counterpart of the Vulkan model's KV cache.
 #[derive(Debug, Clone)]
 pub struct PagedKv {

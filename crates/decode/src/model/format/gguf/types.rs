@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-/// Deepest nesting of arrays in a metadata value that [`Gguf`] accepts
+/// Deepest nesting of arrays in a metadata value that [`Gguf`](super::Gguf) accepts
 /// (an array of arrays is depth 2).
 pub const MAX_NESTING: usize = 8;
 

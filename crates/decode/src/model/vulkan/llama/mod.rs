@@ -8,7 +8,7 @@
 //! temperature stays on the host over those logits, see `docs/arch/vk.md`).
 //!
 //! # Device memory
-//! - The texel stream ([`TexelStream`]): every layer's `q|k|v` and
+//! - The texel stream ([`TexelStream`](crate::model::vulkan::qweights::TexelStream)): every layer's `q|k|v` and
 //!   `gate|up` stacked (one dispatch each) plus `attn_output`, `ffn_down`,
 //!   and the token embedding table, which is also the LM head when the model
 //!   ties them. Q4_1 blocks stay 20 bytes per 32 weights, Q8_0 34 bytes:
@@ -16,11 +16,11 @@
 //!   ([`Variant::Cpu`]) it is the weight image (kernel ABI binding 8), on GPUs
 //!   the start of the weights buffer.
 //! - The weights buffer (f32): the RMSNorm vectors and the RoPE table
-//!   ([`rope_table`]: `[max_context][head_size / 2][cos, sin]`).
+//!   ([`rope_table`](crate::model::vulkan::qops::rope_table): `[max_context][head_size / 2][cos, sin]`).
 //! - Activations, metadata, tokens: as [`crate::model::vulkan::f32_model::GpuModel`]
 //!   (`x, xb, q, att [T, dim]`, `k, v [T, kv_dim]`, `h1, h3 [T, hidden]`,
 //!   `sel [S, dim]`, `logits [S, vocab]`).
-//! - The KV cache: the storage image in the [`KvImage`] layout on CPU
+//! - The KV cache: the storage image in the [`KvImage`](crate::model::vulkan::ops::KvImage) layout on CPU
 //!   devices, else a buffer `[2 * n_layers][n_blocks][block_size][kv_dim]`.
 //!
 //! # One iteration

@@ -6,7 +6,7 @@ use crate::model::vulkan::qweights::RepackError;
 use crate::model::{KvGeometry, ModelError};
 use xtc_vk::VkError;
 
-/// Sizes of a [`GpuLlama`]'s KV cache and per-iteration capacity.
+/// Sizes of a [`GpuLlama`](super::GpuLlama)'s KV cache and per-iteration capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuLlamaOptions {
     /// KV-cache geometry (block ids in block tables are `< n_blocks`).
@@ -20,7 +20,7 @@ pub struct GpuLlamaOptions {
     /// 1817 at head size 64).
     pub max_context: usize,
     /// Copy the sampled rows' logits back each iteration
-    /// ([`GpuLlama::finish_with_logits`]); off by default (costs a copy).
+    /// ([`GpuLlama::finish_with_logits`](super::GpuLlama::finish_with_logits)); off by default (costs a copy).
     pub keep_logits: bool,
     /// Kernel forms; `None`: by capability and the barrier probe
     /// ([`crate::model::vulkan::form`]): `Gpu` where the device lacks what
@@ -49,7 +49,7 @@ impl Default for GpuLlamaOptions {
     }
 }
 
-/// Why a [`GpuLlama`] could not be made.
+/// Why a [`GpuLlama`](super::GpuLlama) could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuLlamaError {
     /// The file lacks a tensor or metadata the model needs.
