@@ -3,14 +3,18 @@
 //! timed iteration fits in what is left (here a 1 ms timeout) it is a
 //! `Skip` that names the iteration's cost and `--timeout`, not a case the
 //! runner kills; with room it records the median iteration. Needs the model
-//! file (`xtc_decode::model::find_model`) and a Vulkan device (lavapipe in
+//! file (`model_support::model_path`) and a Vulkan device (lavapipe in
 //! CI); with `CI` set a missing one fails.
+
+#[path = "../../decode/tests/model_support/mod.rs"]
+mod model_support;
+#[path = "../../vk/tests/vk_support/mod.rs"]
+mod vk_support;
 
 use std::time::Duration;
 
 use xtc_ci::case::{CaseError, Ctx, Record};
 use xtc_ci::registry::all_cases;
-use xtc_decode::model::find_model;
 
 const CASE: &str = "xtc.perf.decode_iter_smollm2.b1";
 
@@ -27,9 +31,7 @@ fn run(timeout: Duration) -> Result<xtc_ci::case::Outcome, CaseError> {
 
 #[test]
 fn the_perf_case_skips_when_no_iteration_fits_and_measures_when_one_does() {
-    if let Err(e) = find_model(None) {
-        assert!(std::env::var_os("CI").is_none(), "CI is set: {e}");
-        eprintln!("skipping: {e}");
+    if model_support::model_path().is_none() || vk_support::device().is_none() {
         return;
     }
     match run(Duration::from_millis(1)) {
