@@ -17,7 +17,9 @@
 //! `cargo bench --bench llama` (prints a table; needs the model file, see
 //! `scripts/fetch-model.sh`, and a Vulkan device for the Vulkan side; skips
 //! with a line without them, or fails when `CI` is set).
-//! `XTC_BENCH_QUICK=1` runs shorter loops.
+//! `XTC_BENCH_QUICK=1` runs shorter loops. `XTC_FUSE_ROPE_KV=0` records the
+//! q|k|v product and `rope_kv_img` apart (`GpuLlama::set_fuse_rope_kv`), for
+//! the fused op's side-by-side figure.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -138,7 +140,7 @@ fn macs(label: &str, m: usize, samples: usize) -> Option<(f64, f64)> {
     // (multiply-adds per row, weight bytes) at SmolLM2-135M's shapes.
     let q41 = |n: f64, k: f64| (n * k, n * k * 20.0 / 32.0);
     let (per_row, bytes) = match label {
-        "qmm norm.q|k|v" => q41(960.0, 576.0),
+        "qmm norm.q|k|v" | "qmm norm.q|k|v, rope_kv" => q41(960.0, 576.0),
         "qmm o (+x)" => q41(576.0, 576.0),
         "qmm norm.gate|up, swiglu" => q41(3072.0, 576.0),
         "qmm down (+x)" => q41(576.0, 1536.0),
@@ -445,6 +447,9 @@ fn vulkan_side(
     };
     let t0 = Instant::now();
     let mut gpu = GpuLlama::new(dev, model, opts).unwrap();
+    if std::env::var("XTC_FUSE_ROPE_KV").is_ok_and(|v| v == "0") {
+        gpu.set_fuse_rope_kv(false);
+    }
     let (w, f, kv) = gpu.memory_bytes();
     println!(
         "\ndevice: {} ({:?} forms); load {:.2} s; device memory: quantized weights {:.1} MB, f32 {:.1} MB, KV cache {:.1} MB",

@@ -187,8 +187,9 @@ fn objects_of_another_device_are_rejected() {
     );
     let own = kernels_a.get("embed").unwrap();
     assert!(
-        rec.dispatch(own, &[0u32; 17], [1, 1, 1]).is_err(),
-        "68 push-constant bytes"
+        rec.dispatch(own, &[[0u32; 32], [0u32; 32]], [1, 1, 1])
+            .is_err(),
+        "256 push-constant bytes (PUSH_BYTES is 128)"
     );
     assert!(
         rec.dispatch(own, &[0u32; 5], [0, 1, 1]).is_err(),

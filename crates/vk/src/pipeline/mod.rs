@@ -137,8 +137,10 @@ const BARRIER_READS_WRITES: vk::AccessFlags = vk::AccessFlags::from_raw(
         | vk::AccessFlags::TRANSFER_WRITE.as_raw(),
 );
 
-/// Size of the push-constant range of the kernel ABI, in bytes.
-pub const PUSH_BYTES: u32 = 64;
+/// Size of the push-constant range of the kernel ABI, in bytes: Vulkan's
+/// guaranteed minimum of `maxPushConstantsSize` (the quantized products'
+/// parameters take 76).
+pub const PUSH_BYTES: u32 = 128;
 
 /// One compute pipeline (a kernel entry point). `Copy`; valid while its
 /// [`Kernels`] lives.

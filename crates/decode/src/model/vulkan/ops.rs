@@ -724,6 +724,11 @@ impl Ops {
         self
     }
 
+    /// Whether the windowed forms are on ([`with_windows`](Self::with_windows)).
+    pub fn windows_on(&self) -> bool {
+        self.windows
+    }
+
     /// The variant in use.
     pub fn variant(&self) -> Variant {
         self.variant

@@ -117,6 +117,16 @@ pub struct QMatmul {
     pub norm_off: u32,
     /// RMSNorm epsilon (with a norm).
     pub eps: f32,
+    /// [`QMatmulRopeKv`] only: the RoPE cos / sin table in the weights
+    /// buffer (f32 elements, a multiple of 4; [`rope_table`]'s layout).
+    pub rope_tab: u32,
+    /// [`QMatmulRopeKv`] only: elements per attention head (a multiple of 4).
+    pub head_size: u32,
+    /// [`QMatmulRopeKv`] only: positions per KV-cache block.
+    pub block_size: u32,
+    /// [`QMatmulRopeKv`] only: the row records `[rows][4]` (token, seq, pos,
+    /// block table offset) in the metadata buffer.
+    pub rows_off: u32,
 }
 
 /// [`QMatmul::mode`]: overwrite y.
@@ -154,6 +164,10 @@ impl QMatmul {
             m_base: 0,
             norm_off: NO_NORM,
             eps: 0.0,
+            rope_tab: 0,
+            head_size: 0,
+            block_size: 0,
+            rows_off: 0,
         }
     }
 
@@ -264,6 +278,107 @@ impl Op for QMatmul {
                 })
                 .collect(),
         )
+    }
+}
+
+/// `qmm_<ty>_r<R>_rkv` (generated from `crates/vk/build/qmatmul_gen.rs`):
+/// a q|k|v split product ([`QMatmul::split`], overwriting, Q4_1 or Q8_0
+/// weights, with or without a fused norm) with the [`RopeKv`] that follows
+/// it fused into its stores, one dispatch group per layer fewer: q turned by
+/// RoPE and stored at the product's `y_off`, k turned and v written straight
+/// into the KV image (`rope_kv_img`'s layout and arithmetic, so the cache,
+/// q and every later logit are the same bit for bit). k and v are not
+/// stored in the activations.
+///
+/// CPU form only (the windowed dispatches of [`QMatmul`]): check
+/// [`fits`](Self::fits) before recording it; where it does not fit,
+/// [`Op::dispatch`] names no kernel and [`Ops::run`](crate::model::vulkan::ops::Ops::run)
+/// fails with `Inval` rather than run a form that would store elsewhere.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct QMatmulRopeKv(pub QMatmul);
+
+impl QMatmulRopeKv {
+    /// `split` then `rk` as one op, or `None` where they are not that pair:
+    /// `split` must overwrite q|k|v of `rk`'s widths at `rk`'s offsets for
+    /// `rk`'s rows (v as wide as k), its weights Q4_1 or Q8_0, and `rk` must
+    /// write the KV image (`image != 0`) with `head_size % 4 == 0` and its
+    /// table at a multiple of 4.
+    pub fn new(split: QMatmul, rk: &RopeKv) -> Option<QMatmulRopeKv> {
+        let r = &rk.rope.rope;
+        let fused = split.mode & 255 == MODE_STORE
+            && matches!(split.kernel_type(), KernelType::Q41 | KernelType::Q80)
+            && rk.image != 0
+            && split.m == r.n_rows
+            && split.n1 == r.dim
+            && split.n2 == r.kv_dim
+            && split.n == r.dim + 2 * r.kv_dim
+            && split.y_off == r.q_off
+            && split.y2_off == r.k_off
+            && split.y3_off == rk.v_off
+            && r.head_size > 0
+            && r.head_size.is_multiple_of(4)
+            && r.kv_dim.is_multiple_of(4)
+            && r.dim.is_multiple_of(4)
+            && rk.block_size > 0
+            && rk.rope.tab_off.is_multiple_of(4);
+        fused.then_some(QMatmulRopeKv(QMatmul {
+            y2_off: rk.kc_off,
+            y3_off: rk.vc_off,
+            rope_tab: rk.rope.tab_off,
+            head_size: r.head_size,
+            block_size: rk.block_size,
+            rows_off: r.rows_off,
+            ..split
+        }))
+    }
+
+    /// Whether `variant` over windows `win` records it (the CPU form, the
+    /// product's rows and norm vector fitting the uniform windows).
+    pub fn fits(&self, variant: Variant, win: &[Window; WINDOWS as usize]) -> bool {
+        self.windowed(variant, win).is_some()
+    }
+}
+
+/// The `_rkv` twin of a CPU-form product entry point.
+fn rkv_name(kernel: &str) -> &'static str {
+    match kernel {
+        "qmm_q41_r1" => "qmm_q41_r1_rkv",
+        "qmm_q41_r2" => "qmm_q41_r2_rkv",
+        "qmm_q41_r4" => "qmm_q41_r4_rkv",
+        "qmm_q80_r1" => "qmm_q80_r1_rkv",
+        "qmm_q80_r2" => "qmm_q80_r2_rkv",
+        "qmm_q80_r4" => "qmm_q80_r4_rkv",
+        _ => NO_RKV_FORM,
+    }
+}
+
+/// What [`QMatmulRopeKv`] names where it has no form: no such entry point.
+const NO_RKV_FORM: &str = "qmm_rkv_has_only_the_windowed_cpu_form";
+
+impl Op for QMatmulRopeKv {
+    const KERNEL: &'static str = NO_RKV_FORM;
+    fn grid(&self) -> [u32; 3] {
+        self.0.grid()
+    }
+    fn windowed(
+        &self,
+        variant: Variant,
+        win: &[Window; WINDOWS as usize],
+    ) -> Option<Vec<Windowed<Self>>> {
+        let chunks = self.0.windowed(variant, win)?;
+        chunks
+            .into_iter()
+            .map(|c| {
+                let kernel = rkv_name(c.kernel);
+                (kernel != NO_RKV_FORM).then_some(Windowed {
+                    kernel,
+                    push: QMatmulRopeKv(c.push),
+                    grid: c.grid,
+                    offsets: c.offsets,
+                })
+            })
+            .collect()
     }
 }
 

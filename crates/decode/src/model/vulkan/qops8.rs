@@ -141,7 +141,7 @@ impl QuantizeQ81 {
             y3_off: 0,
             m_base: 0,
             norm_off,
-            eps: 0.0,
+            ..Zeroable::zeroed()
         })
     }
 }

@@ -46,7 +46,9 @@ use crate::model::vulkan::{ActOffsets, InFlight};
 use crate::model::vulkan::ops::{
     Attention, AttentionImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use crate::model::vulkan::qops::{ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups};
+use crate::model::vulkan::qops::{
+    ArgmaxPart, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
+};
 use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81};
 use crate::model::vulkan::qweights::QTensor;
 use crate::model::{BatchPlan, Config};
@@ -93,6 +95,9 @@ pub struct GpuLlama {
     weight_bytes: u64,
     scratch: Vec<u32>,
     iteration: u64,
+    /// Record the q|k|v product and RoPE + KV append as one op where it
+    /// applies ([`QMatmulRopeKv`]); on by default.
+    fuse_rope_kv: bool,
 }
 
 impl std::fmt::Debug for GpuLlama {
@@ -179,6 +184,7 @@ impl GpuLlama {
             weight_bytes: up.weight_bytes,
             scratch: Vec::with_capacity(b.meta_len),
             iteration: 0,
+            fuse_rope_kv: true,
         })
     }
 
@@ -190,6 +196,16 @@ impl GpuLlama {
     /// The options it was made with.
     pub fn options(&self) -> &GpuLlamaOptions {
         &self.opts
+    }
+
+    /// Turns the fused q|k|v product with RoPE and the KV append
+    /// ([`QMatmulRopeKv`], one dispatch group per layer fewer) on (the
+    /// default) or off (the product, a barrier, then `rope_kv_img`: the
+    /// same results bit for bit; for benches and cross-checks). It applies
+    /// in the CPU form with the KV image, f32 activations and stacked q|k|v
+    /// weights in Q4_1 or Q8_0; elsewhere the two ops run apart anyway.
+    pub fn set_fuse_rope_kv(&mut self, on: bool) {
+        self.fuse_rope_kv = on;
     }
 
     /// How the int8 products compute their dot products, or `None` where
@@ -378,6 +394,8 @@ enum Step {
     /// Activations quantized for the [`Step::Mm8`] products after it.
     Quant(QuantizeQ81),
     Mm8(QMatmul8),
+    /// The q|k|v product with RoPE and the KV append in its stores.
+    MmRkv(QMatmulRopeKv),
     RopeKv(RopeKv),
     Attend(Attention, bool),
     Glu(SwiGlu),
@@ -425,14 +443,12 @@ impl Recording<'_> {
                     .map(|(q, y)| QMatmul::plain(q, t, a.x, y, false).with_norm(lw.attn_norm, eps))
                     .collect(),
             };
-            self.products(&mut p, &qkv);
-            p.push(Step::Barrier("qmm norm.q|k|v"));
             let (kc_off, vc_off) = match img {
                 true => (l, c.n_layers as u32 + l),
                 false => (l * m.kv_layer, (c.n_layers as u32 + l) * m.kv_layer),
             };
             let bs = m.opts.kv.block_size as u32;
-            p.push(Step::RopeKv(RopeKv {
+            let rk = RopeKv {
                 rope: RopeTable {
                     rope: Rope {
                         n_rows: t,
@@ -450,8 +466,19 @@ impl Recording<'_> {
                 kc_off,
                 vc_off,
                 image: u32::from(img),
-            }));
-            p.push(Step::Barrier("rope_kv"));
+            };
+            match self.fused_rope_kv(&qkv, &rk) {
+                Some(f) => {
+                    p.push(Step::MmRkv(f));
+                    p.push(Step::Barrier("qmm norm.q|k|v, rope_kv"));
+                }
+                None => {
+                    self.products(&mut p, &qkv);
+                    p.push(Step::Barrier("qmm norm.q|k|v"));
+                    p.push(Step::RopeKv(rk));
+                    p.push(Step::Barrier("rope_kv"));
+                }
+            }
             p.push(Step::Attend(
                 Attention {
                     n_rows: t,
@@ -524,6 +551,18 @@ impl Recording<'_> {
         PlanOps { steps: p }
     }
 
+    /// The q|k|v product `qkv` and `rk` as one op ([`QMatmulRopeKv`]) where
+    /// the model fuses them (on, f32 activations, one stacked product) and
+    /// the op applies and fits the uniform windows; else `None`.
+    fn fused_rope_kv(&self, qkv: &[QMatmul], rk: &RopeKv) -> Option<QMatmulRopeKv> {
+        let m = self.m;
+        match qkv {
+            [one] if m.fuse_rope_kv && m.act8.is_none() => QMatmulRopeKv::new(*one, rk)
+                .filter(|f| m.ops.windows_on() && f.fits(m.ops.variant(), &m.set.windows())),
+            _ => None,
+        }
+    }
+
     /// Products of one input (same x, rows, width and fused norm): as they
     /// are, or with int8 activations (the input quantized once, a barrier,
     /// then every product against the blocks) when the model runs them and
@@ -568,6 +607,7 @@ impl PlanOps {
                 Step::Mm(o) => ops.run(rec, o)?,
                 Step::Quant(o) => ops.run(rec, o)?,
                 Step::Mm8(o) => ops.run(rec, o)?,
+                Step::MmRkv(o) => ops.run(rec, o)?,
                 Step::RopeKv(o) => ops.run(rec, o)?,
                 Step::Attend(o, true) => ops.run(rec, &AttentionImage(*o))?,
                 Step::Attend(o, false) => ops.run(rec, o)?,
