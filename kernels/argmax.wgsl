@@ -72,3 +72,43 @@ fn argmax_part(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     out[p.out_off + r] = bi;
 }
+
+// `argmax_part_wg`: `argmax_part` with one workgroup per row (the GPU form, whose LM
+// head writes `n / 4` partials a row: 12,288 for SmolLM2's vocabulary, which one
+// invocation walked alone in about a millisecond on an H200). Each of the 64
+// invocations keeps the best of groups li, li + 64, ... (strictly larger wins, so the
+// earliest group among equal values), then a tree over the workgroup keeps the larger
+// value, the lower token index among equal ones: the same token as `argmax_part`.
+// Grid (n_rows, 1, 1).
+@compute @workgroup_size(64)
+fn argmax_part_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = wg.x;
+    let base = p.logits_off + r * p.groups * 2u;
+    var bv = -3.4028235e38;
+    var bi = 0xffffffffu;
+    for (var g = li; g < p.groups; g += 64u) {
+        let v = act[base + 2u * g];
+        if (bi == 0xffffffffu || v > bv) {
+            bv = v;
+            bi = bitcast<u32>(act[base + 2u * g + 1u]);
+        }
+    }
+    best_v[li] = bv;
+    best_i[li] = bi;
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {
+        if (li < k) {
+            let ov = best_v[li + k];
+            let oi = best_i[li + k];
+            let mine = best_i[li];
+            if (oi != 0xffffffffu && (mine == 0xffffffffu || ov > best_v[li] || (ov == best_v[li] && oi < mine))) {
+                best_v[li] = ov;
+                best_i[li] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (li == 0u) {
+        out[p.out_off + r] = best_i[0];
+    }
+}

@@ -4,8 +4,9 @@
 //!
 //! Forms: the CPU-device form with 1, 2, 4 or 8 token rows per invocation
 //! (`qmm_<ty>_r<R>`, weights in the weight image, x through the uniform
-//! window), and the GPU form (`qmm_<ty>_gpu`, workgroup tiles, weights in the
-//! storage buffer). Each figure is the fastest of several interleaved runs
+//! window), and the GPU form (`qmm_<ty>_gpu`, 4 rows x 4 outputs a
+//! workgroup, and from 8 rows the tiled `qmm_<ty>_gpu_mm`, 32 x 64; weights
+//! in the storage buffer). Each figure is the fastest of several interleaved runs
 //! (the build machine is shared: other tenants' slices only add time).
 //! `XTC_QMM_FORMS=name_rR,...` adds experimental entry points to the
 //! comparison, `XTC_QMM_NO_GPU=1` leaves out the (slow on lavapipe) GPU form.
@@ -19,7 +20,8 @@ use xtc_decode::model::vulkan::ops::{Op, Variant};
 use xtc_decode::model::vulkan::qops::QMatmul;
 use xtc_decode::model::vulkan::qweights::TexelStream;
 use xtc_vk::{
-    BindingSet, Buffer, CommandPool, Device, Kernels, Location, Selector, StorageImage, TexelFormat,
+    BindingSet, Buffer, CommandPool, Device, DeviceKind, Kernels, Location, Selector, StorageImage,
+    TexelFormat,
 };
 
 fn main() {
@@ -34,6 +36,7 @@ fn main() {
         Err(e) => panic!("CI is set but no Vulkan device opened: {e}"),
     };
     let quick = std::env::var_os("XTC_BENCH_QUICK").is_some();
+    let cpu_device = dev.info().kind == DeviceKind::Cpu;
     let kernels = Kernels::new(&dev).unwrap();
     let mut rng = fastrand::Rng::with_seed(5);
     // (type, N, K, what) at the model's shapes.
@@ -112,17 +115,36 @@ fn main() {
                     .collect();
                 forms.push((name.trim_start_matches("qmm_").to_string(), ds, f64::MAX));
             }
+            // The GPU form's two entry points: `qmm_<ty>_gpu` (4 rows x 4
+            // outputs a workgroup) and, from GPU_MM_MIN_ROWS rows, the tiled
+            // `qmm_<ty>_gpu_mm` that `QMatmul::dispatch` picks there.
+            let four = format!("qmm_{}_gpu", t.ty.name());
             let (gpu_name, grid) = op.dispatch(Variant::Gpu);
-            let kern = kernels.get(gpu_name).unwrap();
             if std::env::var_os("XTC_QMM_NO_GPU").is_none() {
-                forms.push(("gpu".to_string(), vec![(kern, op, grid, [0, 0])], f64::MAX));
+                let k4 = kernels.get(&four).unwrap();
+                let g4 = [n.div_ceil(4) as u32, m.div_ceil(4) as u32, 1];
+                forms.push(("gpu".to_string(), vec![(k4, op, g4, [0, 0])], f64::MAX));
+                if gpu_name != four {
+                    let kern = kernels.get(gpu_name).unwrap();
+                    forms.push((
+                        "gpu_mm".to_string(),
+                        vec![(kern, op, grid, [0, 0])],
+                        f64::MAX,
+                    ));
+                }
             }
             let reps = if m == 1 { 20 } else { 5 };
             let rounds = if quick { 2 } else { 4 };
             for _ in 0..rounds {
                 for f in forms.iter_mut() {
-                    // The GPU form (barriers) is slow on lavapipe: one rep.
-                    let reps = if f.0 == "gpu" { 1 } else { reps };
+                    // The GPU form (barriers) is slow on lavapipe: one rep
+                    // there; on a GPU as many as the others, times 10 (a
+                    // dispatch takes microseconds, the submit tens of them).
+                    let reps = match (f.0.starts_with("gpu"), cpu_device) {
+                        (true, true) => 1,
+                        (_, false) => reps * 10,
+                        _ => reps,
+                    };
                     pool.reset().unwrap();
                     let mut rec = pool.record(&kernels, &set).unwrap();
                     for _ in 0..reps {

@@ -16,6 +16,7 @@ use xtc_decode::model::stream::{SCORE_STEP, VulkanStream, nll};
 use xtc_decode::model::text::chat;
 use xtc_decode::model::text::sampling::{argmax, top2_margin};
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::vulkan::qops8::Activations;
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
 
@@ -56,6 +57,21 @@ struct Member {
 
 #[test]
 fn int8_greedy_parts_from_the_reference_only_at_small_margins() {
+    int8_agreement(None);
+}
+
+/// The GPU form's int8 path (`quant_q81` and the `_gpu` integer products),
+/// forced on any device (lavapipe's default is the CPU form; a GPU's, this
+/// one): the same bound.
+#[test]
+fn int8_gpu_form_parts_from_the_reference_only_at_small_margins() {
+    int8_agreement(Some(Variant::Gpu));
+}
+
+/// 16 prompts x 48 greedy tokens with int8 activations against the CPU
+/// reference (f32): every parting is listed, and each must be at a top-2
+/// margin of the reference under [`MARGIN`].
+fn int8_agreement(variant: Option<Variant>) {
     let Some((m, t)) = model_support::model() else {
         return;
     };
@@ -72,7 +88,7 @@ fn int8_greedy_parts_from_the_reference_only_at_small_margins() {
         max_seqs: n,
         max_context: BLOCK * BLOCKS_PER,
         keep_logits: true,
-        variant: None,
+        variant,
     };
     let mut gpu = GpuLlama::with_activations(&dev, m, opts, Activations::Int8).unwrap();
     let mut members: Vec<Member> = PROMPTS
@@ -87,7 +103,7 @@ fn int8_greedy_parts_from_the_reference_only_at_small_margins() {
             join_at: i / 2,
         })
         .collect();
-    let mut partings = vec![];
+    let (mut partings, mut wide) = (vec![], vec![]);
     let (mut tokens, mut it) = (0, 0);
     while members.iter().any(|s| s.out.len() < GEN) {
         let active: Vec<usize> = (0..n)
@@ -143,13 +159,14 @@ fn int8_greedy_parts_from_the_reference_only_at_small_margins() {
             if gpu_toks[k] != want {
                 let gap = top2_margin(&cpu[j]);
                 partings.push((*i, mem.out.len(), gap));
-                assert!(
-                    gap < MARGIN,
-                    "member {i} ({:?}) token {}: int8 {} vs reference {want} at a top-2 margin of {gap} nats",
-                    PROMPTS[*i],
-                    mem.out.len(),
-                    gpu_toks[k]
-                );
+                if gap >= MARGIN {
+                    wide.push(format!(
+                        "member {i} ({:?}) token {}: int8 {} vs reference {want} at a top-2 margin of {gap} nats",
+                        PROMPTS[*i],
+                        mem.out.len(),
+                        gpu_toks[k]
+                    ));
+                }
             }
             // Both continue from the reference's token.
             mem.out.push(want);
@@ -157,10 +174,12 @@ fn int8_greedy_parts_from_the_reference_only_at_small_margins() {
         }
         it += 1;
     }
-    eprintln!(
-        "int8: {} of {tokens} greedy tokens part from the reference (member, token, margin nats): {partings:?}",
+    let summary = format!(
+        "int8 ({variant:?} form; None: the device's): {} of {tokens} greedy tokens part from the reference (member, token, margin nats): {partings:?}",
         partings.len()
     );
+    eprintln!("{summary}");
+    assert!(wide.is_empty(), "{}\n{summary}", wide.join("\n"));
     assert_eq!(tokens, n * GEN);
     assert_eq!(xtc_vk::validation_errors(), 0, "Vulkan validation errors");
 }

@@ -182,8 +182,8 @@ fn quantized_products_match_the_reference_in_both_forms() {
     // K = 1536, where a 64 KiB window holds 10 rows so M = 23 takes three
     // windowed dispatches.
     let shapes = [
-        (20, 96, [1, 2, 3, 5]),
-        (64, 576, [1, 4, 9, 9]),
+        (20, 96, [1, 3, 5, 11]),
+        (64, 576, [1, 4, 9, 37]),
         (8, 1536, [1, 2, 23, 23]),
     ];
     for (rows, cols, ms) in shapes {
@@ -232,9 +232,14 @@ fn split_outputs_and_the_residual_add() {
     let mut s = TexelStream::new();
     let mats: Vec<QMatrix> = parts.iter().map(Case::matrix).collect();
     let t = s.push_stacked(&mats).unwrap();
-    for variant in [Variant::Cpu, Variant::Gpu] {
+    // 3 rows (`qmm_*_gpu` in the GPU form) and 13 (the tiled `_gpu_mm`).
+    for (variant, m) in [
+        (Variant::Cpu, 3usize),
+        (Variant::Gpu, 3),
+        (Variant::Cpu, 13),
+        (Variant::Gpu, 13),
+    ] {
         let mut rig = QRig::new(&dev, &s, &[], 8192, variant);
-        let m = 3;
         let x = rand(&mut rng, m * cols);
         rig.write(1, X_OFF, &x);
         let ys = [1024u32, 2048, 3072];
@@ -254,13 +259,13 @@ fn split_outputs_and_the_residual_add() {
         for (i, (p, &y)) in mats.iter().zip(&ys).enumerate() {
             let want = reference_matmul(p, &x, m);
             let got = rig.read(y as usize, want.len());
-            assert!(rel_err(&got, &want) < 1e-5, "{variant:?} part {i}");
+            assert!(rel_err(&got, &want) < 1e-5, "{variant:?} m {m} part {i}");
         }
         let prod = reference_matmul(&mats[0], &x, m);
         let want: Vec<f32> = base.iter().zip(&prod).map(|(a, b)| a + b).collect();
         assert!(
             rel_err(&rig.read(4096, want.len()), &want) < 1e-5,
-            "{variant:?} accumulate"
+            "{variant:?} m {m} accumulate"
         );
     }
 }
@@ -473,8 +478,15 @@ fn the_lm_head_argmax_matches_an_argmax_over_its_logits() {
         return;
     };
     let mut rng = fastrand::Rng::with_seed(17);
-    let (n, k, m) = (200usize, 64usize, 5usize);
-    for ty in [GgmlType::Q8_0, GgmlType::F32] {
+    let (n, k) = (200usize, 64usize);
+    // 5 rows (`qmm_*_gpu` in the GPU form) and 12 (the tiled `_gpu_mm`,
+    // whose partials are one thread's 4 outputs).
+    for (ty, m) in [
+        (GgmlType::Q8_0, 5usize),
+        (GgmlType::F32, 5),
+        (GgmlType::Q8_0, 12),
+        (GgmlType::F32, 12),
+    ] {
         // Rows 37 and 140 are all ones: with x all ones (row 0 of x) they tie
         // for the largest logit, and the lower index must win.
         let mut w = rand(&mut rng, n * k);

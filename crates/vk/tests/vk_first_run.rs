@@ -192,8 +192,13 @@ fn a_corrupt_or_foreign_pipeline_cache_is_ignored_and_replaced() {
     let file = cache_file(&dir);
     let good = std::fs::read(&file).unwrap();
 
+    // Another vendor than this device's: NVIDIA's id on any other device,
+    // AMD's on NVIDIA (the first run on an NVIDIA H200 found this case
+    // writing the device's own id, which the cache then rightly loaded).
+    let own = u32::from_le_bytes(good[8..12].try_into().unwrap());
+    let other = if own == 0x10de { 0x1002u32 } else { 0x10de };
     let mut foreign = good.clone();
-    foreign[8..12].copy_from_slice(&0x10deu32.to_le_bytes()); // another vendor
+    foreign[8..12].copy_from_slice(&other.to_le_bytes());
     let garbage = b"not a pipeline cache at all, just text".to_vec();
     let cases: [(&str, Vec<u8>); 3] = [
         ("garbage", garbage),

@@ -74,7 +74,9 @@ pub const WINDOW_BYTES: u64 = 65536;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
     /// Bytes the window covers from its offset:
-    /// `min(WINDOW_BYTES, maxUniformBufferRange, buffer size)`.
+    /// `min(WINDOW_BYTES, maxUniformBufferRange, buffer size)`, less up to
+    /// `align - 16` so that a window can end at the buffer's end
+    /// ([`Window::for_buffer`]).
     pub range: u64,
     /// Dynamic offsets are multiples of this many bytes: the device's
     /// `minUniformBufferOffsetAlignment` rounded up to a multiple of 16 (one
@@ -87,9 +89,39 @@ pub struct Window {
 impl Window {
     fn new(dev: &Device, buffer: u64) -> Window {
         let (max_range, align) = dev.uniform_limits();
-        let align = align.div_ceil(16) * 16;
+        Window::for_buffer(max_range, align, buffer)
+    }
+
+    /// The window over a buffer of `buffer` bytes on a device whose
+    /// `maxUniformBufferRange` is `max_range` and whose
+    /// `minUniformBufferOffsetAlignment` is `align` (bytes; rounded up to a
+    /// multiple of 16). Its range is `min(WINDOW_BYTES, max_range, buffer)`,
+    /// shortened by less than `align` where needed so that `buffer - range`
+    /// is a multiple of `align`: the last legal offset then ends exactly at
+    /// the buffer's end, and [`place`](Self::place) reaches every byte. (With
+    /// the full range and a 64-byte alignment, as on an NVIDIA H200, the last
+    /// offset stopped up to 48 bytes short of the end, and an operand that
+    /// ends the buffer got no windowed form.)
+    ///
+    /// ```
+    /// use xtc_vk::{Window, WINDOW_BYTES};
+    /// // 16-byte offsets (lavapipe): the full window.
+    /// let w = Window::for_buffer(65536, 16, 82_224);
+    /// assert_eq!(w.range, WINDOW_BYTES);
+    /// // 64-byte offsets: 16 bytes shorter, so the last window ends the buffer.
+    /// let w = Window::for_buffer(65536, 64, 82_224);
+    /// assert_eq!((w.range, w.align), (65_520, 64));
+    /// assert_eq!(w.place(82_208), Some((82_224 - 65_520, 16)));
+    /// ```
+    pub fn for_buffer(max_range: u64, align: u64, buffer: u64) -> Window {
+        let align = align.max(1).div_ceil(16) * 16;
+        let mut range = WINDOW_BYTES.min(max_range).min(buffer);
+        let short = (buffer - range) % align;
+        if short != 0 && range > align {
+            range -= align - short;
+        }
         Window {
-            range: WINDOW_BYTES.min(max_range).min(buffer),
+            range,
             align,
             buffer,
         }

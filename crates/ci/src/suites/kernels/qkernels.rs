@@ -29,8 +29,8 @@ use xtc_decode::model::format::gguf::GgmlType;
 use xtc_decode::model::format::quant::{self, QMatrix};
 use xtc_decode::model::vulkan::ops::{Op, Ops, Rope, Variant};
 use xtc_decode::model::vulkan::qops::{
-    ArgmaxPart, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups, reference_embed,
-    reference_glu, reference_matmul, reference_rope, rope_table,
+    ArgmaxPart, GPU_MM_MIN_ROWS, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
+    reference_embed, reference_glu, reference_matmul, reference_rope, rope_table,
 };
 use xtc_decode::model::vulkan::qweights::{QTensor, TexelStream};
 use xtc_vk::{
@@ -280,6 +280,7 @@ enum Mode {
 /// `(label, form, token rows)`: the form a row count selects.
 fn form_of(variant: Variant, m: usize, r8: bool) -> &'static str {
     match (variant, m, r8) {
+        (Variant::Gpu, m, _) if m >= GPU_MM_MIN_ROWS as usize => "gpu_mm",
         (Variant::Gpu, ..) => "gpu",
         (_, _, true) => "r8",
         (_, 1, _) => "r1",
@@ -306,6 +307,11 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         (Variant::Gpu, false, 5, 576, 576, Mode::Plain),
         (Variant::Gpu, false, 3, 20, 96, Mode::Plain),
         (Variant::Gpu, false, 3, 24, 576, Mode::NormGlu),
+        // The tiled GPU form (from GPU_MM_MIN_ROWS rows): two row tiles, a
+        // ragged N and an odd block count, the fused norm and SwiGLU.
+        (Variant::Gpu, false, 37, 576, 576, Mode::Plain),
+        (Variant::Gpu, false, 11, 20, 96, Mode::Plain),
+        (Variant::Gpu, false, 9, 24, 576, Mode::NormGlu),
     ];
     for ty in types {
         for &(variant, r8, m, n, k, mode) in shapes {
@@ -324,7 +330,7 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         }
     }
     // Q4_0 uploads as Q4_1 (m = -8d): one case per form.
-    for (variant, m) in [(Variant::Cpu, 9), (Variant::Gpu, 3)] {
+    for (variant, m) in [(Variant::Cpu, 9), (Variant::Gpu, 3), (Variant::Gpu, 9)] {
         let form = form_of(variant, m, false);
         let entry = entry_name("q41", form);
         v.push(spec(
@@ -344,16 +350,24 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         ));
     }
     // The LM head (Q8_0, tied to the embedding table) with argmax partials.
+    // The GPU form finishes with `argmax_part_wg` (a workgroup a row over its
+    // n / 4 partials), the CPU form with `argmax_part`.
     for (variant, m, n) in [
         (Variant::Cpu, 4, 49152),
         (Variant::Cpu, 3, 200),
         (Variant::Gpu, 3, 200),
+        (Variant::Gpu, 2, 49152),
+        (Variant::Gpu, 12, 200),
     ] {
         let form = form_of(variant, m, false);
         let entry = entry_name("q80", form);
+        let finish = match variant {
+            Variant::Cpu => "argmax_part",
+            Variant::Gpu => "argmax_part_wg",
+        };
         v.push(spec(
             format!("xtc.kernels.argmax_part.q8_0_{form}.m{m}_n{n}_k576"),
-            &[entry, "argmax_part"],
+            &[entry, finish],
             move |ctx| lm_head(ctx, variant, m, n, entry),
         ));
     }

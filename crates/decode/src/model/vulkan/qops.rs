@@ -71,6 +71,21 @@ fn qmm_name(t: KernelType, rows: u32, variant: Variant) -> &'static str {
     }
 }
 
+/// Rows from which the GPU form's products take the tiled entry point
+/// (`qmm_<ty>_gpu_mm`, 32 rows x 64 outputs a workgroup) rather than
+/// `qmm_<ty>_gpu` (4 rows x 4 outputs): below it most of a 32-row tile idles.
+pub const GPU_MM_MIN_ROWS: u32 = 8;
+
+fn qmm_mm_name(t: KernelType) -> &'static str {
+    use KernelType::*;
+    match t {
+        Q41 => "qmm_q41_gpu_mm",
+        Q80 => "qmm_q80_gpu_mm",
+        F16 => "qmm_f16_gpu_mm",
+        F32 => "qmm_f32_gpu_mm",
+    }
+}
+
 fn groups(n: u32, per: u32) -> u32 {
     n.div_ceil(per).max(1)
 }
@@ -229,7 +244,15 @@ impl Op for QMatmul {
         // The CPU form needs the windows; without them the GPU form runs
         // (correct on any device, slow where barriers are). Its x_off and
         // norm_off are absolute.
+        // From GPU_MM_MIN_ROWS rows on, the tiled entry point: a weight
+        // block dequantized once per 32 rows instead of once per 4.
         let _ = variant;
+        if self.m >= GPU_MM_MIN_ROWS {
+            return (
+                qmm_mm_name(self.kernel_type()),
+                [groups(self.n, 64), groups(self.m, 32), 1],
+            );
+        }
         (qmm_name(self.kernel_type(), 4, Variant::Gpu), self.grid())
     }
     /// The CPU form (needs subgroups of at least 8 lanes with ballot and
@@ -392,7 +415,8 @@ pub fn argmax_groups(n: u32, variant: Variant) -> u32 {
     }
 }
 
-/// `argmax_part` (`kernels/argmax.wgsl`): the greedy token of each row from
+/// `argmax_part` / `argmax_part_wg` (`kernels/argmax.wgsl`; the form picks,
+/// see [`Op::dispatch`]): the greedy token of each row from
 /// [`QMatmul::logits_argmax`]'s partials: the largest value, the lowest
 /// index among equal ones (as [`crate::model::vulkan::ops::Argmax`] over the logits).
 #[repr(C)]
@@ -414,6 +438,18 @@ impl Op for ArgmaxPart {
     const KERNEL: &'static str = "argmax_part";
     fn grid(&self) -> [u32; 3] {
         [groups(self.n_rows, 64), 1, 1]
+    }
+    /// The CPU form: `argmax_part`, one invocation per row walking its
+    /// `ceil(n / 32)` partials. The GPU form: `argmax_part_wg`, one
+    /// workgroup of 64 per row (its `n / 4` partials, 12,288 a row for
+    /// SmolLM2, took one invocation about 1.1 ms on an H200: a quarter of a
+    /// one-stream iteration), grid `(n_rows, 1, 1)`. Both pick the same
+    /// token: the largest value, the lowest index among equal ones.
+    fn dispatch(&self, variant: Variant) -> (&'static str, [u32; 3]) {
+        match variant {
+            Variant::Cpu => (Self::KERNEL, self.grid()),
+            Variant::Gpu => ("argmax_part_wg", [self.n_rows, 1, 1]),
+        }
     }
 }
 
