@@ -17,8 +17,9 @@
 // under 60000.
 // Two entry points, same parameters and results:
 // - `attention` (GPUs): one workgroup of 64 per (head, row): scores of 64
-//   positions at a time in workgroup memory, each invocation owning output dims
-//   li, li+64, ...; grid (n_heads, n_rows).
+//   positions at a time in workgroup memory (each invocation turns its own score
+//   into a softmax weight: one exponential a position), each invocation owning
+//   output dims li, li+64, ...; grid (n_heads, n_rows).
 // - `attention_lane` (CPU devices such as lavapipe, where workgroup barriers are
 //   costly): one invocation per (row, head), no workgroup memory; q and the
 //   output accumulator in private arrays (head_size <= 64), online softmax one
@@ -101,8 +102,15 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         for (var c = 0u; c < 4u; c++) {
             acc[c] *= corr;
         }
+        // Each invocation turns its own score into a weight once (every
+        // invocation computed all 64 exponentials before), then all read them.
+        workgroupBarrier();
+        if (li < cnt) {
+            sc[li] = exp(sc[li] - m_new);
+        }
+        workgroupBarrier();
         for (var j = 0u; j < cnt; j++) {
-            let e = exp(sc[j] - m_new);
+            let e = sc[j];
             l += e;
             let vb = p.vc_off + slot_of(bt, t0 + j) * p.kv_dim + kvh * hs;
             for (var c = 0u; c < 4u; c++) {

@@ -182,7 +182,7 @@ fn quantized_products_match_the_reference_in_both_forms() {
     // K = 1536, where a 64 KiB window holds 10 rows so M = 23 takes three
     // windowed dispatches.
     let shapes = [
-        (20, 96, [1, 3, 5, 11]),
+        (20, 96, [1, 3, 5, 29]),
         (64, 576, [1, 4, 9, 37]),
         (8, 1536, [1, 2, 23, 23]),
     ];
@@ -232,17 +232,17 @@ fn split_outputs_and_the_residual_add() {
     let mut s = TexelStream::new();
     let mats: Vec<QMatrix> = parts.iter().map(Case::matrix).collect();
     let t = s.push_stacked(&mats).unwrap();
-    // 3 rows (`qmm_*_gpu` in the GPU form) and 13 (the tiled `_gpu_mm`).
+    // 3 rows (`qmm_*_gpu` in the GPU form) and 25 (the tiled `_gpu_mm`).
     for (variant, m) in [
         (Variant::Cpu, 3usize),
         (Variant::Gpu, 3),
-        (Variant::Cpu, 13),
-        (Variant::Gpu, 13),
+        (Variant::Cpu, 25),
+        (Variant::Gpu, 25),
     ] {
         let mut rig = QRig::new(&dev, &s, &[], 8192, variant);
         let x = rand(&mut rng, m * cols);
         rig.write(1, X_OFF, &x);
-        let ys = [1024u32, 2048, 3072];
+        let ys = [2048u32, 2560, 3072];
         let base = rand(&mut rng, m * 16);
         rig.write(1, 4096, &base);
         let split = QMatmul::split(&t, m as u32, X_OFF as u32, [16, 8, 8], ys);
@@ -479,13 +479,13 @@ fn the_lm_head_argmax_matches_an_argmax_over_its_logits() {
     };
     let mut rng = fastrand::Rng::with_seed(17);
     let (n, k) = (200usize, 64usize);
-    // 5 rows (`qmm_*_gpu` in the GPU form) and 12 (the tiled `_gpu_mm`,
+    // 5 rows (`qmm_*_gpu` in the GPU form) and 26 (the tiled `_gpu_mm`,
     // whose partials are one thread's 4 outputs).
     for (ty, m) in [
         (GgmlType::Q8_0, 5usize),
         (GgmlType::F32, 5),
-        (GgmlType::Q8_0, 12),
-        (GgmlType::F32, 12),
+        (GgmlType::Q8_0, 26),
+        (GgmlType::F32, 26),
     ] {
         // Rows 37 and 140 are all ones: with x all ones (row 0 of x) they tie
         // for the largest logit, and the lower index must win.
@@ -502,7 +502,7 @@ fn the_lm_head_argmax_matches_an_argmax_over_its_logits() {
         for variant in [Variant::Cpu, Variant::Gpu] {
             let mut rig = QRig::new(&dev, &s, &[], 16384, variant);
             rig.write(1, X_OFF, &x);
-            let (y_off, part_off) = (4096u32, 8192u32);
+            let (y_off, part_off) = (4096u32, 10240u32);
             let mm = QMatmul::logits_argmax(&t, m as u32, X_OFF as u32, y_off, part_off);
             let fin = ArgmaxPart {
                 n_rows: m as u32,

@@ -29,7 +29,7 @@ use xtc_decode::model::format::gguf::GgmlType;
 use xtc_decode::model::format::quant::{self, QMatrix};
 use xtc_decode::model::vulkan::ops::{Op, Ops, Rope, Variant};
 use xtc_decode::model::vulkan::qops::{
-    ArgmaxPart, GPU_MM_MIN_ROWS, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
+    ArgmaxPart, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups, gpu_mm_applies,
     reference_embed, reference_glu, reference_matmul, reference_rope, rope_table,
 };
 use xtc_decode::model::vulkan::qweights::{QTensor, TexelStream};
@@ -277,10 +277,11 @@ enum Mode {
     NormGlu,
 }
 
-/// `(label, form, token rows)`: the form a row count selects.
-fn form_of(variant: Variant, m: usize, r8: bool) -> &'static str {
+/// `(label, form, token rows)`: the form a row count selects (`n`: the
+/// product's outputs, which the GPU form's choice also weighs).
+fn form_of(variant: Variant, m: usize, n: usize, r8: bool) -> &'static str {
     match (variant, m, r8) {
-        (Variant::Gpu, m, _) if m >= GPU_MM_MIN_ROWS as usize => "gpu_mm",
+        (Variant::Gpu, m, _) if gpu_mm_applies(m as u32, n as u32) => "gpu_mm",
         (Variant::Gpu, ..) => "gpu",
         (_, _, true) => "r8",
         (_, 1, _) => "r1",
@@ -307,15 +308,15 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         (Variant::Gpu, false, 5, 576, 576, Mode::Plain),
         (Variant::Gpu, false, 3, 20, 96, Mode::Plain),
         (Variant::Gpu, false, 3, 24, 576, Mode::NormGlu),
-        // The tiled GPU form (from GPU_MM_MIN_ROWS rows): two row tiles, a
-        // ragged N and an odd block count, the fused norm and SwiGLU.
+        // The tiled GPU form (`gpu_mm_applies`: from 24 rows here): two row
+        // tiles, a ragged N and an odd block count, the fused norm and SwiGLU.
         (Variant::Gpu, false, 37, 576, 576, Mode::Plain),
-        (Variant::Gpu, false, 11, 20, 96, Mode::Plain),
-        (Variant::Gpu, false, 9, 24, 576, Mode::NormGlu),
+        (Variant::Gpu, false, 29, 20, 96, Mode::Plain),
+        (Variant::Gpu, false, 25, 24, 576, Mode::NormGlu),
     ];
     for ty in types {
         for &(variant, r8, m, n, k, mode) in shapes {
-            let form = form_of(variant, m, r8);
+            let form = form_of(variant, m, n, r8);
             let entry: &'static str = entry_name(kty(ty), form);
             let tag = if mode == Mode::NormGlu {
                 "_norm_glu"
@@ -330,8 +331,8 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         }
     }
     // Q4_0 uploads as Q4_1 (m = -8d): one case per form.
-    for (variant, m) in [(Variant::Cpu, 9), (Variant::Gpu, 3), (Variant::Gpu, 9)] {
-        let form = form_of(variant, m, false);
+    for (variant, m) in [(Variant::Cpu, 9), (Variant::Gpu, 3), (Variant::Gpu, 30)] {
+        let form = form_of(variant, m, 64, false);
         let entry = entry_name("q41", form);
         v.push(spec(
             format!("xtc.kernels.qmm.q4_0_{form}.m{m}_n64_k576"),
@@ -357,9 +358,9 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         (Variant::Cpu, 3, 200),
         (Variant::Gpu, 3, 200),
         (Variant::Gpu, 2, 49152),
-        (Variant::Gpu, 12, 200),
+        (Variant::Gpu, 26, 200),
     ] {
-        let form = form_of(variant, m, false);
+        let form = form_of(variant, m, n, false);
         let entry = entry_name("q80", form);
         let finish = match variant {
             Variant::Cpu => "argmax_part",

@@ -71,10 +71,18 @@ fn qmm_name(t: KernelType, rows: u32, variant: Variant) -> &'static str {
     }
 }
 
-/// Rows from which the GPU form's products take the tiled entry point
-/// (`qmm_<ty>_gpu_mm`, 32 rows x 64 outputs a workgroup) rather than
-/// `qmm_<ty>_gpu` (4 rows x 4 outputs): below it most of a 32-row tile idles.
-pub const GPU_MM_MIN_ROWS: u32 = 8;
+/// Whether the GPU form's product of `m` rows by `n` outputs takes the tiled
+/// entry point (`qmm_<ty>_gpu_mm`, 32 rows x 64 outputs a workgroup) rather
+/// than `qmm_<ty>_gpu` (4 rows x 4 outputs): from 24 rows; from 12 where
+/// `n >= 1024`; from 8 where `n >= 8192`. Measured on an NVIDIA H200
+/// (`--bench qmatmul`, SmolLM2's shapes, microseconds `gpu` / `gpu_mm`): at
+/// 32 rows 95 / 37 (gate|up, N = 1536), 109 / 90 (down, N = 576), 2070 / 207
+/// (LM head, N = 49152); at 8 rows 33 / 37, 36 / 89 and 519 / 195. Few
+/// outputs leave the tiled form few workgroups (N = 576: 9), and the 4-row
+/// form's time grows with the rows while the tiled one's stays flat up to 32.
+pub fn gpu_mm_applies(m: u32, n: u32) -> bool {
+    m >= 24 || (m >= 12 && n >= 1024) || (m >= 8 && n >= 8192)
+}
 
 fn qmm_mm_name(t: KernelType) -> &'static str {
     use KernelType::*;
@@ -244,10 +252,10 @@ impl Op for QMatmul {
         // The CPU form needs the windows; without them the GPU form runs
         // (correct on any device, slow where barriers are). Its x_off and
         // norm_off are absolute.
-        // From GPU_MM_MIN_ROWS rows on, the tiled entry point: a weight
-        // block dequantized once per 32 rows instead of once per 4.
+        // Many rows: the tiled entry point, a weight block dequantized once
+        // per 32 rows instead of once per 4 (gpu_mm_applies).
         let _ = variant;
-        if self.m >= GPU_MM_MIN_ROWS {
+        if gpu_mm_applies(self.m, self.n) {
             return (
                 qmm_mm_name(self.kernel_type()),
                 [groups(self.n, 64), groups(self.m, 32), 1],
