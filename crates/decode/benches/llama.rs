@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork, find_model};
-use xtc_vk::{Device, Selector};
+use xtc_vk::{Device, DeviceKind, Selector};
 
 const BLOCK: usize = 16;
 
@@ -282,16 +282,28 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, roof: Option<&Roo
 /// The figures of one side, measured by `f(what)` as (tokens, wall s, CPU s).
 struct Table {
     peer: Option<Value>,
+    /// Whether this side's rows print the CPU-time estimate: the CPU
+    /// reference and a CPU Vulkan device (lavapipe), whose work is this
+    /// process's CPU time; not a GPU, where that time is the host's share
+    /// only (and under the clock's 10 ms resolution, gave absurd rates).
+    estimate: std::cell::Cell<bool>,
 }
 
 impl Table {
-    fn header(&self, side: &str) {
+    fn header(&self, side: &str, estimate: bool) {
+        self.estimate.set(estimate);
         println!(
             "\n{side}: rates on the wall clock (this machine is shared: read them as lower bounds)"
         );
-        println!(
-            "and, in brackets, from this process's CPU time spread over 2 cores (a quiet-machine estimate)"
-        );
+        if estimate {
+            println!(
+                "and, in brackets, from this process's CPU time spread over 2 cores (a quiet-machine estimate)"
+            );
+        } else {
+            println!(
+                "(a GPU: this process's CPU time is the host's share, not the work, so no CPU-time estimate)"
+            );
+        }
         match &self.peer {
             Some(p) => println!(
                 "{:<36} {:>18} {:>10} {:>16}   (peer: {})",
@@ -308,16 +320,36 @@ impl Table {
         }
     }
 
-    /// Prints one row; returns its JSON.
-    fn row(&self, name: &str, key: &str, tokens: f64, wall: f64, cpu: f64) -> Value {
-        let (r, e) = (tokens / wall, tokens / (cpu / 2.0).max(1e-9));
-        let theirs = self.peer.as_ref().and_then(|p| {
+    /// The peer's figure for `key` (`aggN` reads `agg.N`), if given.
+    fn peer_figure(&self, key: &str) -> Option<f64> {
+        self.peer.as_ref().and_then(|p| {
             if let Some(n) = key.strip_prefix("agg") {
                 p["agg"][n].as_f64()
             } else {
                 p[key].as_f64()
             }
-        });
+        })
+    }
+
+    /// Prints one row; returns its JSON.
+    fn row(&self, name: &str, key: &str, tokens: f64, wall: f64, cpu: f64) -> Value {
+        let r = tokens / wall;
+        if !self.estimate.get() {
+            let theirs = self.peer_figure(key);
+            match theirs {
+                Some(t) => println!(
+                    "{:<36} {:>7.1} [      -] {:>10.1} {:>6.2}x",
+                    name,
+                    r,
+                    t,
+                    r / t
+                ),
+                None => println!("{:<36} {:>7.1} [      -]", name, r),
+            }
+            return json!({"key": key, "tokens_per_s": r, "cpu_estimate_tokens_per_s": null, "peer": theirs});
+        }
+        let e = tokens / (cpu / 2.0).max(1e-9);
+        let theirs = self.peer_figure(key);
         match theirs {
             Some(t) => println!(
                 "{:<36} {:>7.1} [{:>7.1}] {:>10.1} {:>6.2}x [{:>5.2}x]",
@@ -346,7 +378,7 @@ fn argmax(v: &[f32]) -> u32 {
 
 /// The CPU reference (`Llama::forward`, rayon's pool: one thread per core).
 fn cpu_side(model: &Llama, t: &Table, quick: bool, prompt: &dyn Fn(usize) -> Vec<u32>) -> Value {
-    t.header("CPU reference (Llama::forward)");
+    t.header("CPU reference (Llama::forward)", true);
     let mut rows = vec![];
     let mut seq = model.new_sequence();
     let p512 = prompt(512);
@@ -460,7 +492,10 @@ fn vulkan_side(
         f as f64 / 1e6,
         kv as f64 / 1e6
     );
-    t.header(&format!("Vulkan ({})", dev.info().name));
+    t.header(
+        &format!("Vulkan ({})", dev.info().name),
+        dev.info().kind == DeviceKind::Cpu,
+    );
     let mut rows = vec![];
     // Prompt processing: 512 tokens of one sequence.
     let mut one = members(1, 40);
@@ -522,6 +557,7 @@ fn main() {
     let quick = std::env::var_os("XTC_BENCH_QUICK").is_some();
     let t = Table {
         peer: read_json("XTC_PEER_JSON"),
+        estimate: std::cell::Cell::new(true),
     };
     let model = Llama::load(&path).unwrap();
     let vocab = model.config().shape.vocab_size as u32;
