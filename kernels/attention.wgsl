@@ -18,8 +18,9 @@
 // Two entry points, same parameters and results:
 // - `attention` (GPUs): one workgroup of 64 per (head, row): scores of 64
 //   positions at a time in workgroup memory (each invocation turns its own score
-//   into a softmax weight: one exponential a position), each invocation owning
-//   output dims li, li+64, ...; grid (n_heads, n_rows).
+//   into a softmax weight: one exponential a position, and keeps its position's
+//   cache slot there: one block-table lookup a position, not one per invocation),
+//   each invocation owning output dims li, li+64, ...; grid (n_heads, n_rows).
 // - `attention_lane` (CPU devices such as lavapipe, where workgroup barriers are
 //   costly): one invocation per (row, head), no workgroup memory; q and the
 //   output accumulator in private arrays (head_size <= 64), online softmax one
@@ -53,6 +54,7 @@ const WG: u32 = 64u;
 const NEG: f32 = -3.4028235e38;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
+var<workgroup> slots: array<u32, 64>; // `attention`: the chunk's cache slots
 var<workgroup> n_pos_shared: u32;
 
 fn slot_of(bt: u32, t: u32) -> u32 {
@@ -82,7 +84,9 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let t = t0 + li;
         var s = NEG;
         if (t < n_pos) {
-            let kb = p.kc_off + slot_of(bt, t) * p.kv_dim + kvh * hs;
+            let slot = slot_of(bt, t);
+            slots[li] = slot;
+            let kb = p.kc_off + slot * p.kv_dim + kvh * hs;
             var dot = 0.0;
             for (var d = 0u; d < hs; d++) {
                 dot += qs[d] * kv[kb + d];
@@ -112,7 +116,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         for (var j = 0u; j < cnt; j++) {
             let e = sc[j];
             l += e;
-            let vb = p.vc_off + slot_of(bt, t0 + j) * p.kv_dim + kvh * hs;
+            let vb = p.vc_off + slots[j] * p.kv_dim + kvh * hs;
             for (var c = 0u; c < 4u; c++) {
                 let d = li + c * WG;
                 if (d < hs) {
