@@ -16,19 +16,10 @@ var<immediate> p: Params;
 var<workgroup> best_v: array<f32, 64>;
 var<workgroup> best_i: array<u32, 64>;
 
-@compute @workgroup_size(64)
-fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let r = wg.x;
-    let base = p.logits_off + r * p.vocab;
-    var bv = -3.4028235e38;
-    var bi = 0xffffffffu;
-    for (var i = li; i < p.vocab; i += 64u) {
-        let v = act[base + i];
-        if (bi == 0xffffffffu || v > bv) {
-            bv = v;
-            bi = i;
-        }
-    }
+// The workgroup's best (value, index) pair into best_v[0] / best_i[0]: each of the 64
+// invocations offers its own (index 0xffffffff: none), and a tree keeps the larger
+// value, the lower index among equal ones. Called by all 64 invocations (barriers).
+fn workgroup_best(li: u32, bv: f32, bi: u32) {
     best_v[li] = bv;
     best_i[li] = bi;
     workgroupBarrier();
@@ -44,6 +35,22 @@ fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }
         workgroupBarrier();
     }
+}
+
+@compute @workgroup_size(64)
+fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = wg.x;
+    let base = p.logits_off + r * p.vocab;
+    var bv = -3.4028235e38;
+    var bi = 0xffffffffu;
+    for (var i = li; i < p.vocab; i += 64u) {
+        let v = act[base + i];
+        if (bi == 0xffffffffu || v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+    workgroup_best(li, bv, bi);
     if (li == 0u) {
         out[p.out_off + r] = best_i[0];
     }
@@ -93,21 +100,7 @@ fn argmax_part_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             bi = bitcast<u32>(act[base + 2u * g + 1u]);
         }
     }
-    best_v[li] = bv;
-    best_i[li] = bi;
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-        if (li < k) {
-            let ov = best_v[li + k];
-            let oi = best_i[li + k];
-            let mine = best_i[li];
-            if (oi != 0xffffffffu && (mine == 0xffffffffu || ov > best_v[li] || (ov == best_v[li] && oi < mine))) {
-                best_v[li] = ov;
-                best_i[li] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
+    workgroup_best(li, bv, bi);
     if (li == 0u) {
         out[p.out_off + r] = best_i[0];
     }
