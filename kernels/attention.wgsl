@@ -15,12 +15,20 @@
 // loops of the invocation), so the host only picks `attention_lane` when
 // head_size <= 64 and (max_pos + 1) * (2 * head_size + 2) + 2 * head_size stays
 // under 60000.
-// Two entry points, same parameters and results:
-// - `attention` (GPUs): one workgroup of 64 per (head, row): scores of 64
-//   positions at a time in workgroup memory (each invocation turns its own score
-//   into a softmax weight: one exponential a position, and keeps its position's
-//   cache slot there: one block-table lookup a position, not one per invocation),
-//   each invocation owning output dims li, li+64, ...; grid (n_heads, n_rows).
+// Four entry points, same parameters and results:
+// - `attention` (GPUs): one workgroup of 64 per (head, row), positions 64 at a
+//   time: the chunk's K, then its V, staged through workgroup memory 64 dims at
+//   a time (invocation li loads dim li of every position, so consecutive
+//   invocations read consecutive floats of one cache row), each invocation
+//   scoring its own position from there (d ascending) and turning its score
+//   into a softmax weight (one exponential a position), then owning output
+//   dims li, li+64, ...; one block-table lookup a position; grid (n_heads,
+//   n_rows).
+// - `attention_direct` (CPU devices past `attention_lane`'s loop budget): the
+//   same workgroups and arithmetic, bit for bit, but each invocation reads its
+//   position's K row and the V rows straight from the cache (llvmpipe gathers
+//   per lane either way, and there the staging's extra loads, stores and
+//   barriers measured about 1.3x slower over 2,000-3,000 positions).
 // - `attention_lane` (CPU devices such as lavapipe, where workgroup barriers are
 //   costly): one invocation per (row, head), no workgroup memory; q and the
 //   output accumulator in private arrays (head_size <= 64), online softmax one
@@ -53,35 +61,168 @@ var<immediate> p: Params;
 const WG: u32 = 64u;
 const NEG: f32 = -3.4028235e38;
 var<workgroup> qs: array<f32, 256>;
+// `attention` and `attention_direct`: a chunk's scores, softmax weights and
+// cache slots.
 var<workgroup> sc: array<f32, 64>;
-var<workgroup> slots: array<u32, 64>; // `attention`: the chunk's cache slots
+var<workgroup> ew: array<f32, 64>;
+var<workgroup> slots: array<u32, 64>;
+// `attention`: a chunk's K (then V) staged 64 dims at a time, one row of
+// KVS_ROW floats per position (65: invocation li's reads of its own row,
+// li * 65 + i, fall in distinct banks).
+const KVS_ROW: u32 = 65u;
+var<workgroup> kvs: array<f32, 4160>;
 var<workgroup> n_pos_shared: u32;
 
 fn slot_of(bt: u32, t: u32) -> u32 {
     return md[bt + t / p.block_size] * p.block_size + t % p.block_size;
 }
 
-@compute @workgroup_size(64)
-fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let h = wg.x;
-    let r = wg.y;
-    let pos = md[p.rows_off + r * 4u + 2u];
-    let bt = md[p.rows_off + r * 4u + 3u];
-    let kvh = h / (p.n_heads / p.n_kv_heads);
+// `attention` and `attention_direct`: head h's q of row r into qs; returns
+// the row's number of positions (pos + 1), read uniformly (also a barrier:
+// qs is ready).
+fn att_begin(h: u32, r: u32, li: u32) -> u32 {
     let hs = p.head_size;
     for (var d = li; d < hs; d += WG) {
         qs[d] = act[p.q_off + r * p.dim + h * hs + d];
     }
     if (li == 0u) {
-        n_pos_shared = pos + 1u;
+        n_pos_shared = md[p.rows_off + r * 4u + 2u] + 1u;
     }
-    let n_pos = workgroupUniformLoad(&n_pos_shared); // also a barrier: qs is ready
+    return workgroupUniformLoad(&n_pos_shared);
+}
+
+// The online softmax's step over a chunk of cnt scores in sc (read after a
+// barrier): returns the new running max; invocation li < cnt writes its
+// position's weight exp(s - max) to ew (read after the next barrier).
+fn att_weights(li: u32, cnt: u32, m: f32) -> f32 {
+    var cm = NEG;
+    for (var j = 0u; j < cnt; j++) {
+        cm = max(cm, sc[j]);
+    }
+    let m_new = max(m, cm);
+    if (li < cnt) {
+        ew[li] = exp(sc[li] - m_new);
+    }
+    return m_new;
+}
+
+// Invocation li's output dims li, li + 64, ... of head h of row r.
+fn att_store(h: u32, r: u32, li: u32, acc: array<f32, 4>, l: f32) {
+    let hs = p.head_size;
+    for (var c = 0u; c < 4u; c++) {
+        let d = li + c * WG;
+        if (d < hs) {
+            act[p.out_off + r * p.dim + h * hs + d] = acc[c] / l;
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let h = wg.x;
+    let r = wg.y;
+    let bt = md[p.rows_off + r * 4u + 3u];
+    let kvh = h / (p.n_heads / p.n_kv_heads);
+    let hs = p.head_size;
+    let n_pos = att_begin(h, r, li);
+    let scale = 1.0 / sqrt(f32(hs));
+    let k_head = p.kc_off + kvh * hs;
+    let v_head = p.vc_off + kvh * hs;
+    var m = NEG;
+    var l = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0); // dims li, li+64, li+128, li+192
+    for (var t0 = 0u; t0 < n_pos; t0 += WG) {
+        let t = t0 + li;
+        let live = t < n_pos;
+        let cnt = min(WG, n_pos - t0);
+        // Five barriers a chunk when head_size <= 64 (the softmax weights'
+        // own array saves the one before they overwrite the scores), one
+        // more per further 64 dims of K and of V. The next chunk's first write (slots) is to
+        // memory this chunk no longer reads once its V is staged.
+        if (live) {
+            slots[li] = slot_of(bt, t);
+        }
+        workgroupBarrier();
+        // Scores: the chunk's K staged 64 dims at a time (invocation li
+        // loads dim d0 + li of every position: consecutive invocations read
+        // consecutive floats), then invocation li's own position's dot
+        // product, d ascending as one loop over d would take it.
+        var dot = 0.0;
+        for (var d0 = 0u; d0 < hs; d0 += WG) {
+            if (d0 > 0u) {
+                workgroupBarrier(); // the previous 64 dims are read
+            }
+            if (d0 + li < hs) {
+                for (var j = 0u; j < cnt; j++) {
+                    kvs[j * KVS_ROW + li] = kv[k_head + slots[j] * p.kv_dim + d0 + li];
+                }
+            }
+            workgroupBarrier();
+            if (live) {
+                let n = min(WG, hs - d0);
+                for (var i = 0u; i < n; i++) {
+                    dot += qs[d0 + i] * kvs[li * KVS_ROW + i];
+                }
+            }
+        }
+        var s = NEG;
+        if (live) {
+            s = dot * scale;
+        }
+        sc[li] = s;
+        workgroupBarrier(); // the scores are ready, K's staging is read
+        let m_new = att_weights(li, cnt, m);
+        let corr = exp(m - m_new);
+        l *= corr;
+        for (var c = 0u; c < 4u; c++) {
+            acc[c] *= corr;
+        }
+        workgroupBarrier(); // the weights are ready
+        for (var j = 0u; j < cnt; j++) {
+            l += ew[j];
+        }
+        // Values: staged 64 dims at a time as K was; invocation li adds
+        // dim c * 64 + li, j ascending.
+        for (var c = 0u; c < 4u; c++) {
+            let d0 = c * WG;
+            if (d0 >= hs) {
+                break;
+            }
+            if (c > 0u) {
+                workgroupBarrier(); // the previous 64 dims are read
+            }
+            if (d0 + li < hs) {
+                for (var j = 0u; j < cnt; j++) {
+                    kvs[j * KVS_ROW + li] = kv[v_head + slots[j] * p.kv_dim + d0 + li];
+                }
+            }
+            workgroupBarrier();
+            if (d0 + li < hs) {
+                for (var j = 0u; j < cnt; j++) {
+                    acc[c] += ew[j] * kvs[j * KVS_ROW + li];
+                }
+            }
+        }
+        m = m_new;
+    }
+    att_store(h, r, li, acc, l);
+}
+
+@compute @workgroup_size(64)
+fn attention_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let h = wg.x;
+    let r = wg.y;
+    let bt = md[p.rows_off + r * 4u + 3u];
+    let kvh = h / (p.n_heads / p.n_kv_heads);
+    let hs = p.head_size;
+    let n_pos = att_begin(h, r, li);
     let scale = 1.0 / sqrt(f32(hs));
     var m = NEG;
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0); // dims li, li+64, li+128, li+192
     for (var t0 = 0u; t0 < n_pos; t0 += WG) {
         let t = t0 + li;
+        let cnt = min(WG, n_pos - t0);
         var s = NEG;
         if (t < n_pos) {
             let slot = slot_of(bt, t);
@@ -94,27 +235,16 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             s = dot * scale;
         }
         sc[li] = s;
-        workgroupBarrier();
-        let cnt = min(WG, n_pos - t0);
-        var cm = NEG;
-        for (var j = 0u; j < cnt; j++) {
-            cm = max(cm, sc[j]);
-        }
-        let m_new = max(m, cm);
+        workgroupBarrier(); // the scores and slots are ready
+        let m_new = att_weights(li, cnt, m);
         let corr = exp(m - m_new);
         l *= corr;
         for (var c = 0u; c < 4u; c++) {
             acc[c] *= corr;
         }
-        // Each invocation turns its own score into a weight once (every
-        // invocation computed all 64 exponentials before), then all read them.
-        workgroupBarrier();
-        if (li < cnt) {
-            sc[li] = exp(sc[li] - m_new);
-        }
-        workgroupBarrier();
+        workgroupBarrier(); // the weights are ready
         for (var j = 0u; j < cnt; j++) {
-            let e = sc[j];
+            let e = ew[j];
             l += e;
             let vb = p.vc_off + slots[j] * p.kv_dim + kvh * hs;
             for (var c = 0u; c < 4u; c++) {
@@ -125,14 +255,9 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             }
         }
         m = m_new;
-        workgroupBarrier();
+        workgroupBarrier(); // slots, sc and ew are read: the next chunk may write them
     }
-    for (var c = 0u; c < 4u; c++) {
-        let d = li + c * WG;
-        if (d < hs) {
-            act[p.out_off + r * p.dim + h * hs + d] = acc[c] / l;
-        }
-    }
+    att_store(h, r, li, acc, l);
 }
 
 @compute @workgroup_size(64)

@@ -57,11 +57,14 @@ pub(super) fn attention_cases(v: &mut Vec<Spec>) {
     }
     // Past 2,048 cached positions at SmolLM2's head shapes, in both forms:
     // the GPU form's `attention`, and the CPU form's op, which past the
-    // lane loop budget dispatches `attention` too (`Attention::dispatch`).
-    for (form, fname) in [(AttForm::Gpu, "f32"), (AttForm::Lane, "f32_cpu_form")] {
+    // lane loop budget dispatches `attention_direct` (`Attention::dispatch`).
+    for (form, fname, entry) in [
+        (AttForm::Gpu, "f32", "attention"),
+        (AttForm::Lane, "f32_cpu_form", "attention_direct"),
+    ] {
         v.push(spec(
             format!("xtc.kernels.attention.{fname}.h9_kv3_hs64_bs16.long"),
-            &["kv_append", "attention"],
+            &["kv_append", entry],
             move |ctx| attention(ctx, form, (9, 3, 64), 16, true),
         ));
     }
@@ -261,10 +264,10 @@ fn attention(
         if form != AttForm::AppendOnly {
             b.expect(
                 &att,
-                if form == AttForm::Gpu || long {
-                    "attention"
-                } else {
-                    "attention_lane"
+                match (form, long) {
+                    (AttForm::Gpu, _) => "attention",
+                    (_, true) => "attention_direct",
+                    _ => "attention_lane",
                 },
             )?;
             b.output(1, out_at, rows * dim);

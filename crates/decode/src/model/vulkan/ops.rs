@@ -643,6 +643,10 @@ impl Op for Attention {
                 "attention_lane",
                 [groups(self.n_rows * self.n_heads, 64), 1, 1],
             ),
+            // Past the lane loop budget the CPU form keeps per-invocation
+            // reads (`attention_direct`: same arithmetic, bit for bit, as
+            // the GPU form's K/V staging, which is slower on llvmpipe).
+            Variant::Cpu => ("attention_direct", self.grid()),
             _ => (Self::KERNEL, self.grid()),
         }
     }
