@@ -456,27 +456,31 @@ fn qmm_{ty}_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let norm = p.norm_off != NO_NORM;
     var acc = vec4<f32>(0.0); // rows r0 .. r0 + 3
     var ss = vec4<f32>(0.0); // this thread's share of each row's sum of squares
+    // Only the rows that exist are staged and multiplied (one of the four
+    // at one row), and of the last step's columns only those that exist;
+    // a staged element goes to the same invocation, in the same order,
+    // whatever the rows, so the sums are the same.
+    let rows = min(4u, p.m - r0);
     for (var k0 = 0u; k0 < p.k; k0 += GT) {{
         let cols = min(GT, p.k - k0);
-        for (var i = li; i < 4u * GT; i += 64u) {{
+        for (var i = li; i < rows * GT; i += 64u) {{
             let r = i / GT;
             let c = i % GT;
-            var v = 0.0;
-            if (c < cols && r0 + r < p.m) {{
-                v = act[p.x_off + (r0 + r) * p.k + k0 + c];
+            if (c < cols) {{
+                var v = act[p.x_off + (r0 + r) * p.k + k0 + c];
                 ss[r] += v * v;
                 if (norm) {{
                     let e = p.norm_off + k0 + c;
                     v *= bitcast<f32>(wbuf[e / 4u][e % 4u]);
                 }}
+                xsh[i] = v;
             }}
-            xsh[i] = v;
         }}
         workgroupBarrier();
         let b = k0 / 32u + j;
         if (j < cols / 32u && n < p.n) {{
             let w = deq_{ty}_buf(p.qs_off, p.sc_off, n, nb, b);
-            for (var r = 0u; r < 4u; r++) {{
+            for (var r = 0u; r < rows; r++) {{
                 var s = 0.0;
                 for (var t = 0u; t < 8u; t++) {{
                     let e = r * GT + j * 32u + 4u * t;
