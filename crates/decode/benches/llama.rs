@@ -17,6 +17,10 @@
 //! `cargo bench --bench llama` (prints a table; needs the model file, see
 //! `scripts/fetch-model.sh`, and a Vulkan device for the Vulkan side; skips
 //! with a line without them, or fails when `CI` is set).
+//! `XTC_BENCH_KERNELS=gpu|cpu` forces the Vulkan side's kernel form (default:
+//! the device's, by capability and the barrier probe), so the GPU form's
+//! profile can be read on lavapipe too; `XTC_BENCH_ONLY=profile` measures
+//! only the per-group profile (the GPU form's rates take minutes there).
 //! `XTC_BENCH_QUICK=1` runs shorter loops. `XTC_FUSE_ROPE_KV=0` records the
 //! q|k|v product and `rope_kv_img` apart (`GpuLlama::set_fuse_rope_kv`), for
 //! the fused op's side-by-side figure.
@@ -27,6 +31,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork, find_model};
 use xtc_vk::{Device, DeviceKind, Selector};
 
@@ -466,17 +471,34 @@ fn vulkan_side(
     prompt: &dyn Fn(usize) -> Vec<u32>,
 ) -> Value {
     let max_tokens = 256;
+    let variant = match std::env::var("XTC_BENCH_KERNELS").as_deref() {
+        Ok("gpu") => Some(Variant::Gpu),
+        Ok("cpu") => Some(Variant::Cpu),
+        Ok(other) if !other.is_empty() => {
+            panic!("XTC_BENCH_KERNELS={other:?}: expected gpu or cpu")
+        }
+        _ => None,
+    };
+    // The GPU form holds the KV cache in one storage buffer: on a device
+    // whose range is smaller (lavapipe: 128 MiB) it gets what fits.
+    let c = &model.config().shape;
+    let block_bytes = (2 * c.n_layers * BLOCK * c.kv_dim() * 4) as u64;
+    let n_blocks = match variant {
+        Some(Variant::Gpu) => 256.min(dev.max_storage_buffer_range() / block_bytes) as usize,
+        _ => 256,
+    };
     let opts = GpuLlamaOptions {
         kv: KvGeometry {
             block_size: BLOCK,
-            n_blocks: 256,
+            n_blocks,
         },
         max_tokens,
         max_seqs: 32,
         max_context: 1024,
         keep_logits: false,
-        variant: None,
+        variant,
     };
+    let profile_only = std::env::var("XTC_BENCH_ONLY").is_ok_and(|v| v == "profile");
     let t0 = Instant::now();
     let mut gpu = GpuLlama::new(dev, model, opts).unwrap();
     if std::env::var("XTC_FUSE_ROPE_KV").is_ok_and(|v| v == "0") {
@@ -497,35 +519,8 @@ fn vulkan_side(
         dev.info().kind == DeviceKind::Cpu,
     );
     let mut rows = vec![];
-    // Prompt processing: 512 tokens of one sequence.
-    let mut one = members(1, 40);
-    let (_, pp, pp_cpu) = timed(|| prefill(&mut gpu, &mut one, &prompt(512), max_tokens));
-    rows.push(t.row("pp512 tokens/s", "pp512", 512.0, pp, pp_cpu));
-    // One stream: 128 generated tokens after a one-token prompt (llama.cpp's
-    // tg128 starts from an empty context).
-    let tg_n = if quick { 32 } else { 128 };
-    let mut one = members(1, 40);
-    prefill(&mut gpu, &mut one, &prompt(1), max_tokens);
-    let (_, tg, tg_cpu) = timed(|| decode(&mut gpu, &mut one, tg_n));
-    rows.push(t.row(
-        "one stream tg128 tokens/s",
-        "tg128",
-        tg_n as f64,
-        tg,
-        tg_cpu,
-    ));
-    let generated = if quick { 16 } else { 64 };
-    for n in [8usize, 16, 32] {
-        let mut ms = members(n, 6);
-        prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
-        let (_, dt, dc) = timed(|| decode(&mut gpu, &mut ms, generated));
-        rows.push(t.row(
-            &format!("{n} members, aggregate tg tokens/s"),
-            &format!("agg{n}"),
-            (n * generated) as f64,
-            dt,
-            dc,
-        ));
+    if !profile_only {
+        rates(&mut gpu, t, quick, prompt, max_tokens, &mut rows);
     }
     let roof = roofline();
     let mut profiles = vec![];
@@ -541,6 +536,48 @@ fn vulkan_side(
         ));
     }
     json!({"side": "vulkan", "device": dev.info().name, "rows": rows, "profiles": profiles})
+}
+
+/// The Vulkan side's rates: pp512, one stream and 8/16/32 members (one
+/// table row each, pushed to `rows`).
+fn rates(
+    gpu: &mut GpuLlama,
+    t: &Table,
+    quick: bool,
+    prompt: &dyn Fn(usize) -> Vec<u32>,
+    max_tokens: usize,
+    rows: &mut Vec<Value>,
+) {
+    // Prompt processing: 512 tokens of one sequence.
+    let mut one = members(1, 40);
+    let (_, pp, pp_cpu) = timed(|| prefill(gpu, &mut one, &prompt(512), max_tokens));
+    rows.push(t.row("pp512 tokens/s", "pp512", 512.0, pp, pp_cpu));
+    // One stream: 128 generated tokens after a one-token prompt (llama.cpp's
+    // tg128 starts from an empty context).
+    let tg_n = if quick { 32 } else { 128 };
+    let mut one = members(1, 40);
+    prefill(gpu, &mut one, &prompt(1), max_tokens);
+    let (_, tg, tg_cpu) = timed(|| decode(gpu, &mut one, tg_n));
+    rows.push(t.row(
+        "one stream tg128 tokens/s",
+        "tg128",
+        tg_n as f64,
+        tg,
+        tg_cpu,
+    ));
+    let generated = if quick { 16 } else { 64 };
+    for n in [8usize, 16, 32] {
+        let mut ms = members(n, 6);
+        prefill(gpu, &mut ms, &prompt(32), max_tokens);
+        let (_, dt, dc) = timed(|| decode(gpu, &mut ms, generated));
+        rows.push(t.row(
+            &format!("{n} members, aggregate tg tokens/s"),
+            &format!("agg{n}"),
+            (n * generated) as f64,
+            dt,
+            dc,
+        ));
+    }
 }
 
 fn main() {
