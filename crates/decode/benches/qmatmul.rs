@@ -5,7 +5,8 @@
 //! Forms: the CPU-device form with 1, 2, 4 or 8 token rows per invocation
 //! (`qmm_<ty>_r<R>`, weights in the weight image, x through the uniform
 //! window), and the GPU form (`qmm_<ty>_gpu`, 4 rows x 4 outputs a
-//! workgroup, and from 8 rows the tiled `qmm_<ty>_gpu_mm`, 32 x 64; weights
+//! workgroup; from 5 rows `qmm_<ty>_gpu8`, 8 rows; and where
+//! `qops::gpu_mm_applies` the tiled `qmm_<ty>_gpu_mm`, 32 x 64; weights
 //! in the storage buffer). Each figure is the fastest of several interleaved runs
 //! (the build machine is shared: other tenants' slices only add time).
 //! `XTC_QMM_FORMS=name_rR,...` adds experimental entry points to the
@@ -115,16 +116,23 @@ fn main() {
                     .collect();
                 forms.push((name.trim_start_matches("qmm_").to_string(), ds, f64::MAX));
             }
-            // The GPU form's two entry points: `qmm_<ty>_gpu` (4 rows x 4
-            // outputs a workgroup) and, from GPU_MM_MIN_ROWS rows, the tiled
-            // `qmm_<ty>_gpu_mm` that `QMatmul::dispatch` picks there.
+            // The GPU form's entry points: `qmm_<ty>_gpu` (4 rows x 4
+            // outputs a workgroup), from 5 rows `qmm_<ty>_gpu8` (8 rows),
+            // and the tiled `qmm_<ty>_gpu_mm` where `QMatmul::dispatch`
+            // picks it (`gpu_mm_applies`), so its thresholds can be re-read.
             let four = format!("qmm_{}_gpu", t.ty.name());
+            let eight = format!("qmm_{}_gpu8", t.ty.name());
             let (gpu_name, grid) = op.dispatch(Variant::Gpu);
             if std::env::var_os("XTC_QMM_NO_GPU").is_none() {
                 let k4 = kernels.get(&four).unwrap();
                 let g4 = [n.div_ceil(4) as u32, m.div_ceil(4) as u32, 1];
                 forms.push(("gpu".to_string(), vec![(k4, op, g4, [0, 0])], f64::MAX));
-                if gpu_name != four {
+                if m > 4 {
+                    let k8 = kernels.get(&eight).unwrap();
+                    let g8 = [n.div_ceil(4) as u32, m.div_ceil(8) as u32, 1];
+                    forms.push(("gpu8".to_string(), vec![(k8, op, g8, [0, 0])], f64::MAX));
+                }
+                if gpu_name != four && gpu_name != eight {
                     let kern = kernels.get(gpu_name).unwrap();
                     forms.push((
                         "gpu_mm".to_string(),

@@ -10,7 +10,7 @@ mod vk_support;
 use xtc_decode::model::format::gguf::GgmlType;
 use xtc_decode::model::format::quant::{self, QMatrix};
 use xtc_decode::model::text::sampling::argmax;
-use xtc_decode::model::vulkan::ops::{Ops, Rope, Variant};
+use xtc_decode::model::vulkan::ops::{Op, Ops, Rope, Variant};
 use xtc_decode::model::vulkan::qops::{
     ArgmaxPart, QEmbed, QMatmul, RopeKv, RopeTable, argmax_groups, reference_embed, reference_glu,
     reference_matmul, reference_norm_matmul, reference_rope, rope_table,
@@ -388,6 +388,78 @@ fn fused_rmsnorm_and_swiglu_products() {
                 let got = product(&mut rig, op, &x);
                 let err = rel_err(&got[..m * hidden], &want);
                 assert!(err < 1e-5, "{variant:?} {ty} m={m} norm+glu: {err}");
+            }
+        }
+    }
+}
+
+/// Runs `op` through the named entry point with 4 outputs and `per` rows a
+/// workgroup (x at `X_OFF`, y after it; y cleared first); returns y.
+fn product_via(
+    rig: &mut QRig,
+    entry: &str,
+    per: u32,
+    op: QMatmul,
+    x: &[f32],
+    y_len: usize,
+) -> Vec<f32> {
+    let k = rig.kernels.get(entry).unwrap();
+    rig.write(1, X_OFF, x);
+    let y_off = op.y_off as usize;
+    rig.write(1, y_off, &vec![0f32; y_len]);
+    let grid = [op.n.div_ceil(4), op.m.div_ceil(per), 1];
+    rig.run(|_, rec| rec.dispatch_windowed(k, &op, grid, [0, 0]).unwrap());
+    rig.read(y_off, y_len)
+}
+
+#[test]
+fn the_gpu_forms_8_row_product_gives_each_row_the_4_row_products_bits() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(19);
+    let (n, cols, eps) = (24usize, 576usize, 1e-5f32);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32] {
+        let gate = Case::new(&mut rng, ty, n / 2, cols);
+        let up = Case::new(&mut rng, ty, n / 2, cols);
+        let mut s = TexelStream::new();
+        let inter = s.push_interleaved(&gate.matrix(), &up.matrix()).unwrap();
+        let g: Vec<f32> = (0..cols).map(|_| 0.5 + rng.f32()).collect();
+        let mut rig = QRig::new(&dev, &s, &g, 65536, Variant::Gpu);
+        let g_off = rig.f32_base as u32;
+        let name = match ty {
+            GgmlType::Q4_1 => "q41",
+            GgmlType::Q8_0 => "q80",
+            GgmlType::F16 => "f16",
+            _ => "f32",
+        };
+        for m in [5usize, 8, 13] {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| (rng.f32() - 0.5) * (1 + i / cols) as f32)
+                .collect();
+            let y_off = (X_OFF + m * cols).next_multiple_of(4) as u32;
+            // The plain product, and the fused norm with SwiGLU (the sums of
+            // squares and the pairing in the epilogue).
+            for (op, y_len) in [
+                (
+                    QMatmul::plain(&inter, m as u32, X_OFF as u32, y_off, false),
+                    m * n,
+                ),
+                (
+                    QMatmul::glu(&inter, m as u32, X_OFF as u32, y_off).with_norm(g_off, eps),
+                    m * n / 2,
+                ),
+            ] {
+                assert_eq!(
+                    op.dispatch(Variant::Gpu).0,
+                    format!("qmm_{name}_gpu8"),
+                    "m={m}"
+                );
+                let four = product_via(&mut rig, &format!("qmm_{name}_gpu"), 4, op, &x, y_len);
+                let eight = product_via(&mut rig, &format!("qmm_{name}_gpu8"), 8, op, &x, y_len);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&eight), bits(&four), "{ty} m={m} mode {}", op.mode);
+                assert!(four.iter().any(|&v| v != 0.0), "{ty} m={m}: all zeros");
             }
         }
     }

@@ -139,7 +139,8 @@ pub fn generate() -> String {
                 cpu_kernel(&mut out, ty, rows, true);
             }
         }
-        gpu_kernel(&mut out, ty);
+        gpu_kernel(&mut out, ty, 4);
+        gpu_kernel(&mut out, ty, 8);
         gpu_mm_kernel(&mut out, ty);
         embed_kernel(&mut out, ty, Src::Img);
         embed_kernel(&mut out, ty, Src::Buf);
@@ -438,29 +439,40 @@ fn cpu_epilogue(out: &mut String, rows: u32, rkv: bool) {
     emit!(out, 0, "}}");
 }
 
-/// `qmm_<ty>_gpu`, the GPU form: workgroup 64 = 4 outputs x 16 threads, 4
-/// rows m per workgroup, x staged through workgroup memory 512 columns at a
-/// time, each thread taking every 16th block of its output row through
-/// `deq_<ty>_buf`, partial sums reduced in workgroup memory.
-fn gpu_kernel(out: &mut String, ty: Ty) {
+/// `qmm_<ty>_gpu` and `qmm_<ty>_gpu8`, the GPU form: workgroup 64 = 4
+/// outputs x 16 threads, 4 (or 8) rows m per workgroup, x staged through
+/// workgroup memory 512 columns at a time, each thread taking every 16th
+/// block of its output row through `deq_<ty>_buf`, partial sums reduced in
+/// workgroup memory. The 8-row form dequantizes each weight block once per 8
+/// rows; a row's element goes to the same invocation and its sums run in the
+/// same order in both, so a row's results are the same bits in either.
+fn gpu_kernel(out: &mut String, ty: Ty, rows: u32) {
     let ty = ty.name();
+    let (suffix, xsh, acc) = match rows {
+        4 => ("", "xsh", "vec4<f32>(0.0)"),
+        _ => (
+            "8",
+            "xsh8",
+            "array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)",
+        ),
+    };
     write!(
         out,
         r#"
 @compute @workgroup_size(64)
-fn qmm_{ty}_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+fn qmm_{ty}_gpu{suffix}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let n = wg.x * 4u + li / 16u;
     let j = li % 16u;
-    let r0 = wg.y * 4u;
+    let r0 = wg.y * {rows}u;
     let nb = p.k / 32u;
     let norm = p.norm_off != NO_NORM;
-    var acc = vec4<f32>(0.0); // rows r0 .. r0 + 3
-    var ss = vec4<f32>(0.0); // this thread's share of each row's sum of squares
+    var acc = {acc}; // rows r0 .. r0 + {rows} - 1
+    var ss = {acc}; // this thread's share of each row's sum of squares
     // Only the rows that exist are staged and multiplied (one of the four
     // at one row), and of the last step's columns only those that exist;
     // a staged element goes to the same invocation, in the same order,
     // whatever the rows, so the sums are the same.
-    let rows = min(4u, p.m - r0);
+    let rows = min({rows}u, p.m - r0);
     for (var k0 = 0u; k0 < p.k; k0 += GT) {{
         let cols = min(GT, p.k - k0);
         for (var i = li; i < rows * GT; i += 64u) {{
@@ -473,7 +485,7 @@ fn qmm_{ty}_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                     let e = p.norm_off + k0 + c;
                     v *= bitcast<f32>(wbuf[e / 4u][e % 4u]);
                 }}
-                xsh[i] = v;
+                {xsh}[i] = v;
             }}
         }}
         workgroupBarrier();
@@ -484,7 +496,7 @@ fn qmm_{ty}_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 var s = 0.0;
                 for (var t = 0u; t < 8u; t++) {{
                     let e = r * GT + j * 32u + 4u * t;
-                    s += dot(w[t], vec4<f32>(xsh[e], xsh[e + 1u], xsh[e + 2u], xsh[e + 3u]));
+                    s += dot(w[t], vec4<f32>({xsh}[e], {xsh}[e + 1u], {xsh}[e + 2u], {xsh}[e + 3u]));
                 }}
                 acc[r] += s;
             }}
@@ -494,7 +506,35 @@ fn qmm_{ty}_gpu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
 "#
     )
     .expect("formatting into a String cannot fail");
-    out.push_str(GPU_EPILOGUE);
+    match rows {
+        4 => out.push_str(GPU_EPILOGUE),
+        _ => out.push_str(&gpu_epilogue8()),
+    }
+}
+
+/// [`GPU_EPILOGUE`] for 8 rows a workgroup (`qmm_<ty>_gpu8`): the same
+/// reductions, in the same order per row, over `red8`, `red2_8` and
+/// `outv8`.
+fn gpu_epilogue8() -> String {
+    GPU_EPILOGUE
+        .replace("red[", "red8[")
+        .replace("red2[", "red2_8[")
+        .replace("outv[", "outv8[")
+        .replace(
+            "for (var r = 0u; r < 4u; r++)",
+            "for (var r = 0u; r < 8u; r++)",
+        )
+        .replace("li * 4u + r", "li * 8u + r")
+        .replace("if (j < 4u)", "if (j < 8u)")
+        .replace("(base + t) * 4u + r", "(base + t) * 8u + r")
+        .replace("t * 4u + r", "t * 8u + r")
+        .replace("(li / 16u) * 4u + r", "(li / 16u) * 8u + r")
+        .replace("if (li < 16u)", "if (li < 32u)")
+        .replace("let slot = li / 4u;", "let slot = li / 8u;")
+        .replace("let r = li % 4u;", "let r = li % 8u;")
+        .replace("slot * 4u + r", "slot * 8u + r")
+        .replace("(slot + 1u) * 4u + r", "(slot + 1u) * 8u + r")
+        .replace("c * 4u + r", "c * 8u + r")
 }
 
 /// `qmm_<ty>_gpu_mm`, the GPU form's tiled product for many rows: a
@@ -945,6 +985,12 @@ var<workgroup> xsh: array<f32, 2048>; // [4 rows][GT]
 var<workgroup> red: array<f32, 256>; // [64 threads][4 rows]: partial dot products
 var<workgroup> red2: array<f32, 256>; // [64 threads][4 rows]: partial sums of squares
 var<workgroup> outv: array<f32, 16>; // [4 outputs][4 rows]
+// `qmm_<ty>_gpu8`'s: x [8 rows][GT], the partials [64 threads][8 rows], the
+// outputs [4 outputs][8 rows] (20 KiB in all).
+var<workgroup> xsh8: array<f32, 4096>;
+var<workgroup> red8: array<f32, 512>;
+var<workgroup> red2_8: array<f32, 512>;
+var<workgroup> outv8: array<f32, 32>;
 // `qmm_<ty>_gpu_mm`'s tiles: x [64 columns][8 row quads], W [64 columns][16
 // output quads], the per-thread sums of squares (24.5 KiB in all).
 var<workgroup> mm_x: array<vec4<f32>, 512>;

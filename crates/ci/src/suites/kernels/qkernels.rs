@@ -282,6 +282,7 @@ enum Mode {
 fn form_of(variant: Variant, m: usize, n: usize, r8: bool) -> &'static str {
     match (variant, m, r8) {
         (Variant::Gpu, m, _) if gpu_mm_applies(m as u32, n as u32) => "gpu_mm",
+        (Variant::Gpu, m, _) if m > 4 => "gpu8",
         (Variant::Gpu, ..) => "gpu",
         (_, _, true) => "r8",
         (_, 1, _) => "r1",
@@ -305,9 +306,14 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         (Variant::Cpu, false, 23, 8, 1536, Mode::Plain),
         (Variant::Cpu, true, 16, 64, 576, Mode::Plain),
         (Variant::Cpu, false, 5, 24, 576, Mode::NormGlu),
-        (Variant::Gpu, false, 5, 576, 576, Mode::Plain),
+        (Variant::Gpu, false, 4, 576, 576, Mode::Plain),
         (Variant::Gpu, false, 3, 20, 96, Mode::Plain),
         (Variant::Gpu, false, 3, 24, 576, Mode::NormGlu),
+        // 8 rows a workgroup (`qmm_<ty>_gpu8`, 5 to 23 rows here): one
+        // ragged tile, two tiles with a ragged N, the fused norm and SwiGLU.
+        (Variant::Gpu, false, 5, 576, 576, Mode::Plain),
+        (Variant::Gpu, false, 13, 20, 96, Mode::Plain),
+        (Variant::Gpu, false, 11, 24, 576, Mode::NormGlu),
         // The tiled GPU form (`gpu_mm_applies`: from 24 rows here): two row
         // tiles, a ragged N and an odd block count, the fused norm and SwiGLU.
         (Variant::Gpu, false, 37, 576, 576, Mode::Plain),
@@ -358,6 +364,7 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         (Variant::Cpu, 3, 200),
         (Variant::Gpu, 3, 200),
         (Variant::Gpu, 2, 49152),
+        (Variant::Gpu, 7, 200),
         (Variant::Gpu, 26, 200),
     ] {
         let form = form_of(variant, m, n, false);

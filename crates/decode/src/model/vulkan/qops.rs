@@ -84,6 +84,20 @@ pub fn gpu_mm_applies(m: u32, n: u32) -> bool {
     m >= 24 || (m >= 12 && n >= 1024) || (m >= 8 && n >= 8192)
 }
 
+/// The GPU form's 8-row entry point (`qmm_<ty>_gpu8`), for 5 to 8 rows a
+/// workgroup where the tiled form does not apply: each weight block is
+/// dequantized once per 8 rows instead of once per 4, and a row's results
+/// are the same bits as `qmm_<ty>_gpu`'s.
+fn qmm_gpu8_name(t: KernelType) -> &'static str {
+    use KernelType::*;
+    match t {
+        Q41 => "qmm_q41_gpu8",
+        Q80 => "qmm_q80_gpu8",
+        F16 => "qmm_f16_gpu8",
+        F32 => "qmm_f32_gpu8",
+    }
+}
+
 fn qmm_mm_name(t: KernelType) -> &'static str {
     use KernelType::*;
     match t {
@@ -259,6 +273,14 @@ impl Op for QMatmul {
             return (
                 qmm_mm_name(self.kernel_type()),
                 [groups(self.n, 64), groups(self.m, 32), 1],
+            );
+        }
+        // More than 4 rows: 8 a workgroup (same bits a row, half the
+        // dequantizing of 4-row workgroups).
+        if self.m > 4 {
+            return (
+                qmm_gpu8_name(self.kernel_type()),
+                [groups(self.n, 4), groups(self.m, 8), 1],
             );
         }
         (qmm_name(self.kernel_type(), 4, Variant::Gpu), self.grid())
