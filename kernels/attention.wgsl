@@ -106,6 +106,23 @@ fn att_weights(li: u32, cnt: u32, m: f32) -> f32 {
     return m_new;
 }
 
+// `attention`: dims d0 .. d0 + 63 of the chunk's cnt cached rows (K or V of
+// this head, from `head`) into kvs, position j's at row j; invocation li
+// loads dim d0 + li of each. Waits first for the previous dims' readers
+// (d0 > 0), and after for the staging (a barrier both: call it in uniform
+// control flow).
+fn att_stage(head: u32, d0: u32, li: u32, cnt: u32) {
+    if (d0 > 0u) {
+        workgroupBarrier();
+    }
+    if (d0 + li < p.head_size) {
+        for (var j = 0u; j < cnt; j++) {
+            kvs[j * KVS_ROW + li] = kv[head + slots[j] * p.kv_dim + d0 + li];
+        }
+    }
+    workgroupBarrier();
+}
+
 // Invocation li's output dims li, li + 64, ... of head h of row r.
 fn att_store(h: u32, r: u32, li: u32, acc: array<f32, 4>, l: f32) {
     let hs = p.head_size;
@@ -149,15 +166,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         // product, d ascending as one loop over d would take it.
         var dot = 0.0;
         for (var d0 = 0u; d0 < hs; d0 += WG) {
-            if (d0 > 0u) {
-                workgroupBarrier(); // the previous 64 dims are read
-            }
-            if (d0 + li < hs) {
-                for (var j = 0u; j < cnt; j++) {
-                    kvs[j * KVS_ROW + li] = kv[k_head + slots[j] * p.kv_dim + d0 + li];
-                }
-            }
-            workgroupBarrier();
+            att_stage(k_head, d0, li, cnt);
             if (live) {
                 let n = min(WG, hs - d0);
                 for (var i = 0u; i < n; i++) {
@@ -188,15 +197,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             if (d0 >= hs) {
                 break;
             }
-            if (c > 0u) {
-                workgroupBarrier(); // the previous 64 dims are read
-            }
-            if (d0 + li < hs) {
-                for (var j = 0u; j < cnt; j++) {
-                    kvs[j * KVS_ROW + li] = kv[v_head + slots[j] * p.kv_dim + d0 + li];
-                }
-            }
-            workgroupBarrier();
+            att_stage(v_head, d0, li, cnt);
             if (d0 + li < hs) {
                 for (var j = 0u; j < cnt; j++) {
                     acc[c] += ew[j] * kvs[j * KVS_ROW + li];
