@@ -73,7 +73,9 @@ fn qmm_name(t: KernelType, rows: u32, variant: Variant) -> &'static str {
 
 /// Whether the GPU form's product of `m` rows by `n` outputs takes the tiled
 /// entry point (`qmm_<ty>_gpu_mm`, 32 rows x 64 outputs a workgroup) rather
-/// than `qmm_<ty>_gpu` (4 rows x 4 outputs): from 24 rows; from 12 where
+/// than `qmm_<ty>_gpu` (4 rows x 4 outputs) or, from 5 rows,
+/// `qmm_<ty>_gpu8` (8 rows x 4 outputs; the thresholds below were measured
+/// against the 4-row form, before it existed): from 24 rows; from 12 where
 /// `n >= 1024`; from 8 where `n >= 8192`. Measured on an NVIDIA H200
 /// (`--bench qmatmul`, SmolLM2's shapes, microseconds `gpu` / `gpu_mm`): at
 /// 32 rows 95 / 37 (gate|up, N = 1536), 109 / 90 (down, N = 576), 2070 / 207
