@@ -91,10 +91,15 @@ fn att_begin(h: u32, r: u32, li: u32) -> u32 {
     return workgroupUniformLoad(&n_pos_shared);
 }
 
-// The online softmax's step over a chunk of cnt scores in sc (read after a
-// barrier): returns the new running max; invocation li < cnt writes its
-// position's weight exp(s - max) to ew (read after the next barrier).
-fn att_weights(li: u32, cnt: u32, m: f32) -> f32 {
+// The online softmax's step over a chunk: invocation li's score s (NEG
+// past the chunk's cnt positions) into sc; after a barrier (the scores, and
+// whatever the caller wrote before it, are ready) the chunk's max, the
+// running sum l and accumulator acc rescaled to it, and invocation li < cnt's
+// weight exp(s - max) in ew, ready after a second barrier. Returns the new
+// running max (call in uniform control flow).
+fn att_softmax(li: u32, cnt: u32, s: f32, m: f32, l: ptr<function, f32>, acc: ptr<function, array<f32, 4>>) -> f32 {
+    sc[li] = s;
+    workgroupBarrier();
     var cm = NEG;
     for (var j = 0u; j < cnt; j++) {
         cm = max(cm, sc[j]);
@@ -103,6 +108,12 @@ fn att_weights(li: u32, cnt: u32, m: f32) -> f32 {
     if (li < cnt) {
         ew[li] = exp(sc[li] - m_new);
     }
+    let corr = exp(m - m_new);
+    *l *= corr;
+    for (var c = 0u; c < 4u; c++) {
+        (*acc)[c] *= corr;
+    }
+    workgroupBarrier();
     return m_new;
 }
 
@@ -178,15 +189,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         if (live) {
             s = dot * scale;
         }
-        sc[li] = s;
-        workgroupBarrier(); // the scores are ready, K's staging is read
-        let m_new = att_weights(li, cnt, m);
-        let corr = exp(m - m_new);
-        l *= corr;
-        for (var c = 0u; c < 4u; c++) {
-            acc[c] *= corr;
-        }
-        workgroupBarrier(); // the weights are ready
+        let m_new = att_softmax(li, cnt, s, m, &l, &acc);
         for (var j = 0u; j < cnt; j++) {
             l += ew[j];
         }
@@ -235,15 +238,7 @@ fn attention_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
             }
             s = dot * scale;
         }
-        sc[li] = s;
-        workgroupBarrier(); // the scores and slots are ready
-        let m_new = att_weights(li, cnt, m);
-        let corr = exp(m - m_new);
-        l *= corr;
-        for (var c = 0u; c < 4u; c++) {
-            acc[c] *= corr;
-        }
-        workgroupBarrier(); // the weights are ready
+        let m_new = att_softmax(li, cnt, s, m, &l, &acc);
         for (var j = 0u; j < cnt; j++) {
             let e = ew[j];
             l += e;
