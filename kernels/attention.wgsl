@@ -77,10 +77,18 @@ fn slot_of(bt: u32, t: u32) -> u32 {
     return md[bt + t / p.block_size] * p.block_size + t % p.block_size;
 }
 
-// `attention` and `attention_direct`: head h's q of row r into qs; returns
-// the row's number of positions (pos + 1), read uniformly (also a barrier:
-// qs is ready).
-fn att_begin(h: u32, r: u32, li: u32) -> u32 {
+// `attention` and `attention_direct`: what a workgroup (head h, row r)
+// reads of its row.
+struct AttRow {
+    n_pos: u32,   // positions 0..=pos: pos + 1 (workgroup-uniform)
+    bt: u32,      // the row's block table in md
+    kv_head: u32, // the KV head's first dim in a cache row
+    scale: f32,   // 1 / sqrt(head_size)
+}
+
+// Head h's q of row r into qs, and the row's AttRow (n_pos read uniformly,
+// also a barrier: qs is ready).
+fn att_begin(h: u32, r: u32, li: u32) -> AttRow {
     let hs = p.head_size;
     for (var d = li; d < hs; d += WG) {
         qs[d] = act[p.q_off + r * p.dim + h * hs + d];
@@ -88,7 +96,9 @@ fn att_begin(h: u32, r: u32, li: u32) -> u32 {
     if (li == 0u) {
         n_pos_shared = md[p.rows_off + r * 4u + 2u] + 1u;
     }
-    return workgroupUniformLoad(&n_pos_shared);
+    let n_pos = workgroupUniformLoad(&n_pos_shared);
+    let kvh = h / (p.n_heads / p.n_kv_heads);
+    return AttRow(n_pos, md[p.rows_off + r * 4u + 3u], kvh * hs, 1.0 / sqrt(f32(hs)));
 }
 
 // The online softmax's step over a chunk: invocation li's score s (NEG
@@ -149,13 +159,13 @@ fn att_store(h: u32, r: u32, li: u32, acc: array<f32, 4>, l: f32) {
 fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wg.x;
     let r = wg.y;
-    let bt = md[p.rows_off + r * 4u + 3u];
-    let kvh = h / (p.n_heads / p.n_kv_heads);
     let hs = p.head_size;
-    let n_pos = att_begin(h, r, li);
-    let scale = 1.0 / sqrt(f32(hs));
-    let k_head = p.kc_off + kvh * hs;
-    let v_head = p.vc_off + kvh * hs;
+    let row = att_begin(h, r, li);
+    let n_pos = row.n_pos;
+    let bt = row.bt;
+    let scale = row.scale;
+    let k_head = p.kc_off + row.kv_head;
+    let v_head = p.vc_off + row.kv_head;
     var m = NEG;
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0); // dims li, li+64, li+128, li+192
@@ -216,11 +226,11 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 fn attention_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wg.x;
     let r = wg.y;
-    let bt = md[p.rows_off + r * 4u + 3u];
-    let kvh = h / (p.n_heads / p.n_kv_heads);
     let hs = p.head_size;
-    let n_pos = att_begin(h, r, li);
-    let scale = 1.0 / sqrt(f32(hs));
+    let row = att_begin(h, r, li);
+    let n_pos = row.n_pos;
+    let bt = row.bt;
+    let scale = row.scale;
     var m = NEG;
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0); // dims li, li+64, li+128, li+192
@@ -231,7 +241,7 @@ fn attention_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         if (t < n_pos) {
             let slot = slot_of(bt, t);
             slots[li] = slot;
-            let kb = p.kc_off + slot * p.kv_dim + kvh * hs;
+            let kb = p.kc_off + slot * p.kv_dim + row.kv_head;
             var dot = 0.0;
             for (var d = 0u; d < hs; d++) {
                 dot += qs[d] * kv[kb + d];
@@ -242,7 +252,7 @@ fn attention_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         for (var j = 0u; j < cnt; j++) {
             let e = ew[j];
             l += e;
-            let vb = p.vc_off + slots[j] * p.kv_dim + kvh * hs;
+            let vb = p.vc_off + slots[j] * p.kv_dim + row.kv_head;
             for (var c = 0u; c < 4u; c++) {
                 let d = li + c * WG;
                 if (d < hs) {
