@@ -95,6 +95,89 @@ fn capacity_on_the_toy_model() {
     assert_eq!(one_50["mean_ready_members"], 1.0);
 }
 
+/// `--refine 3` on the workload above: one request at a time has its knee
+/// between 1x and 50x, so three runs of that policy alone bisect it (7.07x,
+/// then inside whichever half holds the knee). By construction it misses
+/// from about 3.1x (request k's TTFT is about k x (220 ms - 250 ms / rate),
+/// over 1 s for the last of 8 above that; a sleep never takes less than its
+/// modeled cost, so it can only miss earlier) and keeps its TTFT p99 far
+/// below 1 s at 1.63x (470 ms), where the bisection lands even if a stall
+/// made it miss at 2.66x: the refined capacity lies strictly between the
+/// grid's 1x and 4x. The batching policies met both rates and are not
+/// refined.
+#[test]
+fn refine_bisects_each_bracketed_knee() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), 8, 250);
+    let csv = dir.path().join("sweep.csv");
+    let (code, out, err) = xtc(&[
+        "--device",
+        "toy",
+        "--toy-cost",
+        "20000,0",
+        "--trace",
+        t.to_str().unwrap(),
+        "--prompt-div",
+        "1",
+        "--output-div",
+        "1",
+        "--slo-ttft",
+        "1000",
+        "--sweep",
+        "1,50",
+        "--refine",
+        "3",
+        "--csv-out",
+        csv.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let points = v["points"].as_array().unwrap();
+    let refined: Vec<&Value> = points.iter().filter(|p| p["refined"] == true).collect();
+    assert_eq!(points.len(), 6 + 3, "{out}");
+    assert_eq!(refined.len(), 3, "{out}");
+    assert!(
+        refined.iter().all(|p| p["mode"] == "one-at-a-time"),
+        "{out}"
+    );
+    // The first step is the geometric mean of the bracket (1, 50).
+    assert!(refined.iter().any(|p| p["time_scale"] == 7.07), "{out}");
+    for p in &refined {
+        let t = p["time_scale"].as_f64().unwrap();
+        assert!(1.0 < t && t < 50.0, "{p}");
+        assert!(
+            p["request_rate_per_s"].as_f64().unwrap() > 8.0 / 1.75,
+            "{p}"
+        );
+    }
+    let cap = capacity(&v, "one-at-a-time")["capacity_time_scale"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(Some(cap), knee(&v, "one-at-a-time"), "{out}");
+    assert!(1.0 < cap && cap < 4.0, "{cap}: {out}");
+    let ratio = v["capacity_ratio_continuous_vs_one_at_a_time"]
+        .as_f64()
+        .unwrap();
+    assert!((ratio - 50.0 / cap).abs() < 1e-9, "{ratio}");
+    // Every rate run, ascending, the refinements' included.
+    let scales: Vec<f64> = v["time_scales"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_f64().unwrap())
+        .collect();
+    assert_eq!(scales.len(), 5, "{scales:?}");
+    assert!(scales.windows(2).all(|w| w[0] < w[1]), "{scales:?}");
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    assert!(rows.lines().next().unwrap().ends_with(",refined"), "{rows}");
+    assert_eq!(rows.lines().filter(|l| l.ends_with(",true")).count(), 3);
+    assert!(
+        !err.contains("refining"),
+        "--json keeps stderr free of per-run lines: {err}"
+    );
+}
+
 #[test]
 fn sweep_writes_a_table_json_csv_and_an_svg_plot() {
     let dir = tempfile::tempdir().unwrap();
@@ -188,6 +271,9 @@ fn sweep_options_are_checked() {
         &["--csv-out", "/tmp/x.csv"],
         &["--plot-out", "/tmp/x.svg"],
         &["--toy-cost", "5"],
+        &["--refine", "2"],
+        &["--sweep", "1", "--refine", "9"],
+        &["--sweep", "1", "--refine", "-1"],
     ] {
         let (code, _, err) = xtc(&[&["--device", "toy"][..], args].concat());
         assert_eq!(code, 2, "{args:?}: {err}");

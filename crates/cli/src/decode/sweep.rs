@@ -1,7 +1,7 @@
 //! `xtc decode --sweep RATES`: continuous, static and one-at-a-time batching
 //! at each request rate in one process, each policy's capacity under the SLO
-//! and the capacity ratios ([`xtc_decode::serve::sweep`]); a table (or
-//! JSON), `--csv-out`, `--plot-out`.
+//! and the capacity ratios ([`xtc_decode::serve::sweep`]), each knee
+//! refined `--refine` times; a table (or JSON), `--csv-out`, `--plot-out`.
 
 use std::io::Write;
 use std::time::Instant;
@@ -10,7 +10,7 @@ use xtc_decode::model::Config;
 use xtc_decode::serve::job::{JobOpts, Mode, SharedModel};
 use xtc_decode::serve::report::Report;
 use xtc_decode::serve::run_config::RunConfig;
-use xtc_decode::serve::sweep::{Sweep, SweepPoint};
+use xtc_decode::serve::sweep::{ATTAINMENT_TARGET, Sweep, SweepPoint, knee_bracket, refine_rate};
 use xtc_decode::serve::trace::{Scaling, Trace};
 
 use super::args::DecodeArgs;
@@ -67,7 +67,12 @@ pub fn run(
     let t0 = Instant::now();
     let mut points = Vec::new();
     let mut worst = 0;
-    for &rate in &rates {
+    // One run of `modes` at `rate`; `step` names a knee refinement's step.
+    let mut run_at = |rate: f64,
+                      modes: &[Mode],
+                      step: Option<(u32, u32)>,
+                      obs: &mut Observe|
+     -> Result<Vec<SweepPoint>, String> {
         let scaling = Scaling {
             time_scale: rate,
             ..*run.scaling
@@ -93,22 +98,51 @@ pub fn run(
             slo,
             ..run.config.clone()
         };
-        for mode in [Mode::Continuous, Mode::Static, Mode::OneAtATime] {
+        let mut out_points = Vec::new();
+        for &mode in modes {
             let o = JobOpts { mode, ..*run.opts };
             let out = run_once(run.model, &wl, &o, !args.json, obs.next_run())?;
             let report = Report::new(&out, config.clone());
             worst = worst.max(exit_status(&report).0);
-            let p = SweepPoint::of(&report, rate, offered);
+            let p = SweepPoint {
+                refined: step.is_some(),
+                ..SweepPoint::of(&report, rate, offered)
+            };
             if !args.json {
+                let refining = step.map_or(String::new(), |(i, n)| {
+                    format!(" (refining its knee, step {i}/{n})")
+                });
                 eprintln!(
                     "xtc decode: sweep {rate}x ({offered:.2} requests/s) {:<14} {:>6.1} s, \
-                     {:.1}% within the SLO",
+                     {:.1}% within the SLO{refining}",
                     p.mode,
                     p.duration_s,
                     p.attainment * 100.0
                 );
             }
-            points.push(p);
+            out_points.push(p);
+        }
+        Ok(out_points)
+    };
+    const MODES: [Mode; 3] = [Mode::Continuous, Mode::Static, Mode::OneAtATime];
+    for &rate in &rates {
+        points.extend(run_at(rate, &MODES, None, obs)?);
+    }
+    // Knee refinement: bisect each policy's bracket (last rate met, first
+    // missed) on a log scale, that policy alone.
+    for mode in MODES {
+        for step in 1..=args.refine {
+            let mine: Vec<(f64, f64)> = points
+                .iter()
+                .filter(|p| p.mode == mode.name())
+                .map(|p| (p.time_scale, p.attainment))
+                .collect();
+            let Some(rate) = knee_bracket(&mine, ATTAINMENT_TARGET)
+                .and_then(|(met, missed)| refine_rate(met, missed))
+            else {
+                break;
+            };
+            points.extend(run_at(rate, &[mode], Some((step, args.refine)), obs)?);
         }
     }
     obs.finish();

@@ -9,7 +9,15 @@
 //! tokens), TTFT and TPOT p99, SLO attainment and goodput. A policy's
 //! **capacity** ([`capacity`]) is the highest rate up to which its SLO
 //! attainment stays at or above the target (90%, DistServe's): going up the
-//! rates, the last one before the first miss. [`Sweep`] puts the points, the
+//! rates, the last one before the first miss. On a grid of rates that is
+//! only as fine as the grid (a ratio of two capacities on a grid of
+//! doublings is a power of two), so a sweep can **refine** each knee
+//! ([`knee_bracket`], [`refine_rate`]): bisect, geometrically, between the
+//! last rate a policy sustains and the first it does not, running only that
+//! policy at the midpoint, a chosen number of times (`xtc decode --refine`;
+//! vLLM's and DistServe's capacity searches do the same). Every refinement
+//! point lies inside its policy's bracket, so [`capacity`] over all points
+//! is the refined capacity. [`Sweep`] puts the points, the
 //! capacities and the capacity ratios (continuous / static, continuous /
 //! one-at-a-time) together, renders them as a table or CSV, and
 //! [`Sweep::plot_svg`] draws normalized latency and attainment against the
@@ -56,6 +64,9 @@ pub struct SweepPoint {
     pub attainment: f64,
     /// Requests that met the SLO, per second.
     pub goodput_requests_per_s: f64,
+    /// A knee refinement's run ([`refine_rate`]): only this policy ran at
+    /// this rate.
+    pub refined: bool,
 }
 
 impl SweepPoint {
@@ -77,6 +88,7 @@ impl SweepPoint {
             mean_ready_members: report.iterations.mean_ready_members,
             attainment: slo.map_or(0.0, |s| s.attainment),
             goodput_requests_per_s: slo.map_or(0.0, |s| s.goodput_requests_per_s),
+            refined: false,
         }
     }
 }
@@ -92,6 +104,44 @@ pub fn capacity(points: &[(f64, f64)], target: f64) -> Option<f64> {
         .take_while(|(_, att)| *att >= target)
         .last()
         .map(|(rate, _)| *rate)
+}
+
+/// `(rate, attainment)` pairs of one policy → the bracket of its knee:
+/// `(capacity, the first rate above it)`, the last sustained rate and the
+/// first missed one after it. `None` when there is no such pair: the policy
+/// met every rate (its capacity is open above) or missed the lowest (open
+/// below).
+pub fn knee_bracket(points: &[(f64, f64)], target: f64) -> Option<(f64, f64)> {
+    let cap = capacity(points, target)?;
+    let above = points
+        .iter()
+        .map(|(rate, _)| *rate)
+        .filter(|rate| *rate > cap)
+        .min_by(f64::total_cmp)?;
+    Some((cap, above))
+}
+
+/// The rate a knee refinement runs next inside the bracket `(met, missed)`:
+/// their geometric mean (rates are swept on a log scale), rounded to 3
+/// significant digits so tables stay readable. `None` when the bracket is
+/// already that narrow (rounding lands on an end) or not a bracket
+/// (`met >= missed`, or a rate not positive and finite).
+///
+/// # Example
+/// ```
+/// use xtc_decode::serve::sweep::refine_rate;
+/// assert_eq!(refine_rate(2.0, 4.0), Some(2.83));
+/// assert_eq!(refine_rate(2.83, 4.0), Some(3.36));
+/// assert_eq!(refine_rate(1.0, 1.001), None);
+/// ```
+pub fn refine_rate(met: f64, missed: f64) -> Option<f64> {
+    if !(met.is_finite() && missed.is_finite() && met > 0.0 && met < missed) {
+        return None;
+    }
+    let mid = (met * missed).sqrt();
+    let scale = 10f64.powi(2 - mid.log10().floor() as i32);
+    let mid = (mid * scale).round() / scale;
+    (mid > met && mid < missed).then_some(mid)
 }
 
 /// One policy's capacity.
@@ -121,9 +171,10 @@ pub struct Sweep {
     pub slo: Slo,
     /// Attainment a sustained rate needs (0 to 1).
     pub attainment_target: f64,
-    /// The time scales swept, ascending.
+    /// The time scales run, ascending (the grid's and the refinements').
     pub time_scales: Vec<f64>,
-    /// Every policy at every rate, by rate then policy.
+    /// Every policy at every rate of the grid, and the knee refinements'
+    /// runs (one policy each, `refined`), by rate then policy.
     pub points: Vec<SweepPoint>,
     /// Each policy's capacity.
     pub capacity: Vec<ModeCapacity>,
@@ -141,7 +192,13 @@ pub const MODES: [&str; 3] = ["continuous", "static", "one-at-a-time"];
 
 impl Sweep {
     /// The sweep of `points` measured under `config` (its SLO).
-    pub fn new(config: RunConfig, points: Vec<SweepPoint>, sweep_duration_s: f64) -> Self {
+    pub fn new(config: RunConfig, mut points: Vec<SweepPoint>, sweep_duration_s: f64) -> Self {
+        let order = |m: &str| MODES.iter().position(|x| *x == m).unwrap_or(MODES.len());
+        points.sort_by(|a, b| {
+            a.time_scale
+                .total_cmp(&b.time_scale)
+                .then(order(a.mode).cmp(&order(b.mode)))
+        });
         let mut time_scales: Vec<f64> = points.iter().map(|p| p.time_scale).collect();
         time_scales.sort_by(f64::total_cmp);
         time_scales.dedup();
@@ -209,7 +266,7 @@ impl Sweep {
         for p in &self.points {
             let _ = writeln!(
                 s,
-                "{:>5}x {:>9.2}  {:<14} {:>9.1} {:>11.2} {:>11.1} {:>11.1} {:>8.1} {:>7.1}%",
+                "{:>5}x {:>9.2}  {:<14} {:>9.1} {:>11.2} {:>11.1} {:>11.1} {:>8.1} {:>7.1}%{}",
                 p.time_scale,
                 p.request_rate_per_s,
                 p.mode,
@@ -218,7 +275,14 @@ impl Sweep {
                 p.ttft_p99_ms,
                 p.tpot_p99_ms,
                 p.mean_ready_members,
-                p.attainment * 100.0
+                p.attainment * 100.0,
+                if p.refined { " *" } else { "" }
+            );
+        }
+        if self.points.iter().any(|p| p.refined) {
+            let _ = writeln!(
+                s,
+                "* a knee refinement's run (--refine): only that policy ran at that rate"
             );
         }
         let _ = writeln!(
@@ -325,7 +389,12 @@ impl Sweep {
                     })
                 })
                 .collect();
-            let _ = writeln!(s, "| {t}x | {rps:.2} | {} |", cells.join(" | "));
+            let refined = if at.iter().any(|p| p.refined) {
+                " (refinement)"
+            } else {
+                ""
+            };
+            let _ = writeln!(s, "| {t}x{refined} | {rps:.2} | {} |", cells.join(" | "));
         }
         let open = self.capacity.first().is_some_and(|c| c.met_at_every_rate);
         let ratio = |r: Option<f64>| match r {
@@ -585,7 +654,102 @@ mod tests {
             mean_ready_members: 2.0,
             attainment,
             goodput_requests_per_s: 1.0,
+            refined: false,
         }
+    }
+
+    #[test]
+    fn a_knee_is_bracketed_by_the_last_met_and_the_first_missed_rate() {
+        let t = ATTAINMENT_TARGET;
+        assert_eq!(
+            knee_bracket(&[(8.0, 0.5), (1.0, 1.0), (2.0, 0.9), (4.0, 0.3)], t),
+            Some((2.0, 4.0))
+        );
+        // A noisy pass above the first miss is not the bracket's upper end.
+        assert_eq!(
+            knee_bracket(&[(1.0, 1.0), (2.0, 0.5), (4.0, 0.95)], t),
+            Some((1.0, 2.0))
+        );
+        // Open above (met everywhere) or below (missed the lowest): none.
+        assert_eq!(knee_bracket(&[(1.0, 1.0), (2.0, 0.95)], t), None);
+        assert_eq!(knee_bracket(&[(1.0, 0.5), (2.0, 0.95)], t), None);
+        assert_eq!(knee_bracket(&[], t), None);
+    }
+
+    #[test]
+    fn a_refinement_rate_is_the_rounded_geometric_mean_strictly_inside() {
+        assert_eq!(refine_rate(2.0, 4.0), Some(2.83));
+        assert_eq!(refine_rate(0.5, 1.0), Some(0.707));
+        assert_eq!(refine_rate(16.0, 64.0), Some(32.0));
+        assert_eq!(refine_rate(1.0, 50.0), Some(7.07));
+        assert_eq!(refine_rate(100.0, 400.0), Some(200.0));
+        // Too narrow to split at 3 digits, or not a bracket.
+        assert_eq!(refine_rate(1.0, 1.001), None);
+        assert_eq!(refine_rate(4.0, 2.0), None);
+        assert_eq!(refine_rate(2.0, 2.0), None);
+        assert_eq!(refine_rate(0.0, 2.0), None);
+        assert_eq!(refine_rate(1.0, f64::INFINITY), None);
+        // Repeated bisection narrows the bracket and stays inside it.
+        let (mut lo, mut hi) = (1.0, 2.0);
+        for i in 0..6 {
+            let m = refine_rate(lo, hi).expect("still splittable");
+            assert!(lo < m && m < hi);
+            if i % 2 == 0 { lo = m } else { hi = m }
+        }
+        assert!(hi / lo < 1.1, "{lo} {hi}");
+    }
+
+    #[test]
+    fn refinement_points_move_the_capacity_and_are_marked() {
+        let refined = |mode, t, att| SweepPoint {
+            refined: true,
+            ..point(mode, t, att)
+        };
+        // Grid 1, 2, 4: continuous knee in (2, 4), static's in (1, 2);
+        // refinements (pushed after the grid, as a sweep runs them): 2.83
+        // met and 3.36 missed for continuous, 1.41 missed for static.
+        let pts = vec![
+            point("continuous", 1.0, 1.0),
+            point("static", 1.0, 1.0),
+            point("one-at-a-time", 1.0, 0.95),
+            point("continuous", 2.0, 1.0),
+            point("static", 2.0, 0.5),
+            point("one-at-a-time", 2.0, 0.1),
+            point("continuous", 4.0, 0.4),
+            point("static", 4.0, 0.2),
+            point("one-at-a-time", 4.0, 0.1),
+            refined("continuous", 2.83, 0.92),
+            refined("static", 1.41, 0.6),
+            refined("continuous", 3.36, 0.7),
+        ];
+        let sw = Sweep::new(config(), pts, 3.0);
+        let cap: Vec<Option<f64>> = sw.capacity.iter().map(|c| c.capacity_time_scale).collect();
+        assert_eq!(cap, [Some(2.83), Some(1.0), Some(1.0)]);
+        assert_eq!(sw.capacity_ratio_continuous_vs_static, Some(2.83));
+        assert_eq!(sw.time_scales, [1.0, 1.41, 2.0, 2.83, 3.36, 4.0]);
+        // Sorted by rate, then policy.
+        let order: Vec<(f64, &str)> = sw.points.iter().map(|p| (p.time_scale, p.mode)).collect();
+        assert_eq!(order[3], (1.41, "static"));
+        assert_eq!(order[7], (2.83, "continuous"));
+        assert_eq!(order[8], (3.36, "continuous"));
+        let text = sw.render();
+        assert!(text.contains("* a knee refinement's run"), "{text}");
+        assert_eq!(
+            text.lines().filter(|l| l.ends_with('*')).count(),
+            3,
+            "{text}"
+        );
+        let md = sw.markdown();
+        assert!(md.contains("| continuous | 2.83x | 1.42 |"), "{md}");
+        assert!(
+            md.contains("| 2.83x (refinement) | 1.42 | 92%, 28.3 | - | - |"),
+            "{md}"
+        );
+        assert!(md.contains("continuous / static **2.83x**"), "{md}");
+        // The CSV says which rows are refinements.
+        let csv = sw.csv().unwrap();
+        assert!(csv.lines().next().unwrap().ends_with(",refined"), "{csv}");
+        assert_eq!(csv.lines().filter(|l| l.ends_with(",true")).count(), 3);
     }
 
     #[test]
