@@ -155,6 +155,11 @@ pub struct ModeCapacity {
     pub capacity_request_rate_per_s: Option<f64>,
     /// It met the target at every rate swept: the capacity is at least this.
     pub met_at_every_rate: bool,
+    /// The first rate above the capacity, which it missed: the capacity
+    /// lies in `[capacity_time_scale, first_missed_time_scale)` (`null`
+    /// when it met every rate, or missed the lowest: the lowest is then the
+    /// bound above).
+    pub first_missed_time_scale: Option<f64>,
 }
 
 /// A whole sweep (see the module doc; `docs/decode-report.md` documents the
@@ -209,6 +214,7 @@ impl Sweep {
                 let pairs: Vec<(f64, f64)> =
                     mine.iter().map(|p| (p.time_scale, p.attainment)).collect();
                 let cap = capacity(&pairs, ATTAINMENT_TARGET);
+                let bracket = knee_bracket(&pairs, ATTAINMENT_TARGET);
                 let rate = cap.and_then(|c| {
                     mine.iter()
                         .find(|p| p.time_scale == c)
@@ -220,6 +226,7 @@ impl Sweep {
                     capacity_request_rate_per_s: rate,
                     met_at_every_rate: !mine.is_empty()
                         && mine.iter().all(|p| p.attainment >= ATTAINMENT_TARGET),
+                    first_missed_time_scale: bracket.map(|(_, missed)| missed),
                 }
             })
             .collect();
@@ -239,6 +246,26 @@ impl Sweep {
             points,
             sweep_duration_s,
         }
+    }
+
+    /// The range the capacity ratio of policy `a` over policy `b` (indices
+    /// into [`MODES`]) lies in, given both knees' brackets: `(a's capacity
+    /// / b's first missed rate, a's first missed rate / b's capacity)`.
+    /// `None` unless both knees lie inside the rates run.
+    pub fn ratio_bracket(&self, a: usize, b: usize) -> Option<(f64, f64)> {
+        let (ca, cb) = (self.capacity.get(a)?, self.capacity.get(b)?);
+        Some((
+            ca.capacity_time_scale? / cb.first_missed_time_scale?,
+            ca.first_missed_time_scale? / cb.capacity_time_scale?,
+        ))
+    }
+
+    /// `" (knees bracketed: lo-hi x)"` for [`Sweep::ratio_bracket`], or
+    /// nothing.
+    fn ratio_bracket_text(&self, a: usize, b: usize) -> String {
+        self.ratio_bracket(a, b).map_or(String::new(), |(lo, hi)| {
+            format!(" (from the knees' brackets: {lo:.2}x to {hi:.2}x)")
+        })
     }
 
     /// The per-rate table, the capacities and the ratios.
@@ -296,7 +323,10 @@ impl Sweep {
                 (Some(t), Some(r)) if c.met_at_every_rate => {
                     (format!(">= {t}x"), format!(">= {r:.2}"))
                 }
-                (Some(t), Some(r)) => (format!("{t}x"), format!("{r:.2}")),
+                (Some(t), Some(r)) => match c.first_missed_time_scale {
+                    Some(m) => (format!("{t}x (missed {m}x)"), format!("{r:.2}")),
+                    None => (format!("{t}x"), format!("{r:.2}")),
+                },
                 _ => (format!("< {lowest}x"), "-".to_string()),
             };
             let _ = writeln!(s, "{:<14} {rate:>20} {rps:>18}", c.mode);
@@ -311,9 +341,11 @@ impl Sweep {
         };
         let _ = writeln!(
             s,
-            "capacity ratio: continuous / static {}, continuous / one-at-a-time {}",
+            "capacity ratio: continuous / static {}{}, continuous / one-at-a-time {}{}",
             ratio(self.capacity_ratio_continuous_vs_static),
-            ratio(self.capacity_ratio_continuous_vs_one_at_a_time)
+            self.ratio_bracket_text(0, 1),
+            ratio(self.capacity_ratio_continuous_vs_one_at_a_time),
+            self.ratio_bracket_text(0, 2)
         );
         let _ = writeln!(
             s,
@@ -354,7 +386,10 @@ impl Sweep {
                 (Some(t), Some(r)) if c.met_at_every_rate => {
                     (format!(">= {t}x (met at every rate)"), format!(">= {r:.2}"))
                 }
-                (Some(t), Some(r)) => (format!("{t}x"), format!("{r:.2}")),
+                (Some(t), Some(r)) => match c.first_missed_time_scale {
+                    Some(m) => (format!("{t}x (missed {m}x)"), format!("{r:.2}")),
+                    None => (format!("{t}x"), format!("{r:.2}")),
+                },
                 _ => (format!("< {lowest}x"), "-".to_string()),
             };
             let fig = |f: &dyn Fn(&SweepPoint) -> String| at.map_or("-".to_string(), f);
@@ -404,9 +439,11 @@ impl Sweep {
         };
         let _ = writeln!(
             s,
-            "\nCapacity ratio: continuous / static {}, continuous / one at a time {}.",
+            "\nCapacity ratio: continuous / static {}{}, continuous / one at a time {}{}.",
             ratio(self.capacity_ratio_continuous_vs_static),
-            ratio(self.capacity_ratio_continuous_vs_one_at_a_time)
+            self.ratio_bracket_text(0, 1),
+            ratio(self.capacity_ratio_continuous_vs_one_at_a_time),
+            self.ratio_bracket_text(0, 2)
         );
         let h = &self.config.host;
         let _ = writeln!(
@@ -740,12 +777,30 @@ mod tests {
             "{text}"
         );
         let md = sw.markdown();
-        assert!(md.contains("| continuous | 2.83x | 1.42 |"), "{md}");
+        assert!(
+            md.contains("| continuous | 2.83x (missed 3.36x) | 1.42 |"),
+            "{md}"
+        );
+        assert!(md.contains("| static | 1x (missed 1.41x) | 0.50 |"), "{md}");
+        let missed: Vec<Option<f64>> = sw
+            .capacity
+            .iter()
+            .map(|c| c.first_missed_time_scale)
+            .collect();
+        assert_eq!(missed, [Some(3.36), Some(1.41), Some(2.0)]);
+        // continuous in [2.83, 3.36), static in [1, 1.41).
+        let (lo, hi) = sw.ratio_bracket(0, 1).unwrap();
+        assert!((lo - 2.83 / 1.41).abs() < 1e-12 && (hi - 3.36).abs() < 1e-12);
+        assert!(
+            md.contains("**2.83x** (from the knees' brackets: 2.01x to 3.36x)"),
+            "{md}"
+        );
         assert!(
             md.contains("| 2.83x (refinement) | 1.42 | 92%, 28.3 | - | - |"),
             "{md}"
         );
         assert!(md.contains("continuous / static **2.83x**"), "{md}");
+        assert!(text.contains("2.83x (missed 3.36x)"), "{text}");
         // The CSV says which rows are refinements.
         let csv = sw.csv().unwrap();
         assert!(csv.lines().next().unwrap().ends_with(",refined"), "{csv}");
@@ -771,7 +826,7 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| static | 1x | 0.50 | 10.0 | 100 ms | 50 ms | 2.0 |"),
+            md.contains("| static | 1x (missed 2x) | 0.50 | 10.0 | 100 ms | 50 ms | 2.0 |"),
             "{md}"
         );
         assert!(
