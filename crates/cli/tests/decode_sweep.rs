@@ -278,6 +278,43 @@ fn sweep_options_are_checked() {
         let (code, _, err) = xtc(&[&["--device", "toy"][..], args].concat());
         assert_eq!(code, 2, "{args:?}: {err}");
     }
+    // Requests that all arrive at once offer no rate (found by an outside
+    // check: one request printed 1e9 requests/s): refused before any run.
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.csv");
+    std::fs::write(&one, "TIMESTAMP,ContextTokens,GeneratedTokens\n0,4,10\n").unwrap();
+    let (code, out, err) = xtc(&[
+        "--device",
+        "toy",
+        "--trace",
+        one.to_str().unwrap(),
+        "--sweep",
+        "1,2",
+        "--refine",
+        "2",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("arrival span of 0 s") && !err.contains("sweep 1x"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+    // The plot must not overwrite the CSV.
+    let same = dir.path().join("s.out");
+    let (code, _, err) = xtc(&[
+        "--device",
+        "toy",
+        "--requests",
+        "2",
+        "--sweep",
+        "1000",
+        "--csv-out",
+        same.to_str().unwrap(),
+        "--plot-out",
+        same.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("same file") && !same.exists(), "{err}");
     // A plot path that cannot be written fails before the first run.
     let (code, out, err) = xtc(&[
         "--device",

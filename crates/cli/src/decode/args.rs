@@ -270,7 +270,8 @@ pub struct DecodeArgs {
     /// to 1.09x. Each step is one run of one policy (3 policies x N runs at
     /// most). A policy that met every rate, or missed the lowest, has no
     /// knee inside the grid and is not refined. Refinement rows are marked
-    /// in the tables (`refined` in JSON and CSV).
+    /// in the tables (`refined` in JSON and CSV). N is 0 to 8 (default 0:
+    /// the grid alone).
     #[arg(long, value_name = "N", default_value_t = 0, requires = "sweep",
           value_parser = clap::value_parser!(u32).range(0..=8))]
     pub refine: u32,

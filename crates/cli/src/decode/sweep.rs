@@ -61,6 +61,17 @@ pub fn run(
         ("--tokenizer", args.tokenizer.as_deref()),
     ];
     let csv_out = OutFile::prepare_opt("--csv-out", args.csv_out.as_deref(), &inputs)?;
+    if let (Some(c), Some(p)) = (&args.csv_out, &args.plot_out)
+        && (c == p
+            || std::fs::canonicalize(c)
+                .ok()
+                .is_some_and(|c| std::fs::canonicalize(p).ok() == Some(c)))
+    {
+        return Err(format!(
+            "--csv-out and --plot-out name the same file ({}): the plot would overwrite the CSV",
+            c.display()
+        ));
+    }
     let plot_out = OutFile::prepare_opt("--plot-out", args.plot_out.as_deref(), &inputs)?;
     // `SweepDefaults::apply` filled the SLO in.
     let slo = run.config.slo;
@@ -92,7 +103,15 @@ pub fn run(
             .max()
             .unwrap_or_default()
             .as_secs_f64();
-        let offered = wl.requests.len() as f64 / span.max(1e-9);
+        if span <= 0.0 {
+            return Err(format!(
+                "--sweep: the {} replayed request(s) all arrive at the same moment (an \
+                 arrival span of 0 s), so there is no request rate to sweep: replay more \
+                 rows (--requests) or a trace whose arrivals are spread over time",
+                wl.requests.len()
+            ));
+        }
+        let offered = wl.requests.len() as f64 / span;
         let config = RunConfig {
             time_scale: rate,
             slo,

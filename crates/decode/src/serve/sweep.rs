@@ -144,6 +144,16 @@ pub fn refine_rate(met: f64, missed: f64) -> Option<f64> {
     (mid > met && mid < missed).then_some(mid)
 }
 
+/// A capacity ratio as the tables print it: 3 significant digits (2
+/// decimals from 1 up), so a small ratio does not round to `0.00x`.
+fn ratio_number(r: f64) -> String {
+    if !r.is_finite() || r <= 0.0 {
+        return format!("{r}x");
+    }
+    let decimals = (2 - r.log10().floor() as i32).clamp(2, 12) as usize;
+    format!("{r:.decimals$}x")
+}
+
 /// One policy's capacity.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModeCapacity {
@@ -183,8 +193,9 @@ pub struct Sweep {
     pub points: Vec<SweepPoint>,
     /// Each policy's capacity.
     pub capacity: Vec<ModeCapacity>,
-    /// Capacity of continuous / static batching (`null` when static
-    /// sustains no rate swept; a lower bound when continuous met every rate).
+    /// Capacity of continuous / static batching (`null` when either
+    /// sustains no rate swept; a lower bound when continuous met every rate,
+    /// an upper bound when static did, bounded neither way when both did).
     pub capacity_ratio_continuous_vs_static: Option<f64>,
     /// Capacity of continuous batching / one request at a time (as above).
     pub capacity_ratio_continuous_vs_one_at_a_time: Option<f64>,
@@ -260,12 +271,44 @@ impl Sweep {
         ))
     }
 
-    /// `" (knees bracketed: lo-hi x)"` for [`Sweep::ratio_bracket`], or
-    /// nothing.
-    fn ratio_bracket_text(&self, a: usize, b: usize) -> String {
-        self.ratio_bracket(a, b).map_or(String::new(), |(lo, hi)| {
-            format!(" (from the knees' brackets: {lo:.2}x to {hi:.2}x)")
-        })
+    /// How the capacity ratio of continuous batching over policy `b` (an
+    /// index into [`MODES`]) reads in the tables: the value with what bounds
+    /// it (a lower bound when continuous batching met every rate, an upper
+    /// one when `b` did, unknown when both did, n/a naming the policy that
+    /// sustains no rate), and, when both knees lie inside the rates run, the
+    /// range the knees' brackets allow. Bold in markdown (`md`).
+    fn ratio_words(&self, b: usize, md: bool) -> String {
+        let (Some(c), Some(o)) = (self.capacity.first(), self.capacity.get(b)) else {
+            return "n/a".to_string();
+        };
+        let bold = |t: String| if md { format!("**{t}**") } else { t };
+        match (c.capacity_time_scale, o.capacity_time_scale) {
+            (None, _) => format!("n/a ({} sustains no rate swept)", c.mode),
+            (_, None) => format!("n/a ({} sustains no rate swept)", o.mode),
+            (Some(_), Some(_)) if c.met_at_every_rate && o.met_at_every_rate => {
+                "unknown (both met every rate swept: sweep higher rates)".to_string()
+            }
+            (Some(x), Some(y)) if c.met_at_every_rate => format!(
+                "{} (a lower bound: {} met every rate)",
+                bold(format!(">= {}", ratio_number(x / y))),
+                c.mode
+            ),
+            (Some(x), Some(y)) if o.met_at_every_rate => format!(
+                "{} (an upper bound: {} met every rate)",
+                bold(format!("<= {}", ratio_number(x / y))),
+                o.mode
+            ),
+            (Some(x), Some(y)) => {
+                let range = self.ratio_bracket(0, b).map_or(String::new(), |(lo, hi)| {
+                    format!(
+                        " (from the knees' brackets: {} to {})",
+                        ratio_number(lo),
+                        ratio_number(hi)
+                    )
+                });
+                format!("{}{range}", bold(ratio_number(x / y)))
+            }
+        }
     }
 
     /// The per-rate table, the capacities and the ratios.
@@ -331,21 +374,11 @@ impl Sweep {
             };
             let _ = writeln!(s, "{:<14} {rate:>20} {rps:>18}", c.mode);
         }
-        let ratio = |r: Option<f64>| {
-            let cont_open = self.capacity.first().is_some_and(|c| c.met_at_every_rate);
-            match r {
-                Some(r) if cont_open => format!(">= {r:.2}x"),
-                Some(r) => format!("{r:.2}x"),
-                None => "n/a (the other policy sustains no rate swept)".to_string(),
-            }
-        };
         let _ = writeln!(
             s,
-            "capacity ratio: continuous / static {}{}, continuous / one-at-a-time {}{}",
-            ratio(self.capacity_ratio_continuous_vs_static),
-            self.ratio_bracket_text(0, 1),
-            ratio(self.capacity_ratio_continuous_vs_one_at_a_time),
-            self.ratio_bracket_text(0, 2)
+            "capacity ratio: continuous / static {}, continuous / one-at-a-time {}",
+            self.ratio_words(1, false),
+            self.ratio_words(2, false)
         );
         let _ = writeln!(
             s,
@@ -420,7 +453,9 @@ impl Sweep {
                 .iter()
                 .map(|m| {
                     at.iter().find(|p| p.mode == *m).map_or("-".into(), |p| {
-                        format!("{:.0}%, {:.1}", p.attainment * 100.0, p.output_tokens_per_s)
+                        // Floored, so a miss (89.6%) never reads as 90%.
+                        let pct = (p.attainment * 100.0 + 1e-9).floor();
+                        format!("{pct:.0}%, {:.1}", p.output_tokens_per_s)
                     })
                 })
                 .collect();
@@ -431,19 +466,11 @@ impl Sweep {
             };
             let _ = writeln!(s, "| {t}x{refined} | {rps:.2} | {} |", cells.join(" | "));
         }
-        let open = self.capacity.first().is_some_and(|c| c.met_at_every_rate);
-        let ratio = |r: Option<f64>| match r {
-            Some(r) if open => format!("**>= {r:.2}x** (a lower bound: continuous met every rate)"),
-            Some(r) => format!("**{r:.2}x**"),
-            None => "n/a (the other policy sustains no rate swept)".to_string(),
-        };
         let _ = writeln!(
             s,
-            "\nCapacity ratio: continuous / static {}{}, continuous / one at a time {}{}.",
-            ratio(self.capacity_ratio_continuous_vs_static),
-            self.ratio_bracket_text(0, 1),
-            ratio(self.capacity_ratio_continuous_vs_one_at_a_time),
-            self.ratio_bracket_text(0, 2)
+            "\nCapacity ratio: continuous / static {}, continuous / one at a time {}.",
+            self.ratio_words(1, true),
+            self.ratio_words(2, true)
         );
         let h = &self.config.host;
         let _ = writeln!(
@@ -734,6 +761,69 @@ mod tests {
             if i % 2 == 0 { lo = m } else { hi = m }
         }
         assert!(hi / lo < 1.1, "{lo} {hi}");
+    }
+
+    /// Found by an outside check: a ratio against a policy that met every
+    /// rate printed as exact (`0.00x`), two open capacities as a lower
+    /// bound, and "n/a" blamed the other policy when continuous batching
+    /// sustained nothing.
+    #[test]
+    fn ratio_words_say_what_bounds_each_ratio() {
+        let sweep = |att: [[f64; 3]; 3]| {
+            let rates = [1.0, 64.0, 256.0];
+            let pts = rates
+                .iter()
+                .zip(att)
+                .flat_map(|(&t, a)| MODES.iter().zip(a).map(move |(m, x)| point(m, t, x)))
+                .collect();
+            Sweep::new(config(), pts, 1.0)
+        };
+        // Continuous knee at 1x (missed 64x); one at a time met every rate.
+        let sw = sweep([[1.0, 1.0, 1.0], [0.5, 1.0, 1.0], [0.5, 0.5, 1.0]]);
+        assert_eq!(
+            sw.ratio_words(2, false),
+            "<= 0.00391x (an upper bound: one-at-a-time met every rate)"
+        );
+        assert_eq!(
+            sw.ratio_words(1, true),
+            "**0.0156x** (from the knees' brackets: 0.00391x to 1.00x)"
+        );
+        // Both met every rate: no ratio can be read.
+        let sw = sweep([[1.0; 3], [1.0; 3], [1.0; 3]]);
+        assert!(sw.ratio_words(1, false).starts_with("unknown (both met"));
+        assert_eq!(sw.capacity_ratio_continuous_vs_static, Some(1.0));
+        // Continuous met every rate, static did not.
+        let sw = sweep([[1.0; 3], [1.0, 1.0, 0.5], [1.0, 0.2, 0.2]]);
+        assert_eq!(
+            sw.ratio_words(1, true),
+            "**>= 4.00x** (a lower bound: continuous met every rate)"
+        );
+        assert_eq!(
+            sw.ratio_words(2, false),
+            ">= 256.00x (a lower bound: continuous met every rate)"
+        );
+        // Continuous sustains nothing: it is named, not the other policy.
+        let sw = sweep([[0.5, 1.0, 1.0], [0.5, 1.0, 1.0], [0.5, 1.0, 1.0]]);
+        assert_eq!(
+            sw.ratio_words(2, false),
+            "n/a (continuous sustains no rate swept)"
+        );
+        let sw = sweep([[1.0, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5; 3]]);
+        assert_eq!(
+            sw.ratio_words(1, false),
+            "n/a (static sustains no rate swept)"
+        );
+        // A miss never rounds up to the target in the markdown.
+        let sw = sweep([[0.896, 1.0, 1.0], [0.5, 1.0, 1.0], [0.5; 3]]);
+        assert!(
+            sw.markdown()
+                .contains("| 1x | 0.50 | 89%, 10.0 | 100%, 10.0 | 100%, 10.0 |"),
+            "{}",
+            sw.markdown()
+        );
+        assert_eq!(ratio_number(1.41), "1.41x");
+        assert_eq!(ratio_number(256.0), "256.00x");
+        assert_eq!(ratio_number(0.0625), "0.0625x");
     }
 
     #[test]
