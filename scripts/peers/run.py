@@ -46,6 +46,57 @@ def load():
     return [round(x, 2) for x in os.getloadavg()]
 
 
+HALT_POLL = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def idle_state():
+    """How this machine's idle CPUs wait: the cpuidle driver and, in a KVM
+    guest with cpuidle-haltpoll, how long an idle vCPU polls before it halts.
+    It matters to the two sides differently: llama.cpp's threads spin-wait
+    between ops in user space, while lavapipe's workers sleep between
+    dispatches, and a sleeping worker on a halted vCPU is woken through the
+    hypervisor (tens of microseconds, about 150 times a token)."""
+    return {"cpuidle_driver": read_text("/sys/devices/system/cpu/cpuidle/current_driver"),
+            "guest_halt_poll_ns": read_text(HALT_POLL)}
+
+
+class HaltPoll:
+    """Sets guest_halt_poll_ns for the run (--halt-poll-ns; root) and puts
+    the old value back at the end, whatever happens."""
+
+    def __init__(self, ns):
+        self.ns, self.old = ns, None
+
+    def __enter__(self):
+        if self.ns is None:
+            return self
+        self.old = read_text(HALT_POLL)
+        if self.old is None:
+            die(f"--halt-poll-ns: {HALT_POLL} is missing (not a KVM guest with cpuidle-haltpoll)")
+        try:
+            with open(HALT_POLL, "w") as f:
+                f.write(str(self.ns))
+        except OSError as e:
+            die(f"--halt-poll-ns: cannot write {HALT_POLL} ({e}; it needs root)")
+        say(f"guest_halt_poll_ns {self.old} -> {self.ns} for this run")
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            with open(HALT_POLL, "w") as f:
+                f.write(self.old)
+            say(f"guest_halt_poll_ns back to {self.old}")
+        return False
+
+
 def run(cmd, env=None, echo=False):
     say("running: " + " ".join(cmd))
     t0 = time.time()
@@ -112,18 +163,28 @@ def main():
     ap.add_argument("--amx-note", default="")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-xtc", action="store_true")
+    ap.add_argument("--halt-poll-ns", type=int, default=None,
+                    help="set the KVM guest's halt polling (guest_halt_poll_ns) for the run and "
+                         "restore it after (root; the kernel's own default is 200000)")
     a = ap.parse_args()
+    if a.halt_poll_ns is not None and not 0 <= a.halt_poll_ns <= 10_000_000:
+        die(f"--halt-poll-ns wants 0 to 10000000, not {a.halt_poll_ns}")
     for tool in ("llama-bench", "llama-batched-bench"):
         if not os.access(os.path.join(a.bin, tool), os.X_OK):
             die(f"{a.bin}/{tool} is missing: build it with scripts/peers/llama-cpp.sh --build-only")
     if not os.path.isfile(a.model):
         die(f"no model at {a.model}")
+    with HaltPoll(a.halt_poll_ns):
+        measure(a)
+
+
+def measure(a):
     outdir = os.path.dirname(os.path.abspath(a.json))
     os.makedirs(outdir, exist_ok=True)
 
     report = {"cpu": cpu_model(), "nproc": os.cpu_count(), "threads": a.threads,
               "model": a.model, "peer": a.peer_version, "amx": a.amx_note,
-              "quick": a.quick, "load_before": load(),
+              "quick": a.quick, "load_before": load(), "idle": idle_state(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     say(f"CPU {report['cpu']}; load average before {report['load_before']}")
 
@@ -167,6 +228,10 @@ def main():
     print()
     print(f"Beside llama.cpp: {report['peer']}; model {os.path.basename(a.model)}")
     print(f"CPU: {report['cpu']} ({report['nproc']} cores); llama.cpp threads {a.threads}; AMX: {a.amx_note}")
+    idle = report["idle"]
+    print(f"idle CPUs: cpuidle driver {idle['cpuidle_driver'] or 'none'}, guest_halt_poll_ns "
+          f"{idle['guest_halt_poll_ns'] if idle['guest_halt_poll_ns'] is not None else 'n/a'}"
+          " (lavapipe's workers sleep between dispatches; llama.cpp's spin)")
     print(f"load average (1/5/15 min): before {report['load_before']}, after llama.cpp "
           f"{report['load_mid']}, after xtc {report['load_after']}")
     hdr = f"{'figure':<38} {'llama.cpp':>10}"

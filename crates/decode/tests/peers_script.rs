@@ -24,6 +24,7 @@ fn help_describes_the_harness() {
     assert!(text.contains("llama-cpp-python"), "{text}");
     assert!(text.contains("--repack 0"), "{text}");
     assert!(text.contains("--build-only"), "{text}");
+    assert!(text.contains("--halt-poll-ns"), "{text}");
 }
 
 #[test]
@@ -34,10 +35,51 @@ fn bad_arguments_exit_2_with_a_line() {
         &["--threads"],
         &["--pin", "latest"],
         &["--model", "/nonexistent/model.gguf"],
+        &["--halt-poll-ns", "x"],
+        &["--halt-poll-ns", "-5"],
+        &["--halt-poll-ns"],
     ] {
         let out = script(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.starts_with("peers: error: "), "{args:?}: {err}");
     }
+}
+
+/// The measuring half records how idle CPUs wait (it matters to lavapipe's
+/// sleeping workers, not to llama.cpp's spinning threads), restores a
+/// `--halt-poll-ns` it set even when the run fails, and refuses a value out
+/// of range, all before llama.cpp would run.
+#[test]
+fn run_py_checks_halt_poll_and_records_the_idle_state() {
+    let run = |args: &[&str]| {
+        Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../scripts/peers/run.py"
+            ))
+            .args(["--bin", "/nonexistent", "--model", "/nonexistent"])
+            .args(args)
+            .output()
+            .expect("python3 runs")
+    };
+    let out = run(&["--halt-poll-ns", "20000000"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--halt-poll-ns wants 0 to 10000000"), "{err}");
+    // Without the option nothing is touched; the missing tools are named.
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("llama-bench is missing"), "{err}");
+    assert!(!err.contains("guest_halt_poll_ns"), "{err}");
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/peers/run.py"
+    ))
+    .unwrap();
+    assert!(
+        src.contains("\"idle\": idle_state()"),
+        "the JSON records the idle state"
+    );
 }
