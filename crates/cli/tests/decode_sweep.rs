@@ -36,6 +36,27 @@ fn trace(dir: &std::path::Path, n: usize, gap_ms: u64) -> std::path::PathBuf {
     p
 }
 
+/// The toy sweep of the two tests below: 20 ms an iteration, `t`'s
+/// lengths as they are, TTFT <= 1 s, rates 1x and 50x.
+fn toy_1_50(t: &std::path::Path) -> Vec<&str> {
+    vec![
+        "--device",
+        "toy",
+        "--toy-cost",
+        "20000,0",
+        "--trace",
+        t.to_str().unwrap(),
+        "--prompt-div",
+        "1",
+        "--output-div",
+        "1",
+        "--slo-ttft",
+        "1000",
+        "--sweep",
+        "1,50",
+    ]
+}
+
 fn capacity<'a>(v: &'a Value, mode: &str) -> &'a Value {
     v["capacity"]
         .as_array()
@@ -53,23 +74,7 @@ fn capacity<'a>(v: &'a Value, mode: &str) -> &'a Value {
 fn capacity_on_the_toy_model() {
     let dir = tempfile::tempdir().unwrap();
     let t = trace(dir.path(), 8, 250);
-    let (code, out, err) = xtc(&[
-        "--device",
-        "toy",
-        "--toy-cost",
-        "20000,0",
-        "--trace",
-        t.to_str().unwrap(),
-        "--prompt-div",
-        "1",
-        "--output-div",
-        "1",
-        "--slo-ttft",
-        "1000",
-        "--sweep",
-        "1,50",
-        "--json",
-    ]);
+    let (code, out, err) = xtc(&[&toy_1_50(&t)[..], &["--json"]].concat());
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     let cap = |m: &str| capacity(&v, m)["capacity_time_scale"].as_f64();
@@ -111,26 +116,16 @@ fn refine_bisects_each_bracketed_knee() {
     let t = trace(dir.path(), 8, 250);
     let csv = dir.path().join("sweep.csv");
     let (code, out, err) = xtc(&[
-        "--device",
-        "toy",
-        "--toy-cost",
-        "20000,0",
-        "--trace",
-        t.to_str().unwrap(),
-        "--prompt-div",
-        "1",
-        "--output-div",
-        "1",
-        "--slo-ttft",
-        "1000",
-        "--sweep",
-        "1,50",
-        "--refine",
-        "3",
-        "--csv-out",
-        csv.to_str().unwrap(),
-        "--json",
-    ]);
+        &toy_1_50(&t)[..],
+        &[
+            "--refine",
+            "3",
+            "--csv-out",
+            csv.to_str().unwrap(),
+            "--json",
+        ],
+    ]
+    .concat());
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     let points = v["points"].as_array().unwrap();
