@@ -144,6 +144,25 @@ def llama_cpp(a):
     return fig
 
 
+def handoff_ceiling(xtc, peer_tg):
+    """The one-stream rate that the Vulkan side's dispatch groups alone allow:
+    from `--bench llama`'s one-member profile, every barrier-separated group
+    takes at least the fastest group's device time (its fixed cost: the
+    hand-off to lavapipe's workers and back, plus that group's own small
+    work), so groups x fastest group bounds a token's time from below
+    whatever the kernels do. None without such a profile."""
+    if not xtc:
+        return None
+    for side in xtc.get("sides", []):
+        for p in side.get("profiles") or []:
+            if p.get("members") == 1 and p.get("groups_per_iteration") and p.get("fastest_group_us"):
+                floor_ms = p["groups_per_iteration"] * p["fastest_group_us"] / 1e3
+                tps = 1e3 / floor_ms
+                return {"groups": p["groups_per_iteration"], "fastest_group_us": p["fastest_group_us"],
+                        "floor_ms": floor_ms, "tokens_per_s": tps, "ratio": tps / peer_tg}
+    return None
+
+
 def cargo_bench(name, env_extra):
     env = dict(os.environ)
     env.update(env_extra)
@@ -254,6 +273,13 @@ def measure(a):
         print(line)
         table.append(row)
     report["table"] = table
+    ceil = handoff_ceiling(report.get("xtc"), peer["tg128"])
+    if ceil is not None:
+        report["one_stream_ceiling"] = ceil
+        print(f"one stream, ceiling from dispatch groups alone: {ceil['groups']} groups x fastest group "
+              f"{ceil['fastest_group_us']:.1f} us = {ceil['floor_ms']:.2f} ms a token -> at most "
+              f"{ceil['tokens_per_s']:.1f} tokens/s, {ceil['ratio']:.2f}x llama.cpp's tg128 "
+              "(every group takes at least the fastest one's time, whatever its kernels do)")
     if "roofline" in report:
         r = report["roofline"]
         print(f"roofline ({r.get('path', '?')}): triad {r['triad_gbs']:.1f} GB/s, f32 FMA "

@@ -234,6 +234,14 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, roof: Option<&Roo
         fastest_group / 1e3,
         host_per_group / 1e3
     );
+    // Every group takes at least the fastest one's time, so the groups
+    // alone bound an iteration from below, whatever the kernels do.
+    let floor_ms = groups as f64 * fastest_group / 1e6;
+    println!(
+        "dispatch groups alone: {groups} x {:.1} us = {floor_ms:.2} ms an iteration, at most {:.1} tokens/s at {n} member(s)",
+        fastest_group / 1e3,
+        n as f64 * 1e3 / floor_ms
+    );
     let frac_hdr = if roof.is_some() {
         format!(" {:>7} {:>7}", "%FMA", "%triad")
     } else {
@@ -280,7 +288,9 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, roof: Option<&Roo
     json!({
         "members": n, "device_ms": total / 1e6, "wall_ms": wall * 1e3,
         "groups_per_iteration": groups, "fastest_group_us": fastest_group / 1e3,
-        "wall_minus_device_us_per_group": host_per_group / 1e3, "groups": rows,
+        "wall_minus_device_us_per_group": host_per_group / 1e3,
+        "groups_floor_ms": floor_ms, "groups_ceiling_tokens_per_s": n as f64 * 1e3 / floor_ms,
+        "groups": rows,
     })
 }
 

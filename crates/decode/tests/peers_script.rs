@@ -83,3 +83,40 @@ fn run_py_checks_halt_poll_and_records_the_idle_state() {
         "the JSON records the idle state"
     );
 }
+
+/// The harness's one-stream ceiling from dispatch groups alone: from the
+/// one-member profile of `--bench llama`'s JSON, groups x fastest group
+/// bounds a token's device time from below (154 x 82.6 us = 12.72 ms, at most
+/// 78.6 tokens/s, 0.654x of a 120.2 tokens/s tg128); no ceiling without a
+/// one-member profile (the CPU reference's side, `--skip-xtc`).
+#[test]
+fn run_py_one_stream_ceiling_from_the_profile() {
+    let code = r#"
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("run", sys.argv[1])
+run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run)
+x = {"sides": [{"side": "cpu-reference", "rows": []},
+               {"side": "vulkan", "profiles": [
+                   {"members": 32, "groups_per_iteration": 154, "fastest_group_us": 146.4},
+                   {"members": 1, "groups_per_iteration": 154, "fastest_group_us": 82.6}]}]}
+print(json.dumps([run.handoff_ceiling(x, 120.2), run.handoff_ceiling(None, 120.2),
+                  run.handoff_ceiling({"sides": [x["sides"][0]]}, 120.2)]))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", code])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/peers/run.py"
+        ))
+        .output()
+        .expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v[0];
+    assert_eq!(c["groups"], 154);
+    assert!((c["floor_ms"].as_f64().unwrap() - 12.7204).abs() < 1e-6, "{c}");
+    assert!((c["tokens_per_s"].as_f64().unwrap() - 78.614).abs() < 1e-2, "{c}");
+    assert!((c["ratio"].as_f64().unwrap() - 0.654).abs() < 1e-3, "{c}");
+    assert!(v[1].is_null() && v[2].is_null(), "{v}");
+}
