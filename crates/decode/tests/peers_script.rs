@@ -111,12 +111,22 @@ print(json.dumps([run.handoff_ceiling(x, 120.2), run.handoff_ceiling(None, 120.2
         ))
         .output()
         .expect("python3 runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let c = &v[0];
     assert_eq!(c["groups"], 154);
-    assert!((c["floor_ms"].as_f64().unwrap() - 12.7204).abs() < 1e-6, "{c}");
-    assert!((c["tokens_per_s"].as_f64().unwrap() - 78.614).abs() < 1e-2, "{c}");
+    assert!(
+        (c["floor_ms"].as_f64().unwrap() - 12.7204).abs() < 1e-6,
+        "{c}"
+    );
+    assert!(
+        (c["tokens_per_s"].as_f64().unwrap() - 78.614).abs() < 1e-2,
+        "{c}"
+    );
     assert!((c["ratio"].as_f64().unwrap() - 0.654).abs() < 1e-3, "{c}");
     assert!(v[1].is_null() && v[2].is_null(), "{v}");
 }
