@@ -49,6 +49,7 @@ use crate::model::vulkan::ops::{
 use crate::model::vulkan::qops::{
     ArgmaxPart, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
 };
+use crate::model::vulkan::act_probe;
 use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81};
 use crate::model::vulkan::qweights::QTensor;
 use crate::model::{BatchPlan, Config};
@@ -98,6 +99,9 @@ pub struct GpuLlama {
     /// Record the q|k|v product and RoPE + KV append as one op where it
     /// applies ([`QMatmulRopeKv`]); on by default.
     fuse_rope_kv: bool,
+    /// With `act8`: the token rows an iteration needs for its products to
+    /// take int8 activations; smaller iterations run the f32 products.
+    int8_min_rows: u32,
 }
 
 impl std::fmt::Debug for GpuLlama {
@@ -185,6 +189,10 @@ impl GpuLlama {
             scratch: Vec::with_capacity(b.meta_len),
             iteration: 0,
             fuse_rope_kv: true,
+            int8_min_rows: match acts {
+                Activations::Auto => act_probe::ROWS,
+                _ => 1,
+            },
         })
     }
 
@@ -206,6 +214,28 @@ impl GpuLlama {
     /// weights in Q4_1 or Q8_0; elsewhere the two ops run apart anyway.
     pub fn set_fuse_rope_kv(&mut self, on: bool) {
         self.fuse_rope_kv = on;
+    }
+
+    /// Sets the token rows an iteration needs for its products to take int8
+    /// activations (where the model has them, [`int8_dot`](Self::int8_dot));
+    /// an iteration of fewer rows runs the f32 products (the same ops, and
+    /// so the same results bit for bit, as a model built with
+    /// [`Activations::F32`]), without the quantizers' dispatch groups.
+    /// `rows` 0 or 1: every iteration. The default is 1 for
+    /// [`Activations::Int8`] and [`Activations::Int8Poly`], and for
+    /// [`Activations::Auto`] the probe's [`act_probe::ROWS`]: the probe
+    /// chose int8 by its speed at that many rows; at one row on lavapipe
+    /// (`docs/arch/vk.md`) the quantizers' 151 more dispatch groups an
+    /// iteration (305 against 154) cost far more than int8 gains: one
+    /// stream decoded at 36.9 tokens/s with int8 against 49.0 with f32.
+    pub fn set_int8_min_rows(&mut self, rows: u32) {
+        self.int8_min_rows = rows.max(1);
+    }
+
+    /// The token rows an iteration needs for int8 activations
+    /// ([`set_int8_min_rows`](Self::set_int8_min_rows)).
+    pub fn int8_min_rows(&self) -> u32 {
+        self.int8_min_rows
     }
 
     /// How the int8 products compute their dot products, or `None` where
@@ -298,6 +328,7 @@ impl GpuLlama {
             .unwrap_or(0) as u32;
         let rec_ctx = Recording {
             m: self,
+            act8: self.act8.filter(|_| n_rows as u32 >= self.int8_min_rows),
             t: n_rows as u32,
             s: n_samples as u32,
             sample_list,
@@ -376,6 +407,9 @@ type Timed = (Timestamps, Vec<&'static str>);
 /// be borrowed mutably while recording.
 struct Recording<'a> {
     m: &'a GpuLlama,
+    /// The model's int8 activations, where this iteration has the rows for
+    /// them ([`GpuLlama::set_int8_min_rows`]).
+    act8: Option<(DotForm, u32)>,
     t: u32,
     s: u32,
     sample_list: u32,
@@ -557,7 +591,7 @@ impl Recording<'_> {
     fn fused_rope_kv(&self, qkv: &[QMatmul], rk: &RopeKv) -> Option<QMatmulRopeKv> {
         let m = self.m;
         match qkv {
-            [one] if m.fuse_rope_kv && m.act8.is_none() => QMatmulRopeKv::new(*one, rk)
+            [one] if m.fuse_rope_kv && self.act8.is_none() => QMatmulRopeKv::new(*one, rk)
                 .filter(|f| m.ops.windows_on() && f.fits(m.ops.variant(), &m.set.windows())),
             _ => None,
         }
@@ -568,7 +602,7 @@ impl Recording<'_> {
     /// then every product against the blocks) when the model runs them and
     /// every product's weights have an int8 form.
     fn products(&self, p: &mut Vec<Step>, ops: &[QMatmul]) {
-        let int8 = self.m.act8.and_then(|(form, xq)| {
+        let int8 = self.act8.and_then(|(form, xq)| {
             ops.iter()
                 .map(|o| QMatmul8::new(*o, xq, form))
                 .collect::<Option<Vec<_>>>()

@@ -1,0 +1,121 @@
+//! int8 activations only where an iteration has the rows for them
+//! (`GpuLlama::set_int8_min_rows`): a model built with int8 activations runs
+//! an iteration of fewer rows with the f32 products, the same dispatch
+//! groups and the same logits bit for bit as a model built with f32
+//! activations, and an iteration of enough rows with the quantizers; the
+//! defaults (1 row for `Int8`, the probe's rows for `Auto`). Needs the model
+//! file and a Vulkan device (lavapipe in CI).
+
+mod model_support;
+#[path = "../../vk/tests/vk_support/mod.rs"]
+mod vk_support;
+
+use xtc_decode::model::vulkan::act_probe;
+use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_decode::model::vulkan::qops8::Activations;
+use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
+
+const BLOCK: usize = 16;
+const BLOCKS_PER: usize = 4;
+
+fn options() -> GpuLlamaOptions {
+    GpuLlamaOptions {
+        kv: KvGeometry {
+            block_size: BLOCK,
+            n_blocks: 2 * BLOCKS_PER,
+        },
+        max_tokens: 32,
+        max_seqs: 2,
+        max_context: BLOCK * BLOCKS_PER,
+        keep_logits: true,
+        variant: None,
+    }
+}
+
+fn seq(tokens: Vec<u32>, start_pos: usize, member: u32) -> SeqWork {
+    SeqWork {
+        tokens,
+        start_pos,
+        block_table: (0..BLOCKS_PER as u32)
+            .map(|b| member * BLOCKS_PER as u32 + b)
+            .collect(),
+        sample: true,
+    }
+}
+
+fn count(times: &[(&str, f64)], label: &str) -> usize {
+    times.iter().filter(|(l, _)| *l == label).count()
+}
+
+#[test]
+fn small_iterations_run_the_f32_products_and_large_ones_the_int8_products() {
+    let Some((m, t)) = model_support::model() else {
+        return;
+    };
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut int8 = GpuLlama::with_activations(&dev, m, options(), Activations::Int8).unwrap();
+    assert!(int8.int8_dot().is_some(), "an int8 model");
+    assert_eq!(int8.int8_min_rows(), 1, "Int8: every iteration by default");
+    int8.set_int8_min_rows(0);
+    assert_eq!(int8.int8_min_rows(), 1, "0 reads as every iteration");
+    int8.set_int8_min_rows(4);
+    let mut f32m = GpuLlama::with_activations(&dev, m, options(), Activations::F32).unwrap();
+    assert!(f32m.int8_dot().is_none());
+
+    let prompt = t.encode("The capital of France is");
+    assert!(prompt.len() >= 4, "{prompt:?}");
+    // 3 rows (below 4): the f32 products, the f32 model's groups.
+    let first = BatchPlan {
+        seqs: vec![seq(prompt[..3].to_vec(), 0, 0)],
+    };
+    let (a, at) = int8.profile(&first).unwrap();
+    let (b, bt) = f32m.profile(&first).unwrap();
+    assert_eq!(a, b, "tokens of the 3-row iteration");
+    assert_eq!(count(&at, "quant_q81"), 0, "no quantizer below 4 rows");
+    let labels = |v: &[(&'static str, f64)]| v.iter().map(|(l, _)| *l).collect::<Vec<_>>();
+    assert_eq!(labels(&at), labels(&bt), "the f32 model's dispatch groups");
+    // One decode row: the same logits bit for bit.
+    let second = BatchPlan {
+        seqs: vec![seq(vec![a[0]], 3, 0)],
+    };
+    let f = int8.submit(&second).unwrap();
+    let (a2, al) = int8.finish_with_logits(f).unwrap();
+    let f = f32m.submit(&second).unwrap();
+    let (b2, bl) = f32m.finish_with_logits(f).unwrap();
+    assert_eq!(a2, b2);
+    let same = al[0]
+        .iter()
+        .zip(&bl[0])
+        .all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same, "a 1-row iteration's logits differ from the f32 model's");
+    // 1 + the whole prompt's rows (at least 5): the quantizers run, one per
+    // product input (four a layer, and the LM head's).
+    let third = BatchPlan {
+        seqs: vec![seq(vec![a2[0]], 4, 0), seq(prompt.clone(), 0, 1)],
+    };
+    let (_, at) = int8.profile(&third).unwrap();
+    let (_, bt) = f32m.profile(&third).unwrap();
+    let layers = m.config().shape.n_layers;
+    assert!(
+        count(&at, "quant_q81") >= 4 * layers,
+        "the quantizers ran at {} rows: {} groups",
+        1 + prompt.len(),
+        count(&at, "quant_q81")
+    );
+    assert_eq!(count(&bt, "quant_q81"), 0);
+}
+
+/// `Auto` waits for the rows its probe measured, whatever it chose.
+#[test]
+fn auto_takes_int8_from_the_probes_rows() {
+    let Some((m, _)) = model_support::model() else {
+        return;
+    };
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let g = GpuLlama::with_activations(&dev, m, options(), Activations::Auto).unwrap();
+    assert_eq!(g.int8_min_rows(), act_probe::ROWS);
+}
