@@ -19,7 +19,10 @@
 //! the output's RMS: quantizing x to 8 bits costs about 0.5%); a device that
 //! computes otherwise is an error, not a choice.
 //!
-//! int8 is chosen ([`choose`]) when `f32 / int8 >=` [`INT8_RATIO`]: int8
+//! int8 is chosen ([`choose`]) when `f32 / int8 >=` [`INT8_RATIO`], and
+//! then runs in iterations of at least [`ROWS`] rows, where it was measured
+//! (`GpuLlama::set_int8_min_rows`; a one-row iteration pays the quantizers'
+//! dispatches and gains little from 8-bit products): int8
 //! activations change the logits by about 1e-3 nats of perplexity and part
 //! greedy tokens where two candidates are close (`docs/arch/vk.md`), so a
 //! gain within the probe's noise is not worth it. The ratio is kept for the

@@ -60,7 +60,11 @@ pub enum Activations {
     /// products at least [`INT8_RATIO`](super::act_probe::INT8_RATIO) times
     /// faster on the device in the model's kernel form, else
     /// [`Activations::F32`] ([`super::act_probe`]; resolved by
-    /// [`Activations::resolve`] when the model is built).
+    /// [`Activations::resolve`] when the model is built). Chosen, int8 runs
+    /// only in iterations of at least the probe's
+    /// [`ROWS`](super::act_probe::ROWS) token rows, the f32 products in
+    /// smaller ones
+    /// ([`GpuLlama::set_int8_min_rows`](crate::model::vulkan::llama::GpuLlama::set_int8_min_rows)).
     Auto,
 }
 
