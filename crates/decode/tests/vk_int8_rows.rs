@@ -89,7 +89,10 @@ fn small_iterations_run_the_f32_products_and_large_ones_the_int8_products() {
         .iter()
         .zip(&bl[0])
         .all(|(x, y)| x.to_bits() == y.to_bits());
-    assert!(same, "a 1-row iteration's logits differ from the f32 model's");
+    assert!(
+        same,
+        "a 1-row iteration's logits differ from the f32 model's"
+    );
     // 1 + the whole prompt's rows (at least 5): the quantizers run, one per
     // product input (four a layer, and the LM head's).
     let third = BatchPlan {

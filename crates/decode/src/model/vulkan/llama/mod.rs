@@ -43,13 +43,13 @@ pub use options::{GpuLlamaError, GpuLlamaOptions};
 use crate::model::cpu::llama::Llama;
 use crate::model::vulkan::{ActOffsets, InFlight};
 
+use crate::model::vulkan::act_probe;
 use crate::model::vulkan::ops::{
     Attention, AttentionImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
 use crate::model::vulkan::qops::{
     ArgmaxPart, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
 };
-use crate::model::vulkan::act_probe;
 use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81};
 use crate::model::vulkan::qweights::QTensor;
 use crate::model::{BatchPlan, Config};
