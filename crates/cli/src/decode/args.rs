@@ -246,7 +246,7 @@ pub struct DecodeArgs {
     /// markdown table. Alone, the defaults fit the model: the GGUF model on a
     /// CPU device (lavapipe, the CPU reference, or the toy replaying its
     /// calibrated cost) sweeps 0.25,0.5,1,2,4,8,16 with 24 requests under
-    /// TTFT <= 10 s and TPOT <= 500 ms, 16 token rows per iteration (about 11
+    /// TTFT <= 10 s and TPOT <= 500 ms, 48 token rows per iteration (about 11
     /// minutes on 2 cores); the synthetic
     /// model sweeps 1,2,4,...,256 with 128 requests under TTFT <= 1000 ms and
     /// TPOT <= 100 ms (--device toy: about 6 minutes). --requests, --slo-ttft
@@ -331,28 +331,27 @@ pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
 };
 
 /// `--sweep` defaults of the GGUF model on a CPU device (lavapipe, the CPU
-/// reference, or the toy replaying its calibrated cost). An iteration costs
-/// about 21 ms per token row there (`xtc calibrate`): one request alone
-/// streams at about 20-40 tokens/s, and a 32-row iteration takes most of a
-/// second. The SLO is what a chat user of such a machine would accept:
-/// the first token within 10 s (a queue of a few requests ahead), then at
-/// least 2 tokens/s (TPOT <= 500 ms: about speaking pace, so a streamed
-/// answer reads as it is written). The token budget keeps every iteration
-/// within that TPOT: at 64 rows a prefill chunk packed beside the decoding
-/// members makes their iteration cost about 1.2 s (the toy replaying the
-/// calibrated cost measured TPOT p99 1,238 ms and continuous batching
-/// sustaining half of static's rate), at 16 rows about 0.3 s (chunked
-/// prefill bounded by the TPOT SLO, as Sarathi-Serve sizes its chunks). The
-/// rates bracket the knees (the 24 requests offer 1.68 requests/s at 1x;
-/// every policy kept up at 0.25x on the loaded 2-core machine, one at a
-/// time missed from 1x, static from 2x, continuous batching still met 4x,
-/// hence 8x and 16x, where the 24 requests arrive within 2 s) in about 11
-/// minutes on 2 cores.
+/// reference, or the toy replaying its calibrated cost). The SLO is what a
+/// chat user of such a machine would accept: the first token within 10 s
+/// (a queue of a few requests ahead), then at least 2 tokens/s (TPOT <=
+/// 500 ms: about speaking pace, so a streamed answer reads as it is
+/// written). The token budget is the largest that keeps a full iteration
+/// well within that TPOT: `xtc calibrate` on lavapipe (2-core "AMD EPYC"
+/// guest, 2026-12-04) fits 14.2 ms + 6.2 ms per token row, so 48 rows cost
+/// about 0.31 s plus attention (chunked prefill bounded by the TPOT SLO, as
+/// Sarathi-Serve sizes its chunks). With 64 requests, against the 16 rows
+/// chosen when a row cost 19-21 ms, 48 rows raised continuous batching's
+/// capacity from 2.83x to 3.36x and static batching's from 1.68x to 2.83x,
+/// one at a time unchanged at 0.595x, with TPOT p99 at most 0.49 s at the
+/// knees (`benches/peers/2026-12-04-epyc-real-model-sweep-budget48.txt`):
+/// 16 rows starved prefill once 16 members were decoding. The rates bracket
+/// the knees of the default 24 requests (1.68 requests/s at 1x) on a loaded
+/// 2-core machine in about 11 minutes.
 pub const MODEL_CPU_SWEEP: SweepDefaults = SweepDefaults {
     rates: &[0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
     requests: 24,
     slo_ms: (10_000.0, 500.0),
-    token_budget: 16,
+    token_budget: 48,
 };
 
 impl SweepDefaults {
