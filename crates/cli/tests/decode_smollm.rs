@@ -5,7 +5,7 @@
 //! synthetic model (`--compare`, `--cancel-rate`, `--trace-out`,
 //! `--token-budget`, `--max-active`, the default `--kv-blocks` from the real
 //! model's KV geometry), on the CPU reference and on the Vulkan device
-//! (lavapipe). Needs the model file (and Vulkan for the default device);
+//! (lavapipe), and `--sweep`'s defaults for the model on a CPU device. Needs the model file (and Vulkan for the default device);
 //! with `CI` set a missing one fails.
 
 #[path = "../../decode/tests/model_support/mod.rs"]
@@ -145,5 +145,52 @@ fn model_flags_are_checked() {
         ]);
         assert_eq!(code, 1, "{err}");
         assert!(err.contains("GGUF model carries its own"), "{err}");
+    }
+}
+
+/// `--sweep` alone on the GGUF model over a CPU device (here the toy
+/// replaying a cost, which uses the model's lengths) takes the model's
+/// defaults (`MODEL_CPU_SWEEP`): 24 requests, TTFT <= 10 s, TPOT <= 500 ms
+/// and 48 token rows an iteration, the largest budget whose calibrated
+/// iteration stays well within that TPOT on lavapipe; `--token-budget`,
+/// `--requests` and the SLO flags override them.
+#[test]
+fn a_sweep_of_the_model_on_a_cpu_device_takes_the_models_defaults() {
+    let Some(p) = model_support::model_path() else {
+        return;
+    };
+    let base = [
+        "--device",
+        "toy",
+        "--model",
+        p.to_str().unwrap(),
+        "--toy-cost",
+        "0,0",
+        "--sweep",
+        "100000",
+        "--json",
+    ];
+    let given = [
+        "--token-budget",
+        "20",
+        "--requests",
+        "5",
+        "--slo-ttft",
+        "3000",
+        "--slo-tpot",
+        "200",
+    ];
+    for (extra, (requests, budget, ttft, tpot)) in [
+        (&[][..], (24, 48, 10_000.0, 500.0)),
+        (&given[..], (5, 20, 3_000.0, 200.0)),
+    ] {
+        let (code, out, err) = xtc(&[&base[..], extra].concat());
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let c = &v["config"];
+        assert_eq!(c["requests"], requests, "{extra:?}: {c}");
+        assert_eq!(c["token_budget_tokens"], budget, "{extra:?}: {c}");
+        assert_eq!(c["slo"]["ttft_ms"], ttft, "{extra:?}: {c}");
+        assert_eq!(c["slo"]["tpot_ms"], tpot, "{extra:?}: {c}");
     }
 }
