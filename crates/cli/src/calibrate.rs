@@ -265,6 +265,22 @@ pub fn render(f: &CostFile) -> String {
             .fold(0.0, f64::max)
             / 1e3
     );
+    let gains: Vec<String> = [8, 32, 64]
+        .iter()
+        .filter_map(|&rows| {
+            f.iteration_cost()
+                .batching_gain(rows)
+                .map(|g| format!("{rows} rows {g:.2}x"))
+        })
+        .collect();
+    if !gains.is_empty() {
+        let _ = writeln!(
+            s,
+            "batching gain (the fit, KV reads aside; token rows/s against 1-row iterations, \
+             what batching can buy on this device at most): {}",
+            gains.join(", ")
+        );
+    }
     for (name, v) in [
         ("fixed", c.fixed_us),
         ("per-row", c.per_row_us),
@@ -287,4 +303,35 @@ pub fn render(f: &CostFile) -> String {
             .map_or("unknown".into(), |l| format!("{l:.2}"))
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cost file of `fixed_us + per_row_us x rows`, no points.
+    fn file(fixed_us: f64, per_row_us: f64) -> CostFile {
+        serde_json::from_value(serde_json::json!({
+            "format": COST_FORMAT, "version": COST_VERSION, "model": "m.gguf",
+            "device": "llvmpipe", "cpu": null, "load_average_1m": null,
+            "measured_at_unix_s": 0, "block_size": 16, "repeats": 1,
+            "cost": {"fixed_us": fixed_us, "per_row_us": per_row_us, "per_position_us": 4.0},
+            "r_squared": null, "rms_residual_us": 0.0, "points": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_text_gives_the_batching_gain_of_the_fit() {
+        // 14 ms + 6 ms a row: 8 rows in 62 ms against 8 x 20 (2.58x), 32 in
+        // 206 ms (3.11x), 64 in 398 ms (3.22x).
+        let text = render(&file(14_000.0, 6_000.0));
+        assert!(
+            text.contains("32 rows 3.11x") && text.contains("8 rows 2.58x"),
+            "{text}"
+        );
+        assert!(text.contains("64 rows 3.22x"), "{text}");
+        // A fit with no fixed or per-row time has no gain to give.
+        assert!(!render(&file(0.0, -5.0)).contains("batching gain"));
+    }
 }

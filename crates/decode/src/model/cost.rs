@@ -102,6 +102,24 @@ impl IterationCost {
         (us(self.fixed), us(self.per_row), us(self.per_position))
     }
 
+    /// The throughput batching buys on this cost, KV reads aside: token
+    /// rows per second of iterations of `rows` rows over those of 1-row
+    /// iterations, `rows x (fixed + per_row) / (fixed + rows x per_row)`.
+    ///
+    /// 1 at `rows` = 1; it grows towards `1 + fixed / per_row` as rows
+    /// grow, so a device whose iteration cost is mostly per row (lavapipe:
+    /// 14.2 ms + 6.2 ms a row, 3.1x at 32 rows) gains little from batching,
+    /// and one whose cost is mostly fixed (a GPU at these shapes) gains up
+    /// to the batch size. No policy's sustained throughput can exceed one
+    /// row an iteration's by more than this at its largest iteration, which
+    /// bounds what continuous batching can buy over one request at a time.
+    /// `None` for `rows` = 0 or a cost with no fixed or per-row time.
+    pub fn batching_gain(&self, rows: usize) -> Option<f64> {
+        let (f, r, _) = self.micros();
+        let n = rows as f64;
+        (rows > 0 && f + r > 0.0).then(|| n * (f + r) / (f + n * r))
+    }
+
     /// `1800 us + 90 us/row + 0.000 us/position`, for banners.
     pub fn describe(&self) -> String {
         let (f, r, p) = self.micros();
@@ -641,6 +659,28 @@ impl CostFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batching_gain_is_rows_per_second_against_one_row_iterations() {
+        let c = |f: u64, r: u64| IterationCost {
+            fixed: Duration::from_micros(f),
+            per_row: Duration::from_micros(r),
+            per_position: Duration::from_micros(7),
+        };
+        // 14 ms + 6 ms a row: 1 row 20 ms, 32 rows 206 ms (32 rows in
+        // 206 ms against 1 in 20: 3.11x); the limit is 1 + 14/6.
+        let lavapipe = c(14_000, 6_000);
+        assert_eq!(lavapipe.batching_gain(1), Some(1.0));
+        let g = lavapipe.batching_gain(32).unwrap();
+        assert!((g - 32.0 * 20.0 / 206.0).abs() < 1e-9, "{g}");
+        assert!(lavapipe.batching_gain(1 << 20).unwrap() < 1.0 + 14.0 / 6.0);
+        // All fixed: rows come free, the gain is the batch size.
+        assert_eq!(c(3_500, 0).batching_gain(32), Some(32.0));
+        // All per row: nothing to gain.
+        assert_eq!(c(0, 6_000).batching_gain(32), Some(1.0));
+        assert_eq!(lavapipe.batching_gain(0), None);
+        assert_eq!(c(0, 0).batching_gain(8), None);
+    }
 
     #[test]
     fn positions_read_counts_every_row_s_attention() {
