@@ -277,7 +277,7 @@ pub fn render(f: &CostFile) -> String {
         let _ = writeln!(
             s,
             "batching gain (the fit, KV reads aside; token rows/s against 1-row iterations, \
-             what batching can buy on this device at most): {}",
+             the most throughput batching can buy on this device): {}",
             gains.join(", ")
         );
     }

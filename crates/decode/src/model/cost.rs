@@ -112,7 +112,9 @@ impl IterationCost {
     /// and one whose cost is mostly fixed (a GPU at these shapes) gains up
     /// to the batch size. No policy's sustained throughput can exceed one
     /// row an iteration's by more than this at its largest iteration, which
-    /// bounds what continuous batching can buy over one request at a time.
+    /// bounds the throughput continuous batching can buy over one request at
+    /// a time (not its capacity under a latency SLO, a queueing measure that
+    /// can exceed it).
     /// `None` for `rows` = 0 or a cost with no fixed or per-row time.
     pub fn batching_gain(&self, rows: usize) -> Option<f64> {
         let (f, r, _) = self.micros();
