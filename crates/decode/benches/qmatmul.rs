@@ -9,6 +9,7 @@
 //! `qops::gpu_mm_applies` the tiled `qmm_<ty>_gpu_mm`, 32 x 64; weights
 //! in the storage buffer). Each figure is the fastest of several interleaved runs
 //! (the build machine is shared: other tenants' slices only add time).
+//! `XTC_QMM_ROWS=1,3,8` sets the token rows M measured (default 1, 8, 32).
 //! `XTC_QMM_FORMS=name_rR,...` adds experimental entry points to the
 //! comparison, `XTC_QMM_NO_GPU=1` leaves out the (slow on lavapipe) GPU form.
 //! `cargo bench --bench qmatmul`; `XTC_BENCH_QUICK=1` for fewer runs.
@@ -40,6 +41,18 @@ fn main() {
     let cpu_device = dev.info().kind == DeviceKind::Cpu;
     let kernels = Kernels::new(&dev).unwrap();
     let mut rng = fastrand::Rng::with_seed(5);
+    // Token rows M of each product (`XTC_QMM_ROWS=1,3,8`; at most 32, the
+    // activations uploaded).
+    let ms: Vec<usize> = match std::env::var("XTC_QMM_ROWS") {
+        Ok(v) => v
+            .split(',')
+            .map(|r| match r.trim().parse::<usize>() {
+                Ok(m) if (1..=32).contains(&m) => m,
+                _ => panic!("XTC_QMM_ROWS: {r:?} is not a row count from 1 to 32"),
+            })
+            .collect(),
+        Err(_) => vec![1, 8, 32],
+    };
     // (type, N, K, what) at the model's shapes.
     let shapes = [
         (GgmlType::Q4_1, 576, 576, "attn_q / attn_output"),
@@ -75,7 +88,7 @@ fn main() {
         let set = BindingSet::with_images(&kernels, &bufs, None, Some(&img)).unwrap();
         let win = set.windows();
         let mut pool = CommandPool::new(&dev).unwrap();
-        for m in [1usize, 8, 32] {
+        for &m in &ms {
             let op = QMatmul::plain(&t, m as u32, 0, (32 * k) as u32, false);
             let chunks = op.windowed(Variant::Cpu, &win).unwrap();
             // (form, dispatches: kernel, push, grid, window offsets)
