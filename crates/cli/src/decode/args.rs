@@ -337,9 +337,10 @@ pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
 /// 500 ms: about speaking pace, so a streamed answer reads as it is
 /// written). The token budget is the largest that keeps a full iteration
 /// well within that TPOT: `xtc calibrate` on lavapipe (2-core "AMD EPYC"
-/// guest, 2026-12-04) fits 14.2 ms + 6.2 ms per token row, so 48 rows cost
-/// about 0.31 s plus attention (chunked prefill bounded by the TPOT SLO, as
-/// Sarathi-Serve sizes its chunks). With 64 requests, against the 16 rows
+/// guest, 2026-12-04) fits 14.2 ms + 6.2 ms per token row and measures
+/// 0.33 s for 48 decode rows, 0.27-0.28 s for a 48-row prefill chunk
+/// (chunked prefill bounded by the TPOT SLO, as Sarathi-Serve sizes its
+/// chunks). With 64 requests, against the 16 rows
 /// chosen when a row cost 19-21 ms, 48 rows raised continuous batching's
 /// capacity from 2.83x to 3.36x and static batching's from 1.68x to 2.83x,
 /// one at a time unchanged at 0.595x, with TPOT p99 at most 0.49 s at the
