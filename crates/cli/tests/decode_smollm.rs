@@ -5,8 +5,9 @@
 //! synthetic model (`--compare`, `--cancel-rate`, `--trace-out`,
 //! `--token-budget`, `--max-active`, the default `--kv-blocks` from the real
 //! model's KV geometry), on the CPU reference and on the Vulkan device
-//! (lavapipe), and `--sweep`'s defaults for the model on a CPU device. Needs the model file (and Vulkan for the default device);
-//! with `CI` set a missing one fails.
+//! (lavapipe), and `--sweep`'s defaults for the model on a CPU device.
+//! Needs the model file (and Vulkan for the default device); with `CI` set
+//! a missing one fails.
 
 #[path = "../../decode/tests/model_support/mod.rs"]
 mod model_support;

@@ -340,12 +340,12 @@ pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
 /// guest, 2026-12-04) fits 14.2 ms + 6.2 ms per token row and measures
 /// 0.33 s for 48 decode rows, 0.27-0.28 s for a 48-row prefill chunk
 /// (chunked prefill bounded by the TPOT SLO, as Sarathi-Serve sizes its
-/// chunks). With 64 requests, against the 16 rows
-/// chosen when a row cost 19-21 ms, 48 rows raised continuous batching's
-/// capacity from 2.83x to 3.36x and static batching's from 1.68x to 2.83x,
-/// one at a time unchanged at 0.595x, with TPOT p99 at most 0.49 s at the
-/// knees (`benches/peers/2026-12-04-epyc-real-model-sweep-budget48.txt`):
-/// 16 rows starved prefill once 16 members were decoding. The rates bracket
+/// chunks). With 64 requests, against the 16 rows chosen when a row cost
+/// 19-21 ms, 48 rows raised continuous batching's capacity from 2.83x to
+/// 3.36x and static batching's from 1.68x to 2.83x, one at a time unchanged
+/// at 0.595x, with TPOT p99 at most 0.49 s at the knees
+/// (`benches/peers/2026-12-04-epyc-real-model-sweep-budget48.txt`): 16 rows
+/// starved prefill once 16 members were decoding. The rates bracket
 /// the knees of the default 24 requests (1.68 requests/s at 1x) on a loaded
 /// 2-core machine in about 11 minutes.
 pub const MODEL_CPU_SWEEP: SweepDefaults = SweepDefaults {
