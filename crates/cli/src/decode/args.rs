@@ -246,8 +246,8 @@ pub struct DecodeArgs {
     /// markdown table. Alone, the defaults fit the model: the GGUF model on a
     /// CPU device (lavapipe, the CPU reference, or the toy replaying its
     /// calibrated cost) sweeps 0.25,0.5,1,2,4,8,16 with 24 requests under
-    /// TTFT <= 10 s and TPOT <= 500 ms, 48 token rows per iteration (about 11
-    /// minutes on 2 cores); the synthetic
+    /// TTFT <= 10 s and TPOT <= 500 ms, 48 token rows per iteration (about 8
+    /// minutes on 2 quiet cores); the synthetic
     /// model sweeps 1,2,4,...,256 with 128 requests under TTFT <= 1000 ms and
     /// TPOT <= 100 ms (--device toy: about 6 minutes). --requests, --slo-ttft
     /// and --slo-tpot override them. A table, or JSON with --json; see
@@ -345,9 +345,11 @@ pub const SYNTHETIC_SWEEP: SweepDefaults = SweepDefaults {
 /// 3.36x and static batching's from 1.68x to 2.83x, one at a time unchanged
 /// at 0.595x, with TPOT p99 at most 0.49 s at the knees
 /// (`benches/peers/2026-12-04-epyc-real-model-sweep-budget48.txt`): 16 rows
-/// starved prefill once 16 members were decoding. The rates bracket
-/// the knees of the default 24 requests (1.68 requests/s at 1x) on a loaded
-/// 2-core machine in about 11 minutes.
+/// starved prefill once 16 members were decoding. The rates bracket one at
+/// a time's knee for the default 24 requests (1.68 requests/s at 1x; 4x on
+/// the quiet EPYC guest with 48 rows, 21 runs in 446 s); all 24 fit one
+/// ready vector, so continuous and static batching meet every rate (more
+/// requests than `--max-active` separate them).
 pub const MODEL_CPU_SWEEP: SweepDefaults = SweepDefaults {
     rates: &[0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
     requests: 24,
