@@ -218,6 +218,65 @@ fn quantized_products_match_the_reference_in_both_forms() {
     }
 }
 
+/// The CPU form gives each token row the same bits whatever row tile
+/// computes it: the tile `QMatmul::windowed` picks for 5, 6 and 7 rows
+/// (pairs, pairs, then 4-row tiles) against each row run alone (1-row
+/// invocations), so a member's logits do not depend on how many rows its
+/// iteration has. Every block format, a fused RMSNorm included.
+#[test]
+fn the_cpu_forms_row_tiles_give_each_row_the_same_bits() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(23);
+    let (n, cols, eps) = (40usize, 576usize, 1e-5f32);
+    let cases: Vec<Case> = TYPES
+        .iter()
+        .map(|&t| Case::new(&mut rng, t, n, cols))
+        .collect();
+    let mut s = TexelStream::new();
+    let ts: Vec<QTensor> = cases.iter().map(|c| s.push(&c.matrix()).unwrap()).collect();
+    let g: Vec<f32> = (0..cols).map(|_| 0.5 + rng.f32()).collect();
+    let mut rig = QRig::new(&dev, &s, &g, X_OFF + 8 * cols + 8 * n + 4096, Variant::Cpu);
+    let g_off = rig.f32_base as u32;
+    let win = rig.set.windows();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for (c, t) in cases.iter().zip(&ts) {
+        for (m, tile) in [(5u32, 2), (6, 2), (7, 4)] {
+            let x: Vec<f32> = (0..m as usize * cols)
+                .map(|i| (rng.f32() - 0.5) * (1 + i / cols) as f32)
+                .collect();
+            let y_off = (X_OFF + m as usize * cols).next_multiple_of(4) as u32;
+            for norm in [false, true] {
+                let with_norm = |op: QMatmul| if norm { op.with_norm(g_off, eps) } else { op };
+                let op = with_norm(QMatmul::plain(t, m, X_OFF as u32, y_off, false));
+                let picked = op.windowed(Variant::Cpu, &win).unwrap();
+                assert!(
+                    picked
+                        .iter()
+                        .all(|d| d.kernel.ends_with(&format!("_r{tile}"))),
+                    "{} m={m}: {:?}",
+                    c.ty,
+                    picked.iter().map(|d| d.kernel).collect::<Vec<_>>()
+                );
+                let all = product(&mut rig, op, &x);
+                for r in 0..m as usize {
+                    let row = &x[r * cols..(r + 1) * cols];
+                    let one = with_norm(QMatmul::plain(t, 1, X_OFF as u32, y_off, false));
+                    let alone = product(&mut rig, one, row);
+                    assert_eq!(
+                        bits(&all[r * n..(r + 1) * n]),
+                        bits(&alone),
+                        "{} m={m} row {r} norm {norm}",
+                        c.ty
+                    );
+                }
+                assert!(all.iter().any(|&v| v != 0.0), "{} m={m}: all zeros", c.ty);
+            }
+        }
+    }
+}
+
 #[test]
 fn split_outputs_and_the_residual_add() {
     let Some(dev) = vk_support::device() else {

@@ -20,11 +20,16 @@ use xtc_vk::{WINDOWS, Window};
 
 /// Token rows one invocation of the CPU form computes, by chunk rows: one
 /// row alone, pairs, then tiles of four (measured on lavapipe: the 4-row tile
-/// is fastest from 4 rows up, see `docs/arch/vk.md`).
+/// is fastest from 4 rows up, see `docs/arch/vk.md`), except at 5 and 6
+/// rows, where 4-row tiles would compute 8 and pairs compute 6 (at 6 rows
+/// pairs ran the model's Q4_1 products 4-17% faster, and 5- and 6-row
+/// iterations about 4% faster, on the 2-core EPYC guest, 2026-12-05). Each
+/// row's results are the same bits in every tile (`vk_decode`'s alone and
+/// joined members).
 fn rows_per_invocation(m: u32) -> u32 {
     match m {
         0 | 1 => 1,
-        2 => 2,
+        2 | 5 | 6 => 2,
         _ => 4,
     }
 }
