@@ -286,7 +286,7 @@ fn form_of(variant: Variant, m: usize, n: usize, r8: bool) -> &'static str {
         (Variant::Gpu, ..) => "gpu",
         (_, _, true) => "r8",
         (_, 1, _) => "r1",
-        (_, 2, _) => "r2",
+        (_, 2 | 5 | 6, _) => "r2",
         _ => "r4",
     }
 }
@@ -302,10 +302,14 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         (Variant::Cpu, false, 1, 576, 576, Mode::Plain),
         (Variant::Cpu, false, 2, 1536, 576, Mode::Plain),
         (Variant::Cpu, false, 9, 576, 1536, Mode::Plain),
+        // Ragged row tiles: pairs at 5 rows (2 + 2 + 1), 4-row tiles at 7
+        // (4 + 3).
         (Variant::Cpu, false, 5, 20, 96, Mode::Plain),
+        (Variant::Cpu, false, 7, 20, 96, Mode::Plain),
         (Variant::Cpu, false, 23, 8, 1536, Mode::Plain),
         (Variant::Cpu, true, 16, 64, 576, Mode::Plain),
         (Variant::Cpu, false, 5, 24, 576, Mode::NormGlu),
+        (Variant::Cpu, false, 7, 24, 576, Mode::NormGlu),
         (Variant::Gpu, false, 4, 576, 576, Mode::Plain),
         (Variant::Gpu, false, 3, 20, 96, Mode::Plain),
         (Variant::Gpu, false, 3, 24, 576, Mode::NormGlu),
@@ -432,7 +436,7 @@ pub(super) fn cases(v: &mut Vec<Spec>) {
         }
     }
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-        for (m, tile) in [(1usize, "r1"), (2, "r2"), (5, "r4")] {
+        for (m, tile) in [(1usize, "r1"), (2, "r2"), (5, "r2"), (7, "r4")] {
             let entry = entry_name(kty(ty), &format!("{tile}_rkv"));
             v.push(spec(
                 format!(
@@ -786,7 +790,7 @@ fn rope_kv(ctx: &mut Ctx, (heads, kv_heads, hs): (usize, usize, usize), image: b
 
 /// `qmm_<ty>_r<R>_rkv` (`QMatmulRopeKv`): the q|k|v product of `m` rows
 /// (3 heads of 64 over 1 KV head, K = 128) with RoPE and the KV append in
-/// its stores, rows at positions 0, 5, 13, 2, 9 of a sequence whose block
+/// its stores, rows at positions 0, 5, 13, 2, 9, 11, 6 of a sequence whose block
 /// table is 7, 2, 5, 0 (blocks of 4). q (turned) is checked against the
 /// reference product turned by the reference RoPE; the guards prove k and v
 /// were not stored in the activations (they go to the KV image, whose
@@ -803,7 +807,7 @@ fn qmm_rope_kv(ctx: &mut Ctx, ty: GgmlType, m: usize, entry: &'static str) -> Ca
     let w = QMatrix::new(ty, n, k, &bytes)?;
     let mut s = TexelStream::new();
     let t = s.push(&w)?;
-    let pos = &[0u32, 5, 13, 2, 9][..m];
+    let pos = &[0u32, 5, 13, 2, 9, 11, 6][..m];
     let bt_off = 4 * m as u32;
     let mut md: Vec<u32> = pos.iter().flat_map(|&p| [0, 0, p, bt_off]).collect();
     md.extend([7u32, 2, 5, 0]);
