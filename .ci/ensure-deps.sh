@@ -13,7 +13,12 @@
 # download toolchains. It checks the version and says so clearly.
 set -euo pipefail
 need=()
-ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1 ' || need+=(libvulkan1)
+# The loader is there when the dynamic linker's cache lists it (what ash's
+# dlopen finds). Not `ldconfig -p | grep -q`: under pipefail grep's early exit
+# kills ldconfig with SIGPIPE once its listing passes the 64 KiB pipe buffer,
+# and the pipeline fails though the loader is there.
+cache=$(PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null) || true
+[[ $cache == *'libvulkan.so.1 '* ]] || need+=(libvulkan1)
 ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
 ls /usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json >/dev/null 2>&1 || need+=(vulkan-validationlayers)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)

@@ -102,3 +102,62 @@ fn a_failure_or_a_skip_for_a_missing_device_fails_it() {
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("results.csv is missing"), "{text}");
 }
+
+/// Runs `.ci/summary preflight` with a fake `ldconfig` first on PATH that
+/// prints `lines` library lines, the Vulkan loader among them or not.
+fn preflight_with_ldconfig(root: &Path, lines: usize, loader: bool) -> (Option<i32>, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let mut listing = format!("{lines} libs found in cache `/etc/ld.so.cache'\n");
+    if loader {
+        listing += "\tlibvulkan.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libvulkan.so.1\n";
+    }
+    for i in 0..lines {
+        listing += &format!(
+            "\tlibfiller{i}.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libfiller{i}.so.1\n"
+        );
+    }
+    std::fs::write(root.join("listing"), listing).unwrap();
+    let fake = bin.join("ldconfig");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\ncat '{}'\n", root.join("listing").display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .arg(script())
+        .arg("preflight")
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+/// Regression: the preflight read `ldconfig -p | grep -q libvulkan` under
+/// pipefail. Where the listing passes the 64 KiB pipe buffer after the
+/// loader's line (a CI machine with many libraries), grep's early exit killed
+/// ldconfig with SIGPIPE, the pipeline failed, and CI stopped after 1 s with
+/// "missing: the Vulkan loader" though it was installed.
+#[test]
+fn the_preflight_finds_the_vulkan_loader_in_a_long_linker_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    // About 170 KiB of listing after the loader's line.
+    let (_, text) = preflight_with_ldconfig(tmp.path(), 2000, true);
+    assert!(!text.contains("the Vulkan loader"), "{text}");
+    // Without it the preflight names it and fails.
+    let (code, text) = preflight_with_ldconfig(tmp.path(), 2000, false);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("missing: the Vulkan loader (libvulkan1)"),
+        "{text}"
+    );
+}
