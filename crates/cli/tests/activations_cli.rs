@@ -68,7 +68,14 @@ fn auto_measures_once_stores_the_ratio_and_follows_it() {
     assert_eq!(code, 0, "{err}");
     let file = only_file(&cache.join("xtc").join("activations-probe"));
     let name = file.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(name.ends_with("-cpu") || name.ends_with("-gpu"), "{name}");
+    // `<device key>-<kernel form>-<dot form>`.
+    assert!(
+        ["-cpu-", "-gpu-"].iter().any(|f| name.contains(f))
+            && ["-native", "-poly", "-swar"]
+                .iter()
+                .any(|d| name.ends_with(d)),
+        "{name}"
+    );
     let text = std::fs::read_to_string(&file).unwrap();
     let ratio: f64 = text
         .trim()

@@ -2,7 +2,9 @@
 //! SmolLM2-135M's shapes, side by side on the default Vulkan device (the CPU
 //! form, lavapipe here): per shape and row count M, the f32 form
 //! (`qmm_<ty>_r<R>`), the int8 form with `OpSDot` (`quant_q81` then
-//! `qmm8_<ty>_r<R>`, the quantizer's time included) and its `_poly` twin, as
+//! `qmm8_<ty>_r<R>`, the quantizer's time included), its `_poly` twin and
+//! the packed pairs (`swar`: `qmm8_q41_r<R>_swar` for Q4_1, the Q8_0 LM head
+//! as `int8` where the device has `OpSDot`, else as `poly`), as
 //! microseconds, GOP/s (2 x multiply-adds), GB/s (weight bytes in their block
 //! format) and the ratio of f32 time to int8 time (above 1: int8 is faster).
 //! Each figure is the fastest of several interleaved runs (the machine is
@@ -121,7 +123,11 @@ fn main() {
                 )],
                 f64::MAX,
             )];
-            let dots = [(DotForm::Native, "int8"), (DotForm::Poly, "poly")];
+            let dots = [
+                (DotForm::Native, "int8"),
+                (DotForm::Poly, "poly"),
+                (DotForm::Swar { native }, "swar"),
+            ];
             for (form, label) in dots {
                 if form == DotForm::Native && !native {
                     continue;

@@ -168,8 +168,9 @@ fn int8_products_match_their_blocks_and_the_f32_reference() {
     };
     let kernels = Kernels::with_int8(&dev).unwrap();
     let mut rng = fastrand::Rng::with_seed(23);
-    let mut forms = vec![DotForm::Poly];
-    if dev.integer_dot_product() {
+    let native = dev.integer_dot_product();
+    let mut forms = vec![DotForm::Poly, DotForm::Swar { native }];
+    if native {
         forms.push(DotForm::Native);
     }
     // (N, K, M): a ragged N (20), K = 1536 whose blocks (2304 words a row)
@@ -231,6 +232,84 @@ fn int8_products_match_their_blocks_and_the_f32_reference() {
                 let e = vk_support::max_abs_diff(&y, &want) / rms(&want);
                 assert!(e < 0.05, "{what}: {e} against the f32 reference");
             }
+            // The packed pairs sum the same integers as the polyfill: the
+            // same bits, whatever the rows per invocation.
+            let (_, poly) = rig.run(op, &x, DotForm::Poly, Variant::Cpu);
+            let (_, swar) = rig.run(op, &x, DotForm::Swar { native }, Variant::Cpu);
+            assert_bits(&swar, &poly, &format!("{ty:?} {n}x{k} m {m} norm {norm}"));
         }
+    }
+}
+
+fn assert_bits(got: &[f32], want: &[f32], what: &str) {
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "{what}: output {i}: {a} against {b}"
+        );
+    }
+}
+
+/// The packed pairs at the bounds their 16-bit halves were sized for: every
+/// Q4_1 code 15 (and 0) against activation codes of +-127, with the signs
+/// that make each half's sum largest (both products of a pair one sign) and
+/// the low half's garbage largest against an upper half of 0 (the two
+/// elements of a pair opposite signs), from 1 to 9 rows (every row tile).
+/// Any carry between the halves would change the sums, so the outputs must
+/// be the polyfill's bits and the blocks' exact product.
+#[test]
+fn packed_pairs_hold_at_the_extremes_of_q4_1_and_q8_1() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let kernels = Kernels::with_int8(&dev).unwrap();
+    let native = dev.integer_dot_product();
+    let (n, k) = (64usize, 576usize);
+    // Rows of W: all 1 (a constant block: codes 0, the min term alone), 1
+    // but a 0 at each block's first element (codes 15 but one 0),
+    // alternating 0 / 1 (codes 0 and 15), and random ones.
+    let mut rng = fastrand::Rng::with_seed(0x5a4);
+    let wf: Vec<f32> = (0..n * k)
+        .map(|i| {
+            let (row, col) = (i / k, i % k);
+            match row % 4 {
+                0 => 1.0,
+                1 => f32::from(col % 32 != 0),
+                2 => f32::from(col % 2 == 0),
+                _ => rng.f32() - 0.5,
+            }
+        })
+        .collect();
+    let bytes = quant::quantize(GgmlType::Q4_1, &wf);
+    let mat = QMatrix::new(GgmlType::Q4_1, n, k, &bytes).unwrap();
+    let mut s = TexelStream::new();
+    let t = s.push(&mat).unwrap();
+    let g = vec![1f32; k];
+    let mut rig = Rig::new(&dev, &kernels, &s, &g);
+    // x of +-1 quantizes to codes of exactly +-127 (d = 1 / 127).
+    let signs: [fn(usize) -> f32; 4] = [
+        |_| 1.0,
+        |_| -1.0,
+        |i| if (i / 2) % 2 == 0 { 1.0 } else { -1.0 },
+        |i| if (i / 2) % 2 == 0 { -1.0 } else { 1.0 },
+    ];
+    for m in 1..=9usize {
+        let x: Vec<f32> = (0..m * k).map(|i| signs[(i / k + m) % 4](i % k)).collect();
+        let op = QMatmul::plain(&t, m as u32, 0, Y, false);
+        let (blocks, poly) = rig.run(op, &x, DotForm::Poly, Variant::Cpu);
+        let (_, swar) = rig.run(op, &x, DotForm::Swar { native }, Variant::Cpu);
+        let what = format!("m {m}");
+        for code in blocks.chunks_exact(Q81_WORDS as usize) {
+            for w in &code[..8] {
+                for j in 0..4 {
+                    assert_eq!(((w >> (8 * j)) as u8 as i8).unsigned_abs(), 127, "{what}");
+                }
+            }
+        }
+        assert_bits(&swar, &poly, &what);
+        let exact = blocks_product(&mat, &blocks, m, false);
+        let e = vk_support::max_abs_diff(&swar, &exact) / rms(&exact);
+        assert!(e < 1e-4, "{what}: {e} against its own blocks");
     }
 }

@@ -12,7 +12,10 @@
 // capabilities: the device must enable `VK_KHR_shader_integer_dot_product`),
 // and `qmm8_<ty>_r<R>_poly` the same sum written with shifts and an integer
 // `dot` (no capability beyond core), so a device without the extension, or
-// one where the driver lowers `OpSDot` badly, still has the form.
+// one where the driver lowers `OpSDot` badly, still has the form. The CPU form's
+// Q4_1 products have a third twin, `qmm8_q41_r<R>_swar` (packed pairs, see
+// `swar_product`): lavapipe lowers `OpSDot` to byte extractions, four multiplies a
+// word, where the pairs take one multiply for two products.
 
 use std::fmt::Write as _;
 
@@ -57,6 +60,9 @@ pub fn int8_entries() -> Vec<String> {
         v.push(format!("qmm8_{ty}_gpu"));
         v.push(format!("qmm8_{ty}_gpu_poly"));
     }
+    for rows in ROWS {
+        v.push(format!("qmm8_q41_r{rows}_swar"));
+    }
     v
 }
 
@@ -72,7 +78,160 @@ pub fn generate() -> String {
             gpu_product(&mut out, ty, texels, poly);
         }
     }
+    for rows in ROWS {
+        swar_product(&mut out, rows);
+    }
     out
+}
+
+/// `qmm8_q41_r<R>_swar`: the CPU form of the Q4_1 product against Q8_1
+/// blocks with two products per 32-bit multiply (SIMD within a register).
+/// Codes `a0`, `a1` of elements `e0`, `e1` sit in the 16-bit halves of one
+/// word (`w & 0x000f000f` and its shifts by 4, 8, 12: the nibbles of bytes 0
+/// and 2, or 1 and 3), the activations in the opposite order (`X = x[e1] +
+/// x[e0] * 2^16`), so `W * X = a0 * x[e1] + (a0 * x[e0] + a1 * x[e1]) * 2^16
+/// (mod 2^32)`: the upper half gathers the two products. Eight such words
+/// (16 elements) keep both halves' sums below 2^15 in magnitude (|a x| <=
+/// 15 * 127), and an accumulator started at 2^15 makes the upper half exact
+/// with one arithmetic shift. Per block and output the sum is the same
+/// integer as `dot4I8Packed`'s, and the scaling the same expression: a row's
+/// results are the same bits as `qmm8_q41_r<R>`'s.
+fn swar_product(out: &mut String, rows: u32) {
+    write!(
+        out,
+        r#"
+@compute @workgroup_size({WG})
+fn qmm8_q41_r{rows}_swar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {{
+    let col = wg.y * {WG}u + li;
+    let c0 = col * {C}u;
+    let live = c0 < p.n;
+    let r0 = wg.x * {rows}u;
+    let nb = p.k / 32u;
+    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u);
+    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u;
+"#
+    )
+    .expect("formatting into a String cannot fail");
+    for r in 0..rows {
+        line(
+            out,
+            1,
+            &format!("let xr{r} = p.x_off / 4u + min(r0 + {r}u, p.m - 1u) * nb * 3u;"),
+        );
+        line(out, 1, &format!("var ss{r} = 0.0;"));
+        for c in 0..C {
+            line(out, 1, &format!("var y{r}_{c} = 0.0;"));
+        }
+    }
+    line(out, 1, "for (var b = 0u; b < nb; b++) {");
+    for c in 0..C {
+        line(out, 2, &format!("let w{c} = wtex(q0 + b * 32u + {c}u);"));
+    }
+    // Each lane pairs the activations of the vec4 it loaded (lanes 0 and 1:
+    // code words 0..3 and 4..7), then the pairs go round: e = (x0, x2) and
+    // o = (x1, x3) of each word, the first element in the upper half.
+    for r in 0..rows {
+        line(
+            out,
+            2,
+            &format!("let mine{r} = xwin.v[xr{r} + b * 3u + min(sl & 7u, 2u)];"),
+        );
+        line(out, 2, &format!("let v{r} = bitcast<vec4<u32>>(mine{r});"));
+        line(
+            out,
+            2,
+            &format!(
+                "let e{r} = bitcast<vec4<u32>>((bitcast<vec4<i32>>(v{r} << vec4<u32>(24u)) >> vec4<u32>(8u)) + (bitcast<vec4<i32>>(v{r} << vec4<u32>(8u)) >> vec4<u32>(24u)));"
+            ),
+        );
+        line(
+            out,
+            2,
+            &format!(
+                "let o{r} = bitcast<vec4<u32>>(((bitcast<vec4<i32>>(v{r} << vec4<u32>(16u)) >> vec4<u32>(24u)) << vec4<u32>(16u)) + (bitcast<vec4<i32>>(v{r}) >> vec4<u32>(24u)));"
+            ),
+        );
+        line(out, 2, &format!("let ea{r} = subgroupBroadcast(e{r}, 0u);"));
+        line(out, 2, &format!("let oa{r} = subgroupBroadcast(o{r}, 0u);"));
+        line(out, 2, &format!("let eb{r} = subgroupBroadcast(e{r}, 1u);"));
+        line(out, 2, &format!("let ob{r} = subgroupBroadcast(o{r}, 1u);"));
+        line(
+            out,
+            2,
+            &format!("let xd{r} = subgroupBroadcast(mine{r}, 2u);"),
+        );
+        line(out, 2, &format!("ss{r} += xd{r}.z;"));
+    }
+    line(out, 2, "let sc = wtex(s0 + b * 8u);");
+    for c in 0..C {
+        line(out, 2, &format!("let dm{c} = unpack2x16float(sc[{c}u]);"));
+        // Codes in pairs: low nibbles of bytes (0, 2) and (1, 3), high
+        // nibbles likewise (elements 16 + ..).
+        line(
+            out,
+            2,
+            &format!("let le{c} = w{c} & vec4<u32>(0x000f000fu);"),
+        );
+        line(
+            out,
+            2,
+            &format!("let lo{c} = (w{c} >> vec4<u32>(8u)) & vec4<u32>(0x000f000fu);"),
+        );
+        line(
+            out,
+            2,
+            &format!("let he{c} = (w{c} >> vec4<u32>(4u)) & vec4<u32>(0x000f000fu);"),
+        );
+        line(
+            out,
+            2,
+            &format!("let ho{c} = (w{c} >> vec4<u32>(12u)) & vec4<u32>(0x000f000fu);"),
+        );
+    }
+    for r in 0..rows {
+        for c in 0..C {
+            let lo: Vec<String> = (0..4)
+                .flat_map(|t| {
+                    [
+                        format!("le{c}[{t}u] * ea{r}[{t}u]"),
+                        format!("lo{c}[{t}u] * oa{r}[{t}u]"),
+                    ]
+                })
+                .collect();
+            let hi: Vec<String> = (0..4)
+                .flat_map(|t| {
+                    [
+                        format!("he{c}[{t}u] * eb{r}[{t}u]"),
+                        format!("ho{c}[{t}u] * ob{r}[{t}u]"),
+                    ]
+                })
+                .collect();
+            line(
+                out,
+                2,
+                &format!("let pl{r}_{c} = 0x8000u + {};", lo.join(" + ")),
+            );
+            line(
+                out,
+                2,
+                &format!("let ph{r}_{c} = 0x8000u + {};", hi.join(" + ")),
+            );
+            line(
+                out,
+                2,
+                &format!(
+                    "let i{r}_{c} = f32((bitcast<i32>(pl{r}_{c}) >> 16u) + (bitcast<i32>(ph{r}_{c}) >> 16u));"
+                ),
+            );
+            line(
+                out,
+                2,
+                &format!("y{r}_{c} += dm{c}.x * xd{r}.x * i{r}_{c} + dm{c}.y * xd{r}.y;"),
+            );
+        }
+    }
+    line(out, 1, "}");
+    epilogue(out, rows);
 }
 
 /// `qmm8_<ty>_gpu[_poly]`, the GPU form against Q8_1 blocks: workgroup 64 =
@@ -331,6 +490,12 @@ const HEADER: &str = r#"
 // are themselves), then y += d4 * d8 * isum (+ m4 * s8 for Q4_1). With a fused norm
 // the quantizer applied g and the product scales by 1 / rms from the blocks' sums
 // of squares. `_poly` twins: the same with `dot4_poly` (shifts and an integer dot).
+//
+// `qmm8_q41_r<R>_swar` (CPU form, Q4_1): the same sums with two products per 32-bit
+// multiply: two codes in the 16-bit halves of a word (w & 0x000f000f and its shifts),
+// two activations the other way round (x[e1] + x[e0] * 2^16), so the upper half of
+// W * X is a0 x[e0] + a1 x[e1]; 8 such words (16 elements) a sum, started at 2^15 so
+// `>> 16` is exact. The same integers, so the same bits as `qmm8_q41_r<R>`.
 //
 // `qmm8_<ty>_gpu` (GPUs): QMatmul's GPU form (workgroup 64 = 4 outputs x 16 threads,
 // 4 rows m per workgroup, grid (N / 4, ceil(m / 4))) against the blocks at x_off

@@ -443,6 +443,7 @@ impl DeviceForward for GpuLlama {
         self.int8_dot().map(|d| match d {
             DotForm::Native => "int8 activations (OpSDot)".to_string(),
             DotForm::Poly => "int8 activations (polyfill)".to_string(),
+            DotForm::Swar { .. } => "int8 activations (packed pairs)".to_string(),
         })
     }
 }

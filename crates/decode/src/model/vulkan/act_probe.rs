@@ -26,8 +26,9 @@
 //! activations change the logits by about 1e-3 nats of perplexity and part
 //! greedy tokens where two candidates are close (`docs/arch/vk.md`), so a
 //! gain within the probe's noise is not worth it. The ratio is kept for the
-//! process and in `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/activations-probe/<key>-<form>`
-//! (the key as [`super::form::cache_key`]; an absent or unreadable file is
+//! process and in `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/activations-probe/<key>-<form>-<dot>`
+//! (the key as [`super::form::cache_key`], then the form and the dot form:
+//! `cpu-swar`, `gpu-native`, ...; an absent or unreadable file is
 //! measured again; a cache that cannot be written is not an error).
 //!
 //! It measures products, not the model: the LM head (Q8_0, one row per
@@ -240,7 +241,14 @@ fn form_name(variant: Variant) -> &'static str {
 /// # Errors
 /// As [`measure`].
 pub fn int8_ratio(dev: &Device, variant: Variant) -> VkResult<f64> {
-    let key = format!("{}-{}", cache_key(dev), form_name(variant));
+    // The dot form is part of the key: a ratio measured with another one
+    // (an older build's) says nothing about this one.
+    let dot = match Activations::Int8.dot_form(dev) {
+        Some(DotForm::Native) => "native",
+        Some(DotForm::Swar { .. }) => "swar",
+        Some(DotForm::Poly) | None => "poly",
+    };
+    let key = format!("{}-{}-{dot}", cache_key(dev), form_name(variant));
     cached_ratio("activations-probe", key, "f32_over_int8", || {
         Ok(measure(dev, variant)?.ratio())
     })

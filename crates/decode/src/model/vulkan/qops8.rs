@@ -35,6 +35,20 @@ pub enum DotForm {
     Native,
     /// Shifts and an integer `dot` (any device).
     Poly,
+    /// Q4_1 in the CPU form with two products per 32-bit multiply
+    /// (`qmm8_q41_r<R>_swar`: the codes and the activations of two elements
+    /// in the 16-bit halves of one word; plain integer arithmetic, any
+    /// device); the same integer sums as the other forms, so the same bits.
+    /// Q8_0 (whose products would overflow a half) and the GPU form run
+    /// `dot4I8Packed` where `native`, else the polyfill. What
+    /// [`Activations::Int8`] picks on CPU devices: on lavapipe the Q4_1
+    /// products ran 1.2-1.4x faster than with `OpSDot` from 8 rows up
+    /// (`cargo bench --bench qmatmul8`, `docs/arch/vk.md`).
+    Swar {
+        /// Whether the other products use `OpSDot`
+        /// ([`xtc_vk::Device::integer_dot_product`]).
+        native: bool,
+    },
 }
 
 /// What the products of a [`GpuLlama`](crate::model::vulkan::llama::GpuLlama)
@@ -51,8 +65,9 @@ pub enum Activations {
     F32,
     /// Each product input quantized once to Q8_1-style blocks
     /// ([`QuantizeQ81`]) and the Q4_1 / Q8_0 products run as [`QMatmul8`]
-    /// (other weight types stay f32), with `OpSDot` where the device has
-    /// it ([`xtc_vk::Device::integer_dot_product`]), else [`DotForm::Poly`].
+    /// (other weight types stay f32): on CPU devices [`DotForm::Swar`],
+    /// elsewhere `OpSDot` where the device has it
+    /// ([`xtc_vk::Device::integer_dot_product`]), else [`DotForm::Poly`].
     Int8,
     /// As [`Activations::Int8`], always with [`DotForm::Poly`].
     Int8Poly,
@@ -109,9 +124,13 @@ impl Activations {
     /// an unresolved [`Activations::Auto`]: [`resolve`](Self::resolve)
     /// it first).
     pub fn dot_form(self, dev: &xtc_vk::Device) -> Option<DotForm> {
+        let native = dev.integer_dot_product();
         match self {
             Activations::F32 | Activations::Auto => None,
-            Activations::Int8 if dev.integer_dot_product() => Some(DotForm::Native),
+            Activations::Int8 if dev.info().kind == xtc_vk::DeviceKind::Cpu => {
+                Some(DotForm::Swar { native })
+            }
+            Activations::Int8 if native => Some(DotForm::Native),
             Activations::Int8 | Activations::Int8Poly => Some(DotForm::Poly),
         }
     }
@@ -211,16 +230,23 @@ impl Op for QuantizeQ81 {
 pub struct QMatmul8(pub QMatmul);
 
 const POLY_BIT: u32 = 1 << 16;
+const SWAR_BIT: u32 = 1 << 17;
 
 impl QMatmul8 {
     /// `op` against the blocks at `xq_off` (absolute, a multiple of 4), or
     /// `None` when its weights are neither Q4_1 nor Q8_0.
     pub fn new(op: QMatmul, xq_off: u32, form: DotForm) -> Option<QMatmul8> {
-        if op.mode & POLY_BIT != 0 || !matches!(op.kernel_type(), KernelType::Q41 | KernelType::Q80)
+        if op.mode & (POLY_BIT | SWAR_BIT) != 0
+            || !matches!(op.kernel_type(), KernelType::Q41 | KernelType::Q80)
         {
             return None;
         }
-        let poly = if form == DotForm::Poly { POLY_BIT } else { 0 };
+        let poly = match form {
+            DotForm::Native => 0,
+            DotForm::Poly => POLY_BIT,
+            DotForm::Swar { native: true } => SWAR_BIT,
+            DotForm::Swar { native: false } => SWAR_BIT | POLY_BIT,
+        };
         Some(QMatmul8(QMatmul {
             x_off: xq_off,
             mode: op.mode | poly,
@@ -242,6 +268,13 @@ impl QMatmul8 {
         // Type 0 is Q4_1 (`QMatmul::mode` bits 8..16; bit 16 is ours).
         let q41 = (self.0.mode >> 8) & 255 == 0;
         let poly = self.0.mode & POLY_BIT != 0;
+        if q41 && self.0.mode & SWAR_BIT != 0 {
+            return match rows {
+                1 => "qmm8_q41_r1_swar",
+                2 => "qmm8_q41_r2_swar",
+                _ => "qmm8_q41_r4_swar",
+            };
+        }
         match (q41, rows, poly) {
             (true, 1, false) => "qmm8_q41_r1",
             (true, 2, false) => "qmm8_q41_r2",
