@@ -476,11 +476,14 @@ const HEADER: &str = r#"
 // f32 at norm_off of the weights buffer). One invocation per (block, row); grid
 // (ceil(nb / 64), m).
 //
-// `quant_q81_win` (CPU devices): the same blocks, one subgroup of 8 lanes per (block,
-// row of the chunk): lane l reads x's vec4 l of the block through the activation window
-// (x_off relative to it; g through the weight window, norm_off relative), subgroupMax /
-// subgroupAdd give amax, the code sum and the sum of squares; rows m_base + r of the
-// blocks at y_off (absolute). Grid (nb, chunk rows).
+// `quant_q81_win` (CPU devices): the same blocks, one subgroup of 8 lanes per
+// QUANT_BLOCKS blocks of a row of the chunk (a workgroup a block cost lavapipe more in
+// workgroup overhead than in work): lane l reads x's vec4 l of each block through the
+// activation window (x_off relative to it; g through the weight window, norm_off
+// relative), subgroupMax / subgroupAdd give amax, the code sum and the sum of squares;
+// rows m_base + r of the blocks at y_off (absolute). Grid (ceil(nb / QUANT_BLOCKS),
+// chunk rows).
+const QUANT_BLOCKS: u32 = 16u;
 //
 // `qmm8_<ty>_r<R>` (q41, q80; R = 1, 2, 4): QMatmul's CPU form (same parameters,
 // outputs and modes, see above) with x_off the blocks' offset inside the activation
@@ -505,33 +508,35 @@ const HEADER: &str = r#"
 @compute @workgroup_size(8)
 fn quant_q81_win(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
     let nb = p.k / 32u;
-    let b = wg.x;
     let r = wg.y;
     let l = sl & 7u;
-    let raw = xwin.v[p.x_off / 4u + r * (p.k / 4u) + b * 8u + l];
-    var x = raw;
-    if (p.norm_off != NO_NORM) {
-        x *= wwin.v[p.norm_off / 4u + b * 8u + l];
-    }
-    let ss = subgroupAdd(dot(raw, raw));
-    let ax = abs(x);
-    let amax = subgroupMax(max(max(ax.x, ax.y), max(ax.z, ax.w)));
-    let d = amax / 127.0;
-    var id = 0.0;
-    if (d > 0.0) {
-        id = 1.0 / d;
-    }
-    let q = clamp(vec4<i32>(round(x * id)), vec4<i32>(-127), vec4<i32>(127));
-    let u = bitcast<vec4<u32>>(q) & vec4<u32>(255u);
-    let word = u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
-    let sum = subgroupAdd(q.x + q.y + q.z + q.w);
-    let o = p.y_off + ((p.m_base + r) * nb + b) * 12u;
-    act[o + l] = bitcast<f32>(word);
-    if (l == 0u) {
-        act[o + 8u] = d;
-        act[o + 9u] = d * f32(sum);
-        act[o + 10u] = ss;
-        act[o + 11u] = 0.0;
+    let b1 = min(nb, (wg.x + 1u) * QUANT_BLOCKS);
+    for (var b = wg.x * QUANT_BLOCKS; b < b1; b++) {
+        let raw = xwin.v[p.x_off / 4u + r * (p.k / 4u) + b * 8u + l];
+        var x = raw;
+        if (p.norm_off != NO_NORM) {
+            x *= wwin.v[p.norm_off / 4u + b * 8u + l];
+        }
+        let ss = subgroupAdd(dot(raw, raw));
+        let ax = abs(x);
+        let amax = subgroupMax(max(max(ax.x, ax.y), max(ax.z, ax.w)));
+        let d = amax / 127.0;
+        var id = 0.0;
+        if (d > 0.0) {
+            id = 1.0 / d;
+        }
+        let q = clamp(vec4<i32>(round(x * id)), vec4<i32>(-127), vec4<i32>(127));
+        let u = bitcast<vec4<u32>>(q) & vec4<u32>(255u);
+        let word = u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
+        let sum = subgroupAdd(q.x + q.y + q.z + q.w);
+        let o = p.y_off + ((p.m_base + r) * nb + b) * 12u;
+        act[o + l] = bitcast<f32>(word);
+        if (l == 0u) {
+            act[o + 8u] = d;
+            act[o + 9u] = d * f32(sum);
+            act[o + 10u] = ss;
+            act[o + 11u] = 0.0;
+        }
     }
 }
 

@@ -18,6 +18,11 @@ use crate::model::vulkan::qops::{NO_NORM, QMatmul};
 use crate::model::vulkan::qweights::KernelType;
 use xtc_vk::{WINDOWS, Window};
 
+/// Blocks of a row one workgroup of `quant_q81_win` quantizes (the
+/// kernel's `QUANT_BLOCKS`): a workgroup a block cost lavapipe more in
+/// workgroup overhead than in work.
+const QUANT_BLOCKS: u32 = 16;
+
 /// 32-bit words per quantized block of 32 activations (48 bytes).
 pub const Q81_WORDS: u32 = 12;
 
@@ -213,7 +218,7 @@ impl Op for QuantizeQ81 {
                         norm_off,
                         ..*op
                     }),
-                    grid: [op.k / 32, s.count, 1],
+                    grid: [(op.k / 32).div_ceil(QUANT_BLOCKS), s.count, 1],
                     offsets: [w_window, s.offset],
                 })
                 .collect(),
