@@ -345,8 +345,9 @@ fn against_reference(
     )))
 }
 
-/// The int8-activation path ([`Activations::Int8`]: `OpSDot` where the
-/// device has it, else the polyfill) against the CPU reference over
+/// The int8-activation path ([`Activations::Int8`]: on CPU devices the
+/// packed pairs for Q4_1 in the CPU form, else `OpSDot` where the device
+/// has it, else the polyfill) against the CPU reference over
 /// `n_tokens` greedy steps of prompt `p`, both fed the reference's token
 /// (so one parting does not compound): logits within
 /// [`INT8_LOGITS_NMSE`], and the device's token the reference's wherever
