@@ -97,33 +97,7 @@ pub fn generate() -> String {
 /// integer as `dot4I8Packed`'s, and the scaling the same expression: a row's
 /// results are the same bits as `qmm8_q41_r<R>`'s.
 fn swar_product(out: &mut String, rows: u32) {
-    write!(
-        out,
-        r#"
-@compute @workgroup_size({WG})
-fn qmm8_q41_r{rows}_swar(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {{
-    let col = wg.y * {WG}u + li;
-    let c0 = col * {C}u;
-    let live = c0 < p.n;
-    let r0 = wg.x * {rows}u;
-    let nb = p.k / 32u;
-    let q0 = p.qs_off + ((c0 / 32u) * nb * 32u + c0 % 32u);
-    let s0 = p.sc_off + (c0 / 32u) * nb * 8u + (c0 % 32u) / 4u;
-"#
-    )
-    .expect("formatting into a String cannot fail");
-    for r in 0..rows {
-        line(
-            out,
-            1,
-            &format!("let xr{r} = p.x_off / 4u + min(r0 + {r}u, p.m - 1u) * nb * 3u;"),
-        );
-        line(out, 1, &format!("var ss{r} = 0.0;"));
-        for c in 0..C {
-            line(out, 1, &format!("var y{r}_{c} = 0.0;"));
-        }
-    }
-    line(out, 1, "for (var b = 0u; b < nb; b++) {");
+    cpu_prologue(out, &format!("qmm8_q41_r{rows}_swar"), rows, 1);
     for c in 0..C {
         line(out, 2, &format!("let w{c} = wtex(q0 + b * 32u + {c}u);"));
     }
@@ -294,15 +268,17 @@ fn qmm8_{ty}_gpu{suffix}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_in
     out.push_str(crate::qmatmul_gen::GPU_EPILOGUE);
 }
 
-/// `qmm8_<ty>_r<R>[_poly]`: the CPU form of the product against Q8_1 blocks.
-fn product(out: &mut String, ty: &str, t: u32, rows: u32, poly: bool) {
-    let suffix = if poly { "_poly" } else { "" };
-    let dot = if poly { "dot4_poly" } else { "dot4I8Packed" };
+/// The CPU form's entry point up to the block loop: the signature, this
+/// invocation's outputs (4 from `c0`) and rows (`rows` from `r0`), the
+/// weights' first code texel `q0` (`t` texels a block and output) and
+/// scale texel `s0`, each row's block offset `xr<r>`, sum of squares and
+/// accumulators; then `for (var b = 0u; b < nb; b++) {` opened.
+fn cpu_prologue(out: &mut String, entry: &str, rows: u32, t: u32) {
     write!(
         out,
         r#"
 @compute @workgroup_size({WG})
-fn qmm8_{ty}_r{rows}{suffix}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {{
+fn {entry}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) sl: u32) {{
     let col = wg.y * {WG}u + li;
     let c0 = col * {C}u;
     let live = c0 < p.n;
@@ -325,6 +301,13 @@ fn qmm8_{ty}_r{rows}{suffix}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
         }
     }
     line(out, 1, "for (var b = 0u; b < nb; b++) {");
+}
+
+/// `qmm8_<ty>_r<R>[_poly]`: the CPU form of the product against Q8_1 blocks.
+fn product(out: &mut String, ty: &str, t: u32, rows: u32, poly: bool) {
+    let suffix = if poly { "_poly" } else { "" };
+    let dot = if poly { "dot4_poly" } else { "dot4I8Packed" };
+    cpu_prologue(out, &format!("qmm8_{ty}_r{rows}{suffix}"), rows, t);
     for c in 0..C {
         for h in 0..t {
             let texel = c * t + h;
