@@ -47,8 +47,9 @@ pub enum DotForm {
     /// Q8_0 (whose products would overflow a half) and the GPU form run
     /// `dot4I8Packed` where `native`, else the polyfill. What
     /// [`Activations::Int8`] picks on CPU devices: on lavapipe the Q4_1
-    /// products ran 1.2-1.4x faster than with `OpSDot` from 8 rows up
-    /// (`cargo bench --bench qmatmul8`, `docs/arch/vk.md`).
+    /// products (quantizer included) ran 1.1-1.3x faster than with
+    /// `OpSDot` from 8 rows up, 0.93-1.29x the f32 form (`cargo bench
+    /// --bench qmatmul8`, `docs/arch/vk.md`).
     Swar {
         /// Whether the other products use `OpSDot`
         /// ([`xtc_vk::Device::integer_dot_product`]).
@@ -270,7 +271,7 @@ impl QMatmul8 {
     }
 
     fn name(&self, rows: u32) -> &'static str {
-        // Type 0 is Q4_1 (`QMatmul::mode` bits 8..16; bit 16 is ours).
+        // Type 0 is Q4_1 (`QMatmul::mode` bits 8..16; bits 16 and 17 are ours).
         let q41 = (self.0.mode >> 8) & 255 == 0;
         let poly = self.0.mode & POLY_BIT != 0;
         if q41 && self.0.mode & SWAR_BIT != 0 {
