@@ -46,11 +46,22 @@
 //   two forms agree bit for bit). Loop budget: (max_pos + 1) * (head_size / 2 + 1) +
 //   head_size / 2 < 60000. Workgroup 64; grid (ceil(n_rows * n_heads / 64), 1).
 
+//
+// - `attention_img_q81` (CPU devices, int8 activations): `attention_img`, whose
+//   invocation also quantizes the head it just wrote as the next product's Q8_1
+//   blocks (qmatmul.wgsl's int8 section: 8 words of int8 codes, d, d * sum, the sum
+//   of squares, 0; row stride dim / 32 blocks) at q_out: head h of row r is blocks
+//   h * head_size / 32 .. of row r. Codes, d and d * sum are `quant_q81_win`'s bits
+//   (the same expressions of the same values); the sum of squares is summed in
+//   another order, so a consumer may use these blocks only without a fused norm
+//   (the o product's input). head_size % 32 == 0 and dim % 32 == 0; one loop of
+//   head_size / 4 iterations more in the loop budget.
 struct Params {
     n_rows: u32, n_heads: u32, n_kv_heads: u32, head_size: u32,
     block_size: u32, rows_off: u32, q_off: u32, out_off: u32,
     kc_off: u32, vc_off: u32, kv_dim: u32, dim: u32,
     max_pos: u32, // largest position among the rows (the host picks the form by it)
+    q_out: u32, // `attention_img_q81` only (the other entry points never read it)
 }
 var<immediate> p: Params;
 
@@ -312,12 +323,15 @@ fn attention_lane(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @group(0) @binding(7) var kv_img: texture_storage_2d_array<rgba32float, read_write>;
 
-@compute @workgroup_size(64)
-fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let idx = gid.x;
-    if (idx >= p.n_rows * p.n_heads) {
-        return;
-    }
+// One (row, head) of `attention_img`: the head's output (`acc / l`, head_size / 4
+// vec4 used) with its row and head.
+struct HeadOut {
+    acc: array<vec4<f32>, 16>,
+    r: u32,
+    h: u32,
+}
+
+fn attend_img(idx: u32) -> HeadOut {
     let r = idx / p.n_heads;
     let h = idx % p.n_heads;
     let pos = md[p.rows_off + r * 4u + 2u];
@@ -361,14 +375,85 @@ fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
         m = m_new;
     }
-    let out_base = p.out_off + r * p.dim + h * hs;
+    var out: HeadOut;
+    out.r = r;
+    out.h = h;
     for (var i = 0u; i < 16u; i++) {
         if (i >= d4) { break; }
-        let v = acc[i] / l;
-        let o = out_base + 4u * i;
-        act[o] = v.x;
-        act[o + 1u] = v.y;
-        act[o + 2u] = v.z;
-        act[o + 3u] = v.w;
+        out.acc[i] = acc[i] / l;
+    }
+    return out;
+}
+
+@compute @workgroup_size(64)
+fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let idx = gid.x;
+    if (idx >= p.n_rows * p.n_heads) {
+        return;
+    }
+    let o = attend_img(idx);
+    let out_base = p.out_off + o.r * p.dim + o.h * p.head_size;
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= p.head_size / 4u) { break; }
+        let v = o.acc[i];
+        let at = out_base + 4u * i;
+        act[at] = v.x;
+        act[at + 1u] = v.y;
+        act[at + 2u] = v.z;
+        act[at + 3u] = v.w;
+    }
+}
+
+@compute @workgroup_size(64)
+fn attention_img_q81(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let idx = gid.x;
+    if (idx >= p.n_rows * p.n_heads) {
+        return;
+    }
+    let o = attend_img(idx);
+    let d4 = p.head_size / 4u;
+    let out_base = p.out_off + o.r * p.dim + o.h * p.head_size;
+    // The stores, with each block's largest magnitude and sum of squares
+    // (head_size <= 64: at most two blocks).
+    var amax = vec2<f32>(0.0);
+    var ss = vec2<f32>(0.0);
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= d4) { break; }
+        let v = o.acc[i];
+        let at = out_base + 4u * i;
+        act[at] = v.x;
+        act[at + 1u] = v.y;
+        act[at + 2u] = v.z;
+        act[at + 3u] = v.w;
+        let ax = abs(v);
+        let a = max(max(ax.x, ax.y), max(ax.z, ax.w));
+        let b = i / 8u;
+        amax[b] = max(amax[b], a);
+        ss[b] += dot(v, v);
+    }
+    let d = amax / 127.0;
+    var id = vec2<f32>(0.0);
+    for (var b = 0u; b < 2u; b++) {
+        if (d[b] > 0.0) {
+            id[b] = 1.0 / d[b];
+        }
+    }
+    let qb = p.q_out + (o.r * (p.dim / 32u) + o.h * (p.head_size / 32u)) * 12u;
+    var sum = vec2<i32>(0);
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= d4) { break; }
+        let b = i / 8u;
+        let q = clamp(vec4<i32>(round(o.acc[i] * id[b])), vec4<i32>(-127), vec4<i32>(127));
+        let u = bitcast<vec4<u32>>(q) & vec4<u32>(255u);
+        act[qb + b * 12u + i % 8u] = bitcast<f32>(u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u));
+        sum[b] += q.x + q.y + q.z + q.w;
+    }
+    for (var b = 0u; b < 2u; b++) {
+        if (b * 8u >= d4) { break; }
+        let at = qb + b * 12u;
+        act[at + 8u] = d[b];
+        act[at + 9u] = d[b] * f32(sum[b]);
+        act[at + 10u] = ss[b];
+        act[at + 11u] = 0.0;
     }
 }

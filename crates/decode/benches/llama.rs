@@ -23,7 +23,9 @@
 //! only the per-group profile (the GPU form's rates take minutes there).
 //! `XTC_BENCH_QUICK=1` runs shorter loops. `XTC_FUSE_ROPE_KV=0` records the
 //! q|k|v product and `rope_kv_img` apart (`GpuLlama::set_fuse_rope_kv`), for
-//! the fused op's side-by-side figure.
+//! the fused op's side-by-side figure; `XTC_FUSE_QUANT=0` gives every int8
+//! product input its own quantizer (`GpuLlama::set_fuse_quantizers`), the
+//! same for the quantized outputs of the residual adds.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -514,6 +516,9 @@ fn vulkan_side(
     if std::env::var("XTC_FUSE_ROPE_KV").is_ok_and(|v| v == "0") {
         gpu.set_fuse_rope_kv(false);
     }
+    if std::env::var("XTC_FUSE_QUANT").is_ok_and(|v| v == "0") {
+        gpu.set_fuse_quantizers(false);
+    }
     let (w, f, kv) = gpu.memory_bytes();
     println!(
         "\ndevice: {} ({:?} forms); load {:.2} s; device memory: quantized weights {:.1} MB, f32 {:.1} MB, KV cache {:.1} MB",
@@ -545,7 +550,46 @@ fn vulkan_side(
             roof.as_ref(),
         ));
     }
-    json!({"side": "vulkan", "device": dev.info().name, "rows": rows, "profiles": profiles})
+    let mut fusion = vec![];
+    if gpu.int8_dot().is_some() {
+        for n in [8usize, 32] {
+            let mut ms = members(n, 4);
+            prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
+            fusion.push(fusion_ab(&mut gpu, &mut ms, if quick { 8 } else { 16 }));
+        }
+    }
+    json!({"side": "vulkan", "device": dev.info().name, "rows": rows, "profiles": profiles,
+           "int8_quantizers_fused_vs_apart": fusion})
+}
+
+/// With int8 activations: decode iterations of all members with the
+/// residual adds' quantized outputs (`GpuLlama::set_fuse_quantizers`) and
+/// without, alternating, `reps` of each; prints both sides' median and
+/// fastest wall time and the ratio of the medians (apart / fused: above 1
+/// the fused outputs are faster).
+fn fusion_ab(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize) -> Value {
+    let (mut on, mut off) = (vec![], vec![]);
+    for _ in 0..reps {
+        gpu.set_fuse_quantizers(true);
+        on.push(decode(gpu, ms, 1) * 1e3);
+        gpu.set_fuse_quantizers(false);
+        off.push(decode(gpu, ms, 1) * 1e3);
+    }
+    gpu.set_fuse_quantizers(true);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mon, moff) = (median(&mut on), median(&mut off));
+    println!(
+        "int8, {} members, one decode iteration (wall, median / fastest of {reps}, alternating): quantizers fused {mon:.2} / {:.2} ms, apart {moff:.2} / {:.2} ms: apart / fused {:.3}x",
+        ms.len(),
+        on[0],
+        off[0],
+        moff / mon
+    );
+    json!({"members": ms.len(), "fused_median_ms": mon, "apart_median_ms": moff,
+           "fused_min_ms": on[0], "apart_min_ms": off[0], "ratio": moff / mon})
 }
 
 /// The Vulkan side's rates: pp512, one stream and 8/16/32 members (one

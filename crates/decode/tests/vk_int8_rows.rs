@@ -101,13 +101,79 @@ fn small_iterations_run_the_f32_products_and_large_ones_the_int8_products() {
     let (_, at) = int8.profile(&third).unwrap();
     let (_, bt) = f32m.profile(&third).unwrap();
     let layers = m.config().shape.n_layers;
-    assert!(
-        count(&at, "quant_q81") >= 4 * layers,
-        "the quantizers ran at {} rows: {} groups",
+    // Layer 0's x, then per layer the gated FFN activations, and the LM
+    // head's input: the residual adds quantize the new x and the attention
+    // its output themselves (`fused_quantizers_...` below).
+    assert_eq!(
+        count(&at, "quant_q81"),
+        layers + 2,
+        "the quantizers at {} rows",
         1 + prompt.len(),
-        count(&at, "quant_q81")
     );
     assert_eq!(count(&bt, "quant_q81"), 0);
+}
+
+/// The residual-add products' quantized outputs
+/// (`QMatmul8::with_quantized_out`) and the attention's
+/// (`AttentionImageQ81`) write the blocks `quant_q81` would: an int8 model
+/// with them and one without give the same tokens and logits bit for bit,
+/// over a prefill of 31 rows and 2 sequences (the `down` product's input
+/// rows then split over two windows, so the second chunk quantizes rows
+/// from `m_base` 28) and decode rows after it, with three dispatch groups a
+/// layer fewer.
+#[test]
+fn fused_quantizers_give_the_same_logits_bit_for_bit_with_three_groups_fewer_a_layer() {
+    let Some((m, t)) = model_support::model() else {
+        return;
+    };
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let mut fused = GpuLlama::with_activations(&dev, m, options(), Activations::Int8).unwrap();
+    let mut apart = GpuLlama::with_activations(&dev, m, options(), Activations::Int8).unwrap();
+    apart.set_fuse_quantizers(false);
+    let layers = m.config().shape.n_layers;
+    let mut prompt = t.encode(
+        "It is a truth universally acknowledged, that a single man in possession of a good \
+         fortune, must be in want of a wife. However little known the feelings or views",
+    );
+    assert!(prompt.len() >= 31, "{} prompt tokens", prompt.len());
+    prompt.truncate(31);
+    let plans = [
+        BatchPlan {
+            seqs: vec![
+                seq(prompt[..7].to_vec(), 0, 0),
+                seq(prompt[7..].to_vec(), 0, 1),
+            ],
+        },
+        BatchPlan {
+            seqs: vec![seq(vec![prompt[7]], 7, 0), seq(vec![prompt[3]], 24, 1)],
+        },
+    ];
+    for (i, plan) in plans.iter().enumerate() {
+        let (_, ft) = fused.profile(plan).unwrap();
+        let (_, at) = apart.profile(plan).unwrap();
+        assert_eq!(count(&ft, "quant_q81"), layers + 2, "plan {i}, fused");
+        assert_eq!(count(&at, "quant_q81"), 4 * layers + 1, "plan {i}, apart");
+        assert_eq!(at.len() - ft.len(), 3 * layers - 1, "plan {i}: groups");
+    }
+    // The same plans again (the KV cache rewritten with the same values),
+    // now with the logits.
+    for (i, plan) in plans.iter().enumerate() {
+        let f = fused.submit(plan).unwrap();
+        let (ft, fl) = fused.finish_with_logits(f).unwrap();
+        let f = apart.submit(plan).unwrap();
+        let (at, al) = apart.finish_with_logits(f).unwrap();
+        assert_eq!(ft, at, "plan {i}: tokens");
+        for (s, (x, y)) in fl.iter().zip(&al).enumerate() {
+            let differ = x
+                .iter()
+                .zip(y)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differ, 0, "plan {i}, sequence {s}: {differ} logits differ");
+        }
+    }
 }
 
 /// `Auto` waits for the rows its probe measured, whatever it chose.

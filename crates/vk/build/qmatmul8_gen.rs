@@ -430,6 +430,40 @@ fn epilogue(out: &mut String, rows: u32) {
         );
     }
     line(out, 1, "}");
+    // Quantized output (QOUT, residual-add products only): before the stores,
+    // while every lane is still active (the subgroup operations need all 8),
+    // each row's new x (the old x plus this product, as the store below adds
+    // it) quantized as one Q8_1 block: this workgroup's 32 outputs are block
+    // c0 / 32 of the row.
+    line(out, 1, "if ((p.mode & QOUT) != 0u) {");
+    for r in 0..rows {
+        let y = ys(r);
+        line(out, 2, &format!("if (r0 + {r}u < p.m) {{"));
+        line(
+            out,
+            3,
+            &format!("let o{r} = p.y_off + (p.m_base + r0 + {r}u) * p.n + c0;"),
+        );
+        line(out, 3, &format!("var old{r} = vec4<f32>(0.0);"));
+        line(out, 3, "if (live) {");
+        line(
+            out,
+            4,
+            &format!(
+                "old{r} = vec4<f32>(act[o{r}], act[o{r} + 1u], act[o{r} + 2u], act[o{r} + 3u]);"
+            ),
+        );
+        line(out, 3, "}");
+        line(
+            out,
+            3,
+            &format!(
+                "q81_out(old{r} + vec4<f32>({y}) * inv{r}, p.m_base + r0 + {r}u, c0 / 32u, p.n / 32u, sl & 7u);"
+            ),
+        );
+        line(out, 2, "}");
+    }
+    line(out, 1, "}");
     line(out, 1, "if (!live) { return; }");
     for r in 0..rows {
         let y = ys(r);
@@ -488,6 +522,47 @@ const QUANT_BLOCKS: u32 = 16u;
 // (absolute): each thread takes every 16th block of its output for the 4 rows,
 // reading the blocks from act; then the f32 GPU form's reduction and stores.
 
+// The Q8_1 block of 32 activations that lane l (of a subgroup of 8) holds 4 of:
+// `raw` the lane's x values (elements 4l .. 4l+3), `x` the same times the norm's g
+// (or `raw`); the block goes to act[o ..]. Shared by `quant_q81_win` and the products'
+// quantized output, so both write the same bits for the same x.
+fn q81_block(raw: vec4<f32>, x: vec4<f32>, o: u32, l: u32) {
+    let ss = subgroupAdd(dot(raw, raw));
+    let ax = abs(x);
+    let amax = subgroupMax(max(max(ax.x, ax.y), max(ax.z, ax.w)));
+    let d = amax / 127.0;
+    var id = 0.0;
+    if (d > 0.0) {
+        id = 1.0 / d;
+    }
+    let q = clamp(vec4<i32>(round(x * id)), vec4<i32>(-127), vec4<i32>(127));
+    let u = bitcast<vec4<u32>>(q) & vec4<u32>(255u);
+    let word = u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
+    let sum = subgroupAdd(q.x + q.y + q.z + q.w);
+    act[o + l] = bitcast<f32>(word);
+    if (l == 0u) {
+        act[o + 8u] = d;
+        act[o + 9u] = d * f32(sum);
+        act[o + 10u] = ss;
+        act[o + 11u] = 0.0;
+    }
+}
+
+// QOUT (host bit 18 of p.mode, CPU-form int8 products with mode 1, n1 = n, n % 32 ==
+// 0): the product also writes the new x [m, n] (old x + y, what its stores leave) as
+// Q8_1 blocks, row stride n / 32 blocks, at y2_off (absolute), of x * g for g [n] at
+// y3_off of the weight window (NO_NORM: none): the next products' input, quantized
+// where it is made, without a `quant_q81` dispatch group. Block b of row `row` from
+// lane l's 4 values.
+const QOUT: u32 = 0x40000u;
+fn q81_out(raw: vec4<f32>, row: u32, b: u32, nb: u32, l: u32) {
+    var x = raw;
+    if (p.y3_off != NO_NORM) {
+        x *= wwin.v[p.y3_off / 4u + b * 8u + l];
+    }
+    q81_block(raw, x, p.y2_off + (row * nb + b) * 12u, l);
+}
+
 @compute @workgroup_size(8)
 fn quant_q81_win(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
     let nb = p.k / 32u;
@@ -500,26 +575,7 @@ fn quant_q81_win(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_invocat
         if (p.norm_off != NO_NORM) {
             x *= wwin.v[p.norm_off / 4u + b * 8u + l];
         }
-        let ss = subgroupAdd(dot(raw, raw));
-        let ax = abs(x);
-        let amax = subgroupMax(max(max(ax.x, ax.y), max(ax.z, ax.w)));
-        let d = amax / 127.0;
-        var id = 0.0;
-        if (d > 0.0) {
-            id = 1.0 / d;
-        }
-        let q = clamp(vec4<i32>(round(x * id)), vec4<i32>(-127), vec4<i32>(127));
-        let u = bitcast<vec4<u32>>(q) & vec4<u32>(255u);
-        let word = u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
-        let sum = subgroupAdd(q.x + q.y + q.z + q.w);
-        let o = p.y_off + ((p.m_base + r) * nb + b) * 12u;
-        act[o + l] = bitcast<f32>(word);
-        if (l == 0u) {
-            act[o + 8u] = d;
-            act[o + 9u] = d * f32(sum);
-            act[o + 10u] = ss;
-            act[o + 11u] = 0.0;
-        }
+        q81_block(raw, x, p.y_off + ((p.m_base + r) * nb + b) * 12u, l);
     }
 }
 

@@ -598,6 +598,47 @@ impl Op for AttentionImage {
     }
 }
 
+/// `attention_img_q81` (`attention.wgsl`): [`AttentionImage`] that also
+/// leaves its output `[n_rows, dim]` as the int8 products' Q8_1 blocks at
+/// `q_out` (absolute, in the activations; `q81_len(n_rows, dim)` elements,
+/// [`crate::model::vulkan::qops8`]'s layout), each invocation quantizing the
+/// head it wrote: the next product's input without a `quant_q81` dispatch
+/// group. The codes and scales are `quant_q81`'s bits; the blocks' sums of
+/// squares are not (summed in another order), so only a product without a
+/// fused norm may read them. Requires what [`AttentionImage`] does,
+/// `head_size % 32 == 0` and `dim % 32 == 0` ([`AttentionImageQ81::fits`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct AttentionImageQ81 {
+    /// The attention.
+    pub att: Attention,
+    /// The blocks' offset in the activations (a multiple of 4).
+    pub q_out: u32,
+}
+
+impl AttentionImageQ81 {
+    /// Whether this form can run the op: [`AttentionImage::fits`] with
+    /// `head_size / 4` loop iterations more, whole blocks per head and row,
+    /// `q_out` a multiple of 4.
+    pub fn fits(&self) -> bool {
+        let a = &self.att;
+        let hs = u64::from(a.head_size);
+        let loops = (u64::from(a.max_pos) + 1) * (hs / 2 + 1) + hs / 2 + hs / 4;
+        AttentionImage(*a).fits()
+            && a.head_size.is_multiple_of(32)
+            && a.dim.is_multiple_of(32)
+            && self.q_out.is_multiple_of(4)
+            && loops < u64::from(LANE_LOOP_BUDGET)
+    }
+}
+
+impl Op for AttentionImageQ81 {
+    const KERNEL: &'static str = "attention_img_q81";
+    fn grid(&self) -> [u32; 3] {
+        [groups(self.att.n_rows * self.att.n_heads, 64), 1, 1]
+    }
+}
+
 /// `attention.wgsl`: causal GQA attention per (row, head) over the paged cache.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]

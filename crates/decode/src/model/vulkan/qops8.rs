@@ -237,12 +237,15 @@ pub struct QMatmul8(pub QMatmul);
 
 const POLY_BIT: u32 = 1 << 16;
 const SWAR_BIT: u32 = 1 << 17;
+/// The kernels' `QOUT` (read on the device, unlike bits 16 and 17): see
+/// [`QMatmul8::with_quantized_out`].
+const QOUT_BIT: u32 = 1 << 18;
 
 impl QMatmul8 {
     /// `op` against the blocks at `xq_off` (absolute, a multiple of 4), or
     /// `None` when its weights are neither Q4_1 nor Q8_0.
     pub fn new(op: QMatmul, xq_off: u32, form: DotForm) -> Option<QMatmul8> {
-        if op.mode & (POLY_BIT | SWAR_BIT) != 0
+        if op.mode & (POLY_BIT | SWAR_BIT | QOUT_BIT) != 0
             || !matches!(op.kernel_type(), KernelType::Q41 | KernelType::Q80)
         {
             return None;
@@ -258,6 +261,39 @@ impl QMatmul8 {
             mode: op.mode | poly,
             ..op
         }))
+    }
+
+    /// The same residual-add product that also leaves the new x (`[m, n]` at
+    /// `y_off`: the old x plus this product) quantized, as [`QuantizeQ81`]
+    /// would quantize it with the norm vector at `norm_off` ([`NO_NORM`]:
+    /// none), into the blocks at `blocks_off` (absolute, a multiple of 4;
+    /// [`q81_len`]`(m, n)` elements): the next products' input made where
+    /// the x is made, without a quantizer's dispatch group. The same code
+    /// quantizes (`q81_block` in the kernels), so the blocks are the same
+    /// bits.
+    ///
+    /// Only the CPU form has it: run it only where [`QMatmul8::fits`] holds
+    /// (elsewhere the GPU form would run and leave the blocks unwritten).
+    /// `None` unless the op adds into one output (mode
+    /// [`MODE_ADD`](crate::model::vulkan::qops::MODE_ADD), `n1 == n`) of a
+    /// whole number of blocks (`n % 32 == 0`) and `blocks_off` is a multiple
+    /// of 4.
+    pub fn with_quantized_out(self, blocks_off: u32, norm_off: u32) -> Option<QMatmul8> {
+        let op = self.0;
+        let adds = op.mode & 255 == crate::model::vulkan::qops::MODE_ADD;
+        let whole = op.n1 == op.n && op.n.is_multiple_of(32) && blocks_off.is_multiple_of(4);
+        (adds && whole).then_some(QMatmul8(QMatmul {
+            mode: op.mode | QOUT_BIT,
+            y2_off: blocks_off,
+            y3_off: norm_off,
+            ..op
+        }))
+    }
+
+    /// Whether the op runs in the CPU form on `variant` with these windows
+    /// ([`Op::windowed`] applies): what a quantized output needs.
+    pub fn fits(&self, variant: Variant, win: &[Window; WINDOWS as usize]) -> bool {
+        self.windowed(variant, win).is_some()
     }
 
     fn gpu_name(&self) -> &'static str {
@@ -332,6 +368,18 @@ impl Op for QMatmul8 {
         }
         let row = u64::from(q81_len(1, op.k));
         let spans = spans_of(&win[1], op.x_off, op.m, row, 4)?;
+        // A quantized output's norm vector through the weight window.
+        let (w_window, norm_rel) = match (op.mode & QOUT_BIT != 0, op.y3_off) {
+            (false, _) | (true, NO_NORM) => (0, op.y3_off),
+            (true, off) => {
+                let start = u64::from(off) * 4;
+                let (at, covered) = win[0].place(start)?;
+                if covered < u64::from(op.n) * 4 || !off.is_multiple_of(4) {
+                    return None;
+                }
+                (at, u32::try_from((start - at) / 4).ok()?)
+            }
+        };
         Some(
             spans
                 .iter()
@@ -343,10 +391,11 @@ impl Op for QMatmul8 {
                             m: s.count,
                             x_off: s.rel,
                             m_base: s.first,
+                            y3_off: norm_rel,
                             ..*op
                         }),
                         grid: [s.count.div_ceil(tile), op.n.div_ceil(32).max(1), 1],
-                        offsets: [0, s.offset],
+                        offsets: [w_window, s.offset],
                     }
                 })
                 .collect(),
@@ -384,4 +433,43 @@ pub fn reference_quantize_q81(x: &[f32], g: Option<&[f32]>) -> Vec<u32> {
         out.extend([d.to_bits(), (d * sum as f32).to_bits(), ss.to_bits(), 0]);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::vulkan::qweights::QTensor;
+
+    fn w(rows: u32) -> QTensor {
+        QTensor {
+            ty: KernelType::Q41,
+            rows,
+            cols: 576,
+            qs_off: 0,
+            sc_off: 0,
+        }
+    }
+
+    #[test]
+    fn only_a_residual_add_of_whole_blocks_takes_a_quantized_out() {
+        let form = DotForm::Swar { native: true };
+        let add = QMatmul8::new(QMatmul::plain(&w(576), 8, 0, 4096, true), 64, form).unwrap();
+        let f = add.with_quantized_out(1024, 7).expect("a residual add");
+        assert_eq!(f.0.mode & QOUT_BIT, QOUT_BIT);
+        assert_eq!((f.0.y2_off, f.0.y3_off), (1024, 7));
+        assert_eq!(f.0.mode & !QOUT_BIT, add.0.mode, "the rest of the mode kept");
+        // Not a residual add, a width that is not whole blocks, a split, an
+        // unaligned offset.
+        let store = QMatmul8::new(QMatmul::plain(&w(576), 8, 0, 4096, false), 64, form).unwrap();
+        assert!(store.with_quantized_out(1024, 7).is_none());
+        let glu = QMatmul8::new(QMatmul::glu(&w(576), 8, 0, 4096), 64, form).unwrap();
+        assert!(glu.with_quantized_out(1024, 7).is_none());
+        let narrow = QMatmul8::new(QMatmul::plain(&w(580), 8, 0, 4096, true), 64, form).unwrap();
+        assert!(narrow.with_quantized_out(1024, 7).is_none());
+        let split = QMatmul8(QMatmul { n1: 288, ..add.0 });
+        assert!(split.with_quantized_out(1024, 7).is_none());
+        assert!(add.with_quantized_out(1026, 7).is_none());
+        // An op that already carries the bit is not a plain product.
+        assert!(QMatmul8::new(f.0, 64, form).is_none());
+    }
 }

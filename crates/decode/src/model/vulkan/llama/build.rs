@@ -342,9 +342,14 @@ pub(super) struct Buffers {
     pub(super) logits: Option<Buffer>,
     pub(super) a: ActOffsets,
     pub(super) part_off: u32,
-    /// The int8 activations' blocks (`quant_q81`'s output, sized for
-    /// `max_tokens` rows of the widest product input) when `int8`.
-    pub(super) xq_off: Option<u32>,
+    /// With `int8`, the quantized activations' offsets: the blocks of the
+    /// attention output and the gated FFN activations (`quant_q81`'s output,
+    /// sized for `max_tokens` rows of the widest product input), and the
+    /// blocks of the residual stream x (`max_tokens` rows of `dim`), which
+    /// the residual-add products write as they add
+    /// ([`QMatmul8::with_quantized_out`](crate::model::vulkan::qops8::QMatmul8::with_quantized_out))
+    /// while they read the first.
+    pub(super) xq_off: Option<(u32, u32)>,
     pub(super) kv_layer: u32,
     pub(super) meta_len: usize,
 }
@@ -404,10 +409,15 @@ pub(super) fn allocate(
             let at = act_len.next_multiple_of(4);
             let widest = shape.dim.max(shape.hidden_dim) as u64;
             let rows = mul(opts.max_tokens as u64, widest / 32)?;
-            act_len = at
+            let x_at = at
                 .checked_add(mul(rows, u64::from(Q81_WORDS))?)
                 .ok_or(GpuLlamaError::Range)?;
-            Some(u32::try_from(at).map_err(|_| GpuLlamaError::Range)?)
+            let x_rows = mul(opts.max_tokens as u64, shape.dim as u64 / 32)?;
+            act_len = x_at
+                .checked_add(mul(x_rows, u64::from(Q81_WORDS))?)
+                .ok_or(GpuLlamaError::Range)?;
+            let off = |v: u64| u32::try_from(v).map_err(|_| GpuLlamaError::Range);
+            Some((off(at)?, off(x_at)?))
         }
         false => None,
     };

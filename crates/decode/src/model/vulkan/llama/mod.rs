@@ -31,6 +31,15 @@
 //! between dependent ones (lavapipe pays for each dispatch, see
 //! `docs/arch/vk.md`). The CPU-device products split into one dispatch per
 //! window of activation rows (64 KiB: 28 rows at K = 576, 10 at K = 1536).
+//!
+//! With int8 activations ([`Activations`]) each product input is quantized
+//! to Q8_1 blocks before its products read them: by a `quant_q81` dispatch
+//! group, or, where the op that makes the input can (the fused quantizers,
+//! [`GpuLlama::set_fuse_quantizers`]), by that op itself: the residual adds
+//! quantize the new x for the next products' norm
+//! ([`QMatmul8::with_quantized_out`]) and the attention over the KV image
+//! its output ([`AttentionImageQ81`]); on lavapipe 32 quantizer groups an
+//! iteration remain of 121.
 
 use std::os::fd::BorrowedFd;
 
@@ -45,10 +54,11 @@ use crate::model::vulkan::{ActOffsets, InFlight};
 
 use crate::model::vulkan::act_probe;
 use crate::model::vulkan::ops::{
-    Attention, AttentionImage, Ops, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
+    Attention, AttentionImage, AttentionImageQ81, Ops, RmsNorm, Rope, SwiGlu, Variant,
+    pack_metadata,
 };
 use crate::model::vulkan::qops::{
-    ArgmaxPart, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
+    ArgmaxPart, NO_NORM, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
 };
 use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81};
 use crate::model::vulkan::qweights::QTensor;
@@ -90,8 +100,8 @@ pub struct GpuLlama {
     a: ActOffsets,
     /// The LM head's argmax partials `[max_seqs][groups][2]` (after `a.len`).
     part_off: u32,
-    /// The int8 products' dot form and the quantized activations' offset.
-    act8: Option<(DotForm, u32)>,
+    /// The int8 products' dot form and the quantized activations' offsets.
+    act8: Option<Act8>,
     kv_layer: u32,
     weight_bytes: u64,
     scratch: Vec<u32>,
@@ -102,6 +112,23 @@ pub struct GpuLlama {
     /// With `act8`: the token rows an iteration needs for its products to
     /// take int8 activations; smaller iterations run the f32 products.
     int8_min_rows: u32,
+    /// With `act8`: the residual-add products quantize the new x for the
+    /// next products where they apply ([`QMatmul8::with_quantized_out`]);
+    /// on by default.
+    fuse_quant: bool,
+}
+
+/// Where an int8 iteration's products find their quantized inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Act8 {
+    /// How the products compute their dot products.
+    form: DotForm,
+    /// Blocks of the inputs that are not the residual stream (the attention
+    /// output, the gated FFN activations, the sampled rows' norm).
+    xq: u32,
+    /// Blocks of the residual stream x (of `x * g` for the next products'
+    /// norm vector g).
+    xq_x: u32,
 }
 
 impl std::fmt::Debug for GpuLlama {
@@ -183,7 +210,9 @@ impl GpuLlama {
             rope_tab: w.rope_tab,
             a: b.a,
             part_off: b.part_off,
-            act8: form.zip(b.xq_off),
+            act8: form
+                .zip(b.xq_off)
+                .map(|(form, (xq, xq_x))| Act8 { form, xq, xq_x }),
             kv_layer: b.kv_layer,
             weight_bytes: up.weight_bytes,
             scratch: Vec::with_capacity(b.meta_len),
@@ -193,6 +222,7 @@ impl GpuLlama {
                 Activations::Auto => act_probe::ROWS,
                 _ => 1,
             },
+            fuse_quant: true,
         })
     }
 
@@ -214,6 +244,18 @@ impl GpuLlama {
     /// weights in Q4_1 or Q8_0; elsewhere the two ops run apart anyway.
     pub fn set_fuse_rope_kv(&mut self, on: bool) {
         self.fuse_rope_kv = on;
+    }
+
+    /// Turns the quantized outputs of int8 iterations on (the default) or
+    /// off: the `o` and `down` products (residual adds) also write the new
+    /// x as the next products' Q8_1 blocks
+    /// ([`QMatmul8::with_quantized_out`]), so two of a layer's four
+    /// `quant_q81` dispatch groups go. Off: every input quantized by its own
+    /// `quant_q81` (the same blocks bit for bit; for benches and
+    /// cross-checks). It applies in the CPU form; elsewhere every input has
+    /// its quantizer anyway.
+    pub fn set_fuse_quantizers(&mut self, on: bool) {
+        self.fuse_quant = on;
     }
 
     /// Sets the token rows an iteration needs for its products to take int8
@@ -242,7 +284,7 @@ impl GpuLlama {
     /// the products take f32 activations (`XTC_ACTIVATIONS` unset, `f32`,
     /// or `auto` resolved to f32).
     pub fn int8_dot(&self) -> Option<DotForm> {
-        self.act8.map(|(d, _)| d)
+        self.act8.map(|a| a.form)
     }
 
     /// The kernel forms in use.
@@ -409,7 +451,7 @@ struct Recording<'a> {
     m: &'a GpuLlama,
     /// The model's int8 activations, where this iteration has the rows for
     /// them ([`GpuLlama::set_int8_min_rows`]).
-    act8: Option<(DotForm, u32)>,
+    act8: Option<Act8>,
     t: u32,
     s: u32,
     sample_list: u32,
@@ -432,6 +474,9 @@ enum Step {
     MmRkv(QMatmulRopeKv),
     RopeKv(RopeKv),
     Attend(Attention, bool),
+    /// The attention over the KV image, its output also quantized for the
+    /// int8 `o` product after it.
+    AttendQ81(AttentionImageQ81),
     Glu(SwiGlu),
     Argmax(ArgmaxPart),
     /// A barrier after the group of dispatches named by the label.
@@ -463,7 +508,10 @@ impl Recording<'_> {
             eps: m.rms_eps,
             row_base: 0,
         };
+        // With int8 activations: which inputs' blocks are already written.
+        let mut x_blocks = Blocks::default();
         for (l, lw) in m.layers.iter().enumerate() {
+            let next_norm = m.layers.get(l + 1).map(|n| n.attn_norm);
             let l = l as u32;
             let eps = m.rms_eps;
             let qkv = match &lw.qkv {
@@ -507,37 +555,42 @@ impl Recording<'_> {
                     p.push(Step::Barrier("qmm norm.q|k|v, rope_kv"));
                 }
                 None => {
-                    self.products(&mut p, &qkv);
+                    self.products(&mut p, &qkv, &mut x_blocks, None);
                     p.push(Step::Barrier("qmm norm.q|k|v"));
                     p.push(Step::RopeKv(rk));
                     p.push(Step::Barrier("rope_kv"));
                 }
             }
-            p.push(Step::Attend(
-                Attention {
-                    n_rows: t,
-                    n_heads: c.n_heads as u32,
-                    n_kv_heads: c.n_kv_heads as u32,
-                    head_size: hs,
-                    block_size: bs,
-                    rows_off: 0,
-                    q_off: a.q,
-                    out_off: a.att,
-                    kc_off,
-                    vc_off,
-                    kv_dim: kvd,
-                    dim: d,
-                    max_pos: self.max_pos,
-                },
-                img,
-            ));
+            let att = Attention {
+                n_rows: t,
+                n_heads: c.n_heads as u32,
+                n_kv_heads: c.n_kv_heads as u32,
+                head_size: hs,
+                block_size: bs,
+                rows_off: 0,
+                q_off: a.q,
+                out_off: a.att,
+                kc_off,
+                vc_off,
+                kv_dim: kvd,
+                dim: d,
+                max_pos: self.max_pos,
+            };
+            let o = QMatmul::plain(&lw.wo, t, a.att, a.x, true);
+            match self.attention_q81(att, img, &o) {
+                Some(f) => {
+                    p.push(Step::AttendQ81(f));
+                    x_blocks.att = true;
+                }
+                None => p.push(Step::Attend(att, img)),
+            }
             p.push(Step::Barrier("attention"));
-            self.products(&mut p, &[QMatmul::plain(&lw.wo, t, a.att, a.x, true)]);
+            self.products(&mut p, &[o], &mut x_blocks, Some(lw.ffn_norm));
             p.push(Step::Barrier("qmm o (+x)"));
             match &lw.w13 {
                 Proj::Stacked(w) => {
                     let glu = QMatmul::glu(w, t, a.x, a.h1).with_norm(lw.ffn_norm, eps);
-                    self.products(&mut p, &[glu]);
+                    self.products(&mut p, &[glu], &mut x_blocks, None);
                     p.push(Step::Barrier("qmm norm.gate|up, swiglu"));
                 }
                 Proj::Parts(parts) => {
@@ -548,7 +601,7 @@ impl Recording<'_> {
                             QMatmul::plain(w, t, a.x, y, false).with_norm(lw.ffn_norm, eps)
                         })
                         .collect();
-                    self.products(&mut p, &up);
+                    self.products(&mut p, &up, &mut x_blocks, None);
                     p.push(Step::Barrier("qmm norm.gate|up"));
                     p.push(Step::Glu(SwiGlu {
                         n_rows: t,
@@ -559,7 +612,8 @@ impl Recording<'_> {
                     p.push(Step::Barrier("swiglu"));
                 }
             }
-            self.products(&mut p, &[QMatmul::plain(&lw.w2, t, a.h1, a.x, true)]);
+            let down = QMatmul::plain(&lw.w2, t, a.h1, a.x, true);
+            self.products(&mut p, &[down], &mut x_blocks, next_norm);
             p.push(Step::Barrier("qmm down (+x)"));
         }
         if self.s > 0 {
@@ -571,7 +625,7 @@ impl Recording<'_> {
             p.push(Step::Barrier("rmsnorm (sampled rows)"));
             let v = c.vocab_size as u32;
             let head = QMatmul::logits_argmax(&m.head, self.s, a.sel, a.logits, m.part_off);
-            self.products(&mut p, &[head]);
+            self.products(&mut p, &[head], &mut x_blocks, None);
             p.push(Step::Barrier("qmm LM head (+argmax partials)"));
             p.push(Step::Argmax(ArgmaxPart {
                 n_rows: self.s,
@@ -598,26 +652,98 @@ impl Recording<'_> {
     }
 
     /// Products of one input (same x, rows, width and fused norm): as they
-    /// are, or with int8 activations (the input quantized once, a barrier,
-    /// then every product against the blocks) when the model runs them and
-    /// every product's weights have an int8 form.
-    fn products(&self, p: &mut Vec<Step>, ops: &[QMatmul]) {
-        let int8 = self.act8.and_then(|(form, xq)| {
+    /// are, or with int8 activations (the input quantized, a barrier, then
+    /// every product against the blocks) when the model runs them and every
+    /// product's weights have an int8 form.
+    ///
+    /// `blocks` says which inputs need no quantizer ([`Blocks`]). A product
+    /// that adds into x leaves, with `quant_out` `Some(g)` (the next
+    /// products' norm vector) and the fused quantizers on, the new x's
+    /// blocks for `g` where the CPU form runs it
+    /// ([`QMatmul8::with_quantized_out`]); otherwise x's blocks are stale.
+    fn products(
+        &self,
+        p: &mut Vec<Step>,
+        ops: &[QMatmul],
+        blocks: &mut Blocks,
+        quant_out: Option<u32>,
+    ) {
+        let m = self.m;
+        let x = m.a.x;
+        let adds_x = ops.iter().any(|o| o.y_off == x);
+        let Some(first) = ops.first() else {
+            return;
+        };
+        let reads_x = first.x_off == x;
+        let int8 = self.act8.and_then(|a8| {
+            let at = if reads_x { a8.xq_x } else { a8.xq };
             ops.iter()
-                .map(|o| QMatmul8::new(*o, xq, form))
+                .map(|o| QMatmul8::new(*o, at, a8.form))
                 .collect::<Option<Vec<_>>>()
-                .map(|v| (v, xq))
+                .map(|v| (v, at, a8))
         });
-        match (int8, ops.first()) {
-            (Some((mm8, xq)), Some(o)) => {
-                let q = QuantizeQ81::new(o.m, o.k, o.x_off, xq, o.norm_off);
-                p.push(Step::Quant(q));
-                p.push(Step::Barrier("quant_q81"));
-                p.extend(mm8.into_iter().map(Step::Mm8));
+        let att = std::mem::take(&mut blocks.att);
+        let Some((mm8, at, a8)) = int8 else {
+            p.extend(ops.iter().map(|o| Step::Mm(*o)));
+            if adds_x {
+                blocks.x_norm = None;
             }
-            _ => p.extend(ops.iter().map(|o| Step::Mm(*o))),
+            return;
+        };
+        let ready = match reads_x {
+            true => blocks.x_norm == Some(first.norm_off),
+            false => att && first.x_off == m.a.att && first.norm_off == NO_NORM,
+        };
+        if !ready {
+            let q = QuantizeQ81::new(first.m, first.k, first.x_off, at, first.norm_off);
+            p.push(Step::Quant(q));
+            p.push(Step::Barrier("quant_q81"));
+            if reads_x {
+                blocks.x_norm = Some(first.norm_off);
+            }
+        }
+        let mut made = None;
+        for op in mm8 {
+            let fused = quant_out
+                .filter(|_| m.fuse_quant && op.0.y_off == x)
+                .and_then(|g| op.with_quantized_out(a8.xq_x, g))
+                .filter(|f| m.ops.windows_on() && f.fits(m.ops.variant(), &m.set.windows()));
+            match fused {
+                Some(f) => {
+                    made = quant_out;
+                    p.push(Step::Mm8(f));
+                }
+                None => p.push(Step::Mm8(op)),
+            }
+        }
+        if adds_x {
+            blocks.x_norm = made;
         }
     }
+
+    /// The attention with its output quantized for the `o` product after it
+    /// ([`AttentionImageQ81`]), where the iteration runs int8 products, the
+    /// fused quantizers are on, the attention runs over the KV image, `o`
+    /// has an int8 form and the op fits; else `None`.
+    fn attention_q81(&self, att: Attention, img: bool, o: &QMatmul) -> Option<AttentionImageQ81> {
+        let a8 = self.act8?;
+        let int8_o = QMatmul8::new(*o, a8.xq, a8.form).is_some();
+        let op = AttentionImageQ81 { att, q_out: a8.xq };
+        (self.m.fuse_quant && img && int8_o && o.norm_off == NO_NORM && op.fits()).then_some(op)
+    }
+}
+
+/// Which int8 product inputs an iteration's plan has already quantized
+/// (where an op that makes the input quantizes it too).
+#[derive(Debug, Default)]
+struct Blocks {
+    /// `Some(g)`: the blocks at [`Act8::xq_x`] are those of the current x
+    /// times the norm vector at `g` (written by a quantizer or the last
+    /// residual add).
+    x_norm: Option<u32>,
+    /// The blocks at [`Act8::xq`] are the attention output's, just written
+    /// by [`AttentionImageQ81`] (for the next products only).
+    att: bool,
 }
 
 impl PlanOps {
@@ -645,6 +771,7 @@ impl PlanOps {
                 Step::RopeKv(o) => ops.run(rec, o)?,
                 Step::Attend(o, true) => ops.run(rec, &AttentionImage(*o))?,
                 Step::Attend(o, false) => ops.run(rec, o)?,
+                Step::AttendQ81(o) => ops.run(rec, o)?,
                 Step::Glu(o) => ops.run(rec, o)?,
                 Step::Argmax(o) => ops.run(rec, o)?,
                 Step::Barrier(label) => {
