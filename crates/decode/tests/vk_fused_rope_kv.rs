@@ -1,7 +1,8 @@
 //! The q|k|v product with RoPE and the KV append fused into its stores
-//! (`QMatmulRopeKv`, entry points `qmm_<ty>_r<R>_rkv`) against the two ops
-//! it replaces (the product, a barrier, `rope_kv_img`): SmolLM2 on the CPU
-//! form gives the same tokens and logits bit for bit over chunked prefill
+//! (`QMatmulRopeKv`, entry points `qmm_<ty>_r<R>_rkv`; with int8
+//! activations `QMatmul8RopeKv`, `qmm8_q41_r<R>_swar_rkv`) against the two
+//! ops it replaces (the product, a barrier, `rope_kv_img`): SmolLM2 on the
+//! CPU form gives the same tokens and logits bit for bit over chunked prefill
 //! and decode of members with scattered block tables that join and leave,
 //! with one dispatch group per layer fewer; and the op refuses what is not
 //! that pair. Needs the model file and a Vulkan device with the CPU form
@@ -14,6 +15,7 @@ mod vk_support;
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::vulkan::ops::{Op, Rope, Variant};
 use xtc_decode::model::vulkan::qops::{QMatmul, QMatmulRopeKv, RopeKv, RopeTable};
+use xtc_decode::model::vulkan::qops8::{Activations, DotForm};
 use xtc_decode::model::vulkan::qweights::{KernelType, QTensor};
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
 
@@ -45,6 +47,16 @@ fn table(i: usize) -> Vec<u32> {
 
 #[test]
 fn fused_and_apart_give_the_same_logits_bit_for_bit_with_a_group_fewer_per_layer() {
+    fused_against_apart(Activations::F32);
+}
+
+/// The same with int8 activations (the packed pairs' `_rkv` twins).
+#[test]
+fn int8_fused_and_apart_give_the_same_logits_bit_for_bit_with_a_group_fewer_per_layer() {
+    fused_against_apart(Activations::Int8);
+}
+
+fn fused_against_apart(acts: Activations) {
     let Some((m, t)) = model_support::model() else {
         return;
     };
@@ -59,21 +71,16 @@ fn fused_and_apart_give_the_same_logits_bit_for_bit_with_a_group_fewer_per_layer
         eprintln!("skipping: the device has no CPU form");
         return;
     }
-    let mut fused = GpuLlama::with_activations(
-        &dev,
-        m,
-        options(),
-        xtc_decode::model::vulkan::qops8::Activations::F32,
-    )
-    .unwrap();
-    let mut apart = GpuLlama::with_activations(
-        &dev,
-        m,
-        options(),
-        xtc_decode::model::vulkan::qops8::Activations::F32,
-    )
-    .unwrap();
+    let mut fused = GpuLlama::with_activations(&dev, m, options(), acts).unwrap();
+    let mut apart = GpuLlama::with_activations(&dev, m, options(), acts).unwrap();
     apart.set_fuse_rope_kv(false);
+    if acts == Activations::Int8 {
+        assert!(
+            matches!(fused.int8_dot(), Some(DotForm::Swar { .. })),
+            "the CPU form's int8 products are the packed pairs: {:?}",
+            fused.int8_dot()
+        );
+    }
     let layers = m.config().shape.n_layers;
 
     let prompts = [

@@ -62,6 +62,7 @@ pub fn int8_entries() -> Vec<String> {
     }
     for rows in ROWS {
         v.push(format!("qmm8_q41_r{rows}_swar"));
+        v.push(format!("qmm8_q41_r{rows}_swar_rkv"));
     }
     v
 }
@@ -79,7 +80,8 @@ pub fn generate() -> String {
         }
     }
     for rows in ROWS {
-        swar_product(&mut out, rows);
+        swar_product(&mut out, rows, false);
+        swar_product(&mut out, rows, true);
     }
     out
 }
@@ -96,8 +98,13 @@ pub fn generate() -> String {
 /// with one arithmetic shift. Per block and output the sum is the same
 /// integer as `dot4I8Packed`'s, and the scaling the same expression: a row's
 /// results are the same bits as `qmm8_q41_r<R>`'s.
-fn swar_product(out: &mut String, rows: u32) {
-    cpu_prologue(out, &format!("qmm8_q41_r{rows}_swar"), rows, 1);
+///
+/// With `rkv`, the `_rkv` twin: the q|k|v split product with RoPE and the KV
+/// append fused into its stores (`store4_rkv`, as `qmatmul_gen`'s `_rkv`
+/// twins of the f32 products).
+fn swar_product(out: &mut String, rows: u32, rkv: bool) {
+    let suffix = if rkv { "_rkv" } else { "" };
+    cpu_prologue(out, &format!("qmm8_q41_r{rows}_swar{suffix}"), rows, 1);
     for c in 0..C {
         line(out, 2, &format!("let w{c} = wtex(q0 + b * 32u + {c}u);"));
     }
@@ -205,7 +212,7 @@ fn swar_product(out: &mut String, rows: u32) {
         }
     }
     line(out, 1, "}");
-    epilogue(out, rows);
+    epilogue(out, rows, if rkv { "store4_rkv" } else { "store4" });
 }
 
 /// `qmm8_<ty>_gpu[_poly]`, the GPU form against Q8_1 blocks: workgroup 64 =
@@ -403,12 +410,14 @@ fn product(out: &mut String, ty: &str, t: u32, rows: u32, poly: bool) {
         }
     }
     line(out, 1, "}");
-    epilogue(out, rows);
+    epilogue(out, rows, "store4");
 }
 
 /// The fused norm's factors (every lane holds its rows' whole sums of
-/// squares), the argmax partials (mode 3) and the stores.
-fn epilogue(out: &mut String, rows: u32) {
+/// squares), the argmax partials (mode 3), the quantized output (`QOUT`) and
+/// the stores through `store` (`store4`, or `store4_rkv` for an `_rkv`
+/// twin).
+fn epilogue(out: &mut String, rows: u32, store: &str) {
     let ys = |r: u32| {
         (0..C)
             .map(|c| format!("y{r}_{c}"))
@@ -471,7 +480,7 @@ fn epilogue(out: &mut String, rows: u32) {
         line(
             out,
             2,
-            &format!("store4(p.m_base + r0 + {r}u, c0, vec4<f32>({y}) * inv{r});"),
+            &format!("{store}(p.m_base + r0 + {r}u, c0, vec4<f32>({y}) * inv{r});"),
         );
         line(out, 1, "}");
     }
@@ -516,6 +525,8 @@ const QUANT_BLOCKS: u32 = 16u;
 // two activations the other way round (x[e1] + x[e0] * 2^16), so the upper half of
 // W * X is a0 x[e0] + a1 x[e1]; 8 such words (16 elements) a sum, started at 2^15 so
 // `>> 16` is exact. The same integers, so the same bits as `qmm8_q41_r<R>`.
+// `qmm8_q41_r<R>_swar_rkv`: the q|k|v split product with `store4_rkv` (RoPE and the
+// KV append in its stores, as the f32 products' `_rkv` twins).
 //
 // `qmm8_<ty>_gpu` (GPUs): QMatmul's GPU form (workgroup 64 = 4 outputs x 16 threads,
 // 4 rows m per workgroup, grid (N / 4, ceil(m / 4))) against the blocks at x_off

@@ -403,6 +403,74 @@ impl Op for QMatmul8 {
     }
 }
 
+/// `qmm8_q41_r<R>_swar_rkv`: the int8 twin of
+/// [`QMatmulRopeKv`](crate::model::vulkan::qops::QMatmulRopeKv), the q|k|v
+/// split product against Q8_1 blocks ([`DotForm::Swar`], Q4_1 weights) with
+/// RoPE and the KV append fused into its stores (`store4_rkv`: q turned and
+/// stored, k turned and v written into the KV image), one dispatch group a
+/// layer fewer. CPU form only: record it only where
+/// [`fits`](Self::fits) holds; elsewhere [`Op::dispatch`] names no kernel
+/// and recording fails with `Inval`.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct QMatmul8RopeKv(pub QMatmul);
+
+impl QMatmul8RopeKv {
+    /// `fused` against the blocks at `xq_off` (absolute, a multiple of 4),
+    /// or `None` unless `form` is [`DotForm::Swar`] and the weights Q4_1
+    /// (the only products with an int8 `_rkv` twin).
+    pub fn new(
+        fused: crate::model::vulkan::qops::QMatmulRopeKv,
+        xq_off: u32,
+        form: DotForm,
+    ) -> Option<QMatmul8RopeKv> {
+        let swar = matches!(form, DotForm::Swar { .. });
+        let q41 = fused.0.kernel_type() == KernelType::Q41;
+        let op = QMatmul8::new(fused.0, xq_off, form).filter(|_| swar && q41)?;
+        Some(QMatmul8RopeKv(op.0))
+    }
+
+    /// Whether `variant` over windows `win` records it (the CPU form, the
+    /// blocks' rows fitting the activation window).
+    pub fn fits(&self, variant: Variant, win: &[Window; WINDOWS as usize]) -> bool {
+        self.windowed(variant, win).is_some()
+    }
+}
+
+/// What [`QMatmul8RopeKv`] names where it has no form: no such entry point.
+const NO_RKV8_FORM: &str = "qmm8_rkv_has_only_the_windowed_cpu_form";
+
+impl Op for QMatmul8RopeKv {
+    const KERNEL: &'static str = NO_RKV8_FORM;
+    fn grid(&self) -> [u32; 3] {
+        QMatmul8(self.0).grid()
+    }
+    fn windowed(
+        &self,
+        variant: Variant,
+        win: &[Window; WINDOWS as usize],
+    ) -> Option<Vec<Windowed<Self>>> {
+        let chunks = QMatmul8(self.0).windowed(variant, win)?;
+        chunks
+            .into_iter()
+            .map(|c| {
+                let kernel = match c.kernel {
+                    "qmm8_q41_r1_swar" => "qmm8_q41_r1_swar_rkv",
+                    "qmm8_q41_r2_swar" => "qmm8_q41_r2_swar_rkv",
+                    "qmm8_q41_r4_swar" => "qmm8_q41_r4_swar_rkv",
+                    _ => return None,
+                };
+                Some(Windowed {
+                    kernel,
+                    push: QMatmul8RopeKv(c.push.0),
+                    grid: c.grid,
+                    offsets: c.offsets,
+                })
+            })
+            .collect()
+    }
+}
+
 /// CPU reference of [`QuantizeQ81`] for one row `x [k]` (times `g` when
 /// given): the row's blocks as [`Q81_WORDS`] words each (f32 fields as their
 /// bits). Rounds half to even, as WGSL's `round`.
@@ -457,7 +525,11 @@ mod tests {
         let f = add.with_quantized_out(1024, 7).expect("a residual add");
         assert_eq!(f.0.mode & QOUT_BIT, QOUT_BIT);
         assert_eq!((f.0.y2_off, f.0.y3_off), (1024, 7));
-        assert_eq!(f.0.mode & !QOUT_BIT, add.0.mode, "the rest of the mode kept");
+        assert_eq!(
+            f.0.mode & !QOUT_BIT,
+            add.0.mode,
+            "the rest of the mode kept"
+        );
         // Not a residual add, a width that is not whole blocks, a split, an
         // unaligned offset.
         let store = QMatmul8::new(QMatmul::plain(&w(576), 8, 0, 4096, false), 64, form).unwrap();

@@ -60,7 +60,7 @@ use crate::model::vulkan::ops::{
 use crate::model::vulkan::qops::{
     ArgmaxPart, NO_NORM, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
 };
-use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QuantizeQ81};
+use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QMatmul8RopeKv, QuantizeQ81};
 use crate::model::vulkan::qweights::QTensor;
 use crate::model::{BatchPlan, Config};
 use xtc::{Error, Result};
@@ -470,6 +470,8 @@ enum Step {
     /// Activations quantized for the [`Step::Mm8`] products after it.
     Quant(QuantizeQ81),
     Mm8(QMatmul8),
+    /// The int8 q|k|v product with RoPE and the KV append in its stores.
+    Mm8Rkv(QMatmul8RopeKv),
     /// The q|k|v product with RoPE and the KV append in its stores.
     MmRkv(QMatmulRopeKv),
     RopeKv(RopeKv),
@@ -554,6 +556,7 @@ impl Recording<'_> {
                     p.push(Step::MmRkv(f));
                     p.push(Step::Barrier("qmm norm.q|k|v, rope_kv"));
                 }
+                None if self.products_rope_kv8(&mut p, &qkv, &rk, &mut x_blocks) => {}
                 None => {
                     self.products(&mut p, &qkv, &mut x_blocks, None);
                     p.push(Step::Barrier("qmm norm.q|k|v"));
@@ -690,18 +693,8 @@ impl Recording<'_> {
             }
             return;
         };
-        let ready = match reads_x {
-            true => blocks.x_norm == Some(first.norm_off),
-            false => att && first.x_off == m.a.att && first.norm_off == NO_NORM,
-        };
-        if !ready {
-            let q = QuantizeQ81::new(first.m, first.k, first.x_off, at, first.norm_off);
-            p.push(Step::Quant(q));
-            p.push(Step::Barrier("quant_q81"));
-            if reads_x {
-                blocks.x_norm = Some(first.norm_off);
-            }
-        }
+        let att = att && first.x_off == m.a.att;
+        Self::quantize_input(p, first, at, reads_x, att, blocks);
         let mut made = None;
         for op in mm8 {
             let fused = quant_out
@@ -719,6 +712,64 @@ impl Recording<'_> {
         if adds_x {
             blocks.x_norm = made;
         }
+    }
+
+    /// The quantizer of `first`'s input into the blocks at `at` (and its
+    /// barrier), unless they are already there: x's (`reads_x`) for the
+    /// same norm vector ([`Blocks::x_norm`]), or the attention output's
+    /// just written (`att`) for a product without a norm.
+    fn quantize_input(
+        p: &mut Vec<Step>,
+        first: &QMatmul,
+        at: u32,
+        reads_x: bool,
+        att: bool,
+        blocks: &mut Blocks,
+    ) {
+        let ready = match reads_x {
+            true => blocks.x_norm == Some(first.norm_off),
+            false => att && first.norm_off == NO_NORM,
+        };
+        if !ready {
+            let q = QuantizeQ81::new(first.m, first.k, first.x_off, at, first.norm_off);
+            p.push(Step::Quant(q));
+            p.push(Step::Barrier("quant_q81"));
+            if reads_x {
+                blocks.x_norm = Some(first.norm_off);
+            }
+        }
+    }
+
+    /// With int8 activations, the q|k|v product `qkv` (one stacked product
+    /// of x) and `rk` as one op ([`QMatmul8RopeKv`]) after x's quantizer
+    /// where it is needed, as [`fused_rope_kv`](Self::fused_rope_kv) does
+    /// for f32; `false` (nothing pushed) where the model does not fuse them,
+    /// the dot form or weights have no such twin, or it does not fit.
+    fn products_rope_kv8(
+        &self,
+        p: &mut Vec<Step>,
+        qkv: &[QMatmul],
+        rk: &RopeKv,
+        blocks: &mut Blocks,
+    ) -> bool {
+        let m = self.m;
+        let (Some(a8), [one]) = (self.act8, qkv) else {
+            return false;
+        };
+        if !m.fuse_rope_kv || !m.ops.windows_on() || one.x_off != m.a.x {
+            return false;
+        }
+        let fused = QMatmulRopeKv::new(*one, rk)
+            .and_then(|f| QMatmul8RopeKv::new(f, a8.xq_x, a8.form))
+            .filter(|f| f.fits(m.ops.variant(), &m.set.windows()));
+        let Some(f) = fused else {
+            return false;
+        };
+        blocks.att = false;
+        Self::quantize_input(p, one, a8.xq_x, true, false, blocks);
+        p.push(Step::Mm8Rkv(f));
+        p.push(Step::Barrier("qmm norm.q|k|v, rope_kv"));
+        true
     }
 
     /// The attention with its output quantized for the `o` product after it
@@ -767,6 +818,7 @@ impl PlanOps {
                 Step::Mm(o) => ops.run(rec, o)?,
                 Step::Quant(o) => ops.run(rec, o)?,
                 Step::Mm8(o) => ops.run(rec, o)?,
+                Step::Mm8Rkv(o) => ops.run(rec, o)?,
                 Step::MmRkv(o) => ops.run(rec, o)?,
                 Step::RopeKv(o) => ops.run(rec, o)?,
                 Step::Attend(o, true) => ops.run(rec, &AttentionImage(*o))?,
