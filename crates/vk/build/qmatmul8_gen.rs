@@ -63,6 +63,7 @@ pub fn int8_entries() -> Vec<String> {
     for rows in ROWS {
         v.push(format!("qmm8_q41_r{rows}_swar"));
         v.push(format!("qmm8_q41_r{rows}_swar_rkv"));
+        v.push(format!("qmm8_q41_r{rows}_swar_h"));
     }
     v
 }
@@ -80,10 +81,23 @@ pub fn generate() -> String {
         }
     }
     for rows in ROWS {
-        swar_product(&mut out, rows, false);
-        swar_product(&mut out, rows, true);
+        for kind in [Swar::Plain, Swar::Rkv, Swar::Half] {
+            swar_product(&mut out, rows, kind);
+        }
     }
     out
+}
+
+/// The packed pairs' entry points: the product (`qmm8_q41_r<R>_swar`), its
+/// `_rkv` twin (the q|k|v split product with RoPE and the KV append fused
+/// into its stores, `store4_rkv`, as `qmatmul_gen`'s `_rkv` twins of the f32
+/// products) and its `_h` twin (against half blocks: the products whose input
+/// a GLU product quantized, see `q81_half`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Swar {
+    Plain,
+    Rkv,
+    Half,
 }
 
 /// `qmm8_q41_r<R>_swar`: the CPU form of the Q4_1 product against Q8_1
@@ -98,12 +112,12 @@ pub fn generate() -> String {
 /// with one arithmetic shift. Per block and output the sum is the same
 /// integer as `dot4I8Packed`'s, and the scaling the same expression: a row's
 /// results are the same bits as `qmm8_q41_r<R>`'s.
-///
-/// With `rkv`, the `_rkv` twin: the q|k|v split product with RoPE and the KV
-/// append fused into its stores (`store4_rkv`, as `qmatmul_gen`'s `_rkv`
-/// twins of the f32 products).
-fn swar_product(out: &mut String, rows: u32, rkv: bool) {
-    let suffix = if rkv { "_rkv" } else { "" };
+fn swar_product(out: &mut String, rows: u32, kind: Swar) {
+    let suffix = match kind {
+        Swar::Plain => "",
+        Swar::Rkv => "_rkv",
+        Swar::Half => "_h",
+    };
     cpu_prologue(out, &format!("qmm8_q41_r{rows}_swar{suffix}"), rows, 1);
     for c in 0..C {
         line(out, 2, &format!("let w{c} = wtex(q0 + b * 32u + {c}u);"));
@@ -141,7 +155,9 @@ fn swar_product(out: &mut String, rows: u32, rkv: bool) {
             2,
             &format!("let xd{r} = subgroupBroadcast(mine{r}, 2u);"),
         );
-        line(out, 2, &format!("ss{r} += xd{r}.z;"));
+        if kind != Swar::Half {
+            line(out, 2, &format!("ss{r} += xd{r}.z;"));
+        }
     }
     line(out, 2, "let sc = wtex(s0 + b * 8u);");
     for c in 0..C {
@@ -197,6 +213,17 @@ fn swar_product(out: &mut String, rows: u32, rkv: bool) {
                 2,
                 &format!("let ph{r}_{c} = 0x8000u + {};", hi.join(" + ")),
             );
+            if kind == Swar::Half {
+                // Half blocks: (d0, s0, d1, s1), elements 0..15 and 16..31.
+                line(
+                    out,
+                    2,
+                    &format!(
+                        "y{r}_{c} += dm{c}.x * (xd{r}.x * f32(bitcast<i32>(pl{r}_{c}) >> 16u) + xd{r}.z * f32(bitcast<i32>(ph{r}_{c}) >> 16u)) + dm{c}.y * (xd{r}.y + xd{r}.w);"
+                    ),
+                );
+                continue;
+            }
             line(
                 out,
                 2,
@@ -212,7 +239,15 @@ fn swar_product(out: &mut String, rows: u32, rkv: bool) {
         }
     }
     line(out, 1, "}");
-    epilogue(out, rows, if rkv { "store4_rkv" } else { "store4" });
+    epilogue(
+        out,
+        rows,
+        if kind == Swar::Rkv {
+            "store4_rkv"
+        } else {
+            "store4"
+        },
+    );
 }
 
 /// `qmm8_<ty>_gpu[_poly]`, the GPU form against Q8_1 blocks: workgroup 64 =
@@ -444,7 +479,11 @@ fn epilogue(out: &mut String, rows: u32, store: &str) {
     // each row's new x (the old x plus this product, as the store below adds
     // it) quantized as one Q8_1 block: this workgroup's 32 outputs are block
     // c0 / 32 of the row.
-    line(out, 1, "if ((p.mode & QOUT) != 0u) {");
+    line(
+        out,
+        1,
+        "if ((p.mode & QOUT) != 0u && (p.mode & 255u) == 1u) {",
+    );
     for r in 0..rows {
         let y = ys(r);
         line(out, 2, &format!("if (r0 + {r}u < p.m) {{"));
@@ -469,6 +508,33 @@ fn epilogue(out: &mut String, rows: u32, store: &str) {
             &format!(
                 "q81_out(old{r} + vec4<f32>({y}) * inv{r}, p.m_base + r0 + {r}u, c0 / 32u, p.n / 32u, sl & 7u);"
             ),
+        );
+        line(out, 2, "}");
+    }
+    line(out, 1, "}");
+    // The same for a GLU product: each lane's 2 outputs h (as store4 makes
+    // them), the workgroup's 16 half a block (`q81_half`).
+    line(
+        out,
+        1,
+        "if ((p.mode & QOUT) != 0u && (p.mode & 255u) == 2u) {",
+    );
+    for r in 0..rows {
+        let y = ys(r);
+        line(out, 2, &format!("if (r0 + {r}u < p.m) {{"));
+        line(out, 3, &format!("let v{r} = vec4<f32>({y}) * inv{r};"));
+        line(out, 3, &format!("var h{r} = vec2<f32>(0.0);"));
+        line(out, 3, "if (live) {");
+        line(
+            out,
+            4,
+            &format!("h{r} = vec2<f32>(silu(v{r}.x) * v{r}.y, silu(v{r}.z) * v{r}.w);"),
+        );
+        line(out, 3, "}");
+        line(
+            out,
+            3,
+            &format!("q81_half(h{r}, p.m_base + r0 + {r}u, c0 / 2u, sl & 7u);"),
         );
         line(out, 2, "}");
     }
@@ -572,6 +638,40 @@ fn q81_out(raw: vec4<f32>, row: u32, b: u32, nb: u32, l: u32) {
         x *= wwin.v[p.y3_off / 4u + b * 8u + l];
     }
     q81_block(raw, x, p.y2_off + (row * nb + b) * 12u, l);
+}
+
+// QOUT on a GLU product (mode 2; n % 64 == 0, no fused norm on its consumer): the
+// h [m, n / 2] it stores, also as *half blocks* at y2_off (row stride n / 64 blocks
+// of 12 words): words 0..7 the codes as in a Q8_1 block, then d0, s0 = d0 *
+// sum(q_0..15), d1, s1 = d1 * sum(q_16..31): each half of 16 has its own scale,
+// since a workgroup makes 16 of h (8 lanes x 2). Only the `_h` twins of the
+// packed pairs read them (no sum of squares: no fused norm). Half `(e0 % 32) / 16`
+// of block e0 / 32 from lane l's 2 values (elements e0, e0 + 1 = c0 / 2, + 1):
+// the codes of 2 lanes make one word, gathered with one subgroupAdd (disjoint
+// bits).
+fn q81_half(h: vec2<f32>, row: u32, e0: u32, l: u32) {
+    let ah = abs(h);
+    let amax = subgroupMax(max(ah.x, ah.y));
+    let d = amax / 127.0;
+    var id = 0.0;
+    if (d > 0.0) {
+        id = 1.0 / d;
+    }
+    let q = clamp(vec2<i32>(round(h * id)), vec2<i32>(-127), vec2<i32>(127));
+    let u = bitcast<vec2<u32>>(q) & vec2<u32>(255u);
+    var slot = vec4<u32>(0u);
+    slot[l / 2u] = (u.x | (u.y << 8u)) << (16u * (l & 1u));
+    let words = subgroupAdd(slot);
+    let sum = subgroupAdd(q.x + q.y);
+    let half = (e0 % 32u) / 16u;
+    let o = p.y2_off + (row * (p.n / 64u) + e0 / 32u) * 12u;
+    if (l < 4u) {
+        act[o + half * 4u + l] = bitcast<f32>(words[l]);
+    }
+    if (l == 0u) {
+        act[o + 8u + 2u * half] = d;
+        act[o + 9u + 2u * half] = d * f32(sum);
+    }
 }
 
 @compute @workgroup_size(8)

@@ -240,12 +240,14 @@ const SWAR_BIT: u32 = 1 << 17;
 /// The kernels' `QOUT` (read on the device, unlike bits 16 and 17): see
 /// [`QMatmul8::with_quantized_out`].
 const QOUT_BIT: u32 = 1 << 18;
+/// Host side: the `_h` twins ([`QMatmul8::with_half_blocks`]).
+const HALF_BIT: u32 = 1 << 19;
 
 impl QMatmul8 {
     /// `op` against the blocks at `xq_off` (absolute, a multiple of 4), or
     /// `None` when its weights are neither Q4_1 nor Q8_0.
     pub fn new(op: QMatmul, xq_off: u32, form: DotForm) -> Option<QMatmul8> {
-        if op.mode & (POLY_BIT | SWAR_BIT | QOUT_BIT) != 0
+        if op.mode & (POLY_BIT | SWAR_BIT | QOUT_BIT | HALF_BIT) != 0
             || !matches!(op.kernel_type(), KernelType::Q41 | KernelType::Q80)
         {
             return None;
@@ -290,6 +292,47 @@ impl QMatmul8 {
         }))
     }
 
+    /// The same GLU product ([`MODE_GLU`](crate::model::vulkan::qops::MODE_GLU))
+    /// that also leaves its output h (`[m, n / 2]`) as **half blocks** at
+    /// `blocks_off` (absolute, a multiple of 4; [`q81_len`]`(m, n / 2)`
+    /// elements): a CPU-form workgroup makes 16 values of h, half a block,
+    /// so each half of 16 gets its own scale: words 0..8 the codes as in a
+    /// Q8_1 block, then `d0, d0 * sum(q[0..16]), d1, d1 * sum(q[16..32])`
+    /// ([`reference_quantize_q81_half`]), no sum of squares. Only a product
+    /// made with [`with_half_blocks`](Self::with_half_blocks) reads them.
+    /// CPU form only, as [`with_quantized_out`](Self::with_quantized_out).
+    /// `None` unless the op is a GLU product with `n % 64 == 0` and
+    /// `blocks_off` is a multiple of 4.
+    pub fn with_half_blocks_out(self, blocks_off: u32) -> Option<QMatmul8> {
+        let op = self.0;
+        let glu = op.mode & 255 == crate::model::vulkan::qops::MODE_GLU;
+        (glu && op.n.is_multiple_of(64) && blocks_off.is_multiple_of(4)).then_some(QMatmul8(
+            QMatmul {
+                mode: op.mode | QOUT_BIT,
+                y2_off: blocks_off,
+                y3_off: NO_NORM,
+                ..op
+            },
+        ))
+    }
+
+    /// The same product against half blocks (what
+    /// [`with_half_blocks_out`](Self::with_half_blocks_out) writes) instead
+    /// of Q8_1 blocks: the packed pairs' `_h` twins, `y += d_w * (d0 *
+    /// isum[0..16] + d1 * isum[16..32]) + m_w * (s0 + s1)`. `None` unless the
+    /// weights are Q4_1, the form [`DotForm::Swar`] and there is no fused
+    /// norm (half blocks carry no sums of squares). CPU form only: check
+    /// [`fits`](Self::fits).
+    pub fn with_half_blocks(self) -> Option<QMatmul8> {
+        let op = self.0;
+        let swar = op.mode & SWAR_BIT != 0;
+        let q41 = (op.mode >> 8) & 255 == 0;
+        (swar && q41 && op.norm_off == NO_NORM).then_some(QMatmul8(QMatmul {
+            mode: op.mode | HALF_BIT,
+            ..op
+        }))
+    }
+
     /// Whether the op runs in the CPU form on `variant` with these windows
     /// ([`Op::windowed`] applies): what a quantized output needs.
     pub fn fits(&self, variant: Variant, win: &[Window; WINDOWS as usize]) -> bool {
@@ -310,6 +353,13 @@ impl QMatmul8 {
         // Type 0 is Q4_1 (`QMatmul::mode` bits 8..16; bits 16 and 17 are ours).
         let q41 = (self.0.mode >> 8) & 255 == 0;
         let poly = self.0.mode & POLY_BIT != 0;
+        if q41 && self.0.mode & HALF_BIT != 0 {
+            return match rows {
+                1 => "qmm8_q41_r1_swar_h",
+                2 => "qmm8_q41_r2_swar_h",
+                _ => "qmm8_q41_r4_swar_h",
+            };
+        }
         if q41 && self.0.mode & SWAR_BIT != 0 {
             return match rows {
                 1 => "qmm8_q41_r1_swar",
@@ -469,6 +519,39 @@ impl Op for QMatmul8RopeKv {
             })
             .collect()
     }
+}
+
+/// CPU reference of the half blocks of one row `h [k]` (`k % 32 == 0`) that
+/// [`QMatmul8::with_half_blocks_out`] writes: per 32 values the codes as
+/// [`reference_quantize_q81`]'s, each half of 16 quantized with its own `d =
+/// max|h| / 127`, then `d0, d0 * sum0, d1, d1 * sum1` (f32 bits).
+pub fn reference_quantize_q81_half(h: &[f32]) -> Vec<u32> {
+    let mut out = Vec::with_capacity(h.len() / 32 * Q81_WORDS as usize);
+    for blk in h.chunks_exact(32) {
+        let mut tail = vec![];
+        let mut codes = vec![];
+        for half in blk.chunks_exact(16) {
+            let amax = half.iter().fold(0f32, |a, e| a.max(e.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let q: Vec<i32> = half
+                .iter()
+                .map(|e| ((e * id).round_ties_even() as i32).clamp(-127, 127))
+                .collect();
+            let sum: i32 = q.iter().sum();
+            codes.extend(q);
+            tail.extend([d.to_bits(), (d * sum as f32).to_bits()]);
+        }
+        for w in codes.chunks_exact(4) {
+            out.push(
+                w.iter()
+                    .enumerate()
+                    .fold(0u32, |a, (j, &c)| a | ((c as u32) & 255) << (8 * j)),
+            );
+        }
+        out.extend(tail);
+    }
+    out
 }
 
 /// CPU reference of [`QuantizeQ81`] for one row `x [k]` (times `g` when

@@ -116,6 +116,9 @@ pub struct GpuLlama {
     /// next products where they apply ([`QMatmul8::with_quantized_out`]);
     /// on by default.
     fuse_quant: bool,
+    /// With `fuse_quant`: the GLU products leave h as half blocks for the
+    /// `down` products; on by default.
+    half_blocks: bool,
 }
 
 /// Where an int8 iteration's products find their quantized inputs.
@@ -223,6 +226,7 @@ impl GpuLlama {
                 _ => 1,
             },
             fuse_quant: true,
+            half_blocks: true,
         })
     }
 
@@ -256,6 +260,19 @@ impl GpuLlama {
     /// its quantizer anyway.
     pub fn set_fuse_quantizers(&mut self, on: bool) {
         self.fuse_quant = on;
+    }
+
+    /// With the fused quantizers on, turns the GLU products' half blocks on
+    /// (the default) or off: the GLU product also leaves h as half blocks
+    /// (each 16 values with their own scale:
+    /// [`QMatmul8::with_half_blocks_out`]) and the `down` product reads them
+    /// ([`QMatmul8::with_half_blocks`]), so the quantizer of h goes too.
+    /// Finer scales than `quant_q81`'s blocks, so not the same bits (the
+    /// int8 path's accuracy checks in `crates/decode/tests/vk_llama_int8.rs`
+    /// cover it); off, every other fused quantizer still gives the same bits
+    /// as the quantizers apart.
+    pub fn set_half_blocks(&mut self, on: bool) {
+        self.half_blocks = on;
     }
 
     /// Sets the token rows an iteration needs for its products to take int8
@@ -558,7 +575,7 @@ impl Recording<'_> {
                 }
                 None if self.products_rope_kv8(&mut p, &qkv, &rk, &mut x_blocks) => {}
                 None => {
-                    self.products(&mut p, &qkv, &mut x_blocks, None);
+                    self.products(&mut p, &qkv, &mut x_blocks, Out::Stores);
                     p.push(Step::Barrier("qmm norm.q|k|v"));
                     p.push(Step::RopeKv(rk));
                     p.push(Step::Barrier("rope_kv"));
@@ -588,12 +605,17 @@ impl Recording<'_> {
                 None => p.push(Step::Attend(att, img)),
             }
             p.push(Step::Barrier("attention"));
-            self.products(&mut p, &[o], &mut x_blocks, Some(lw.ffn_norm));
+            self.products(&mut p, &[o], &mut x_blocks, Out::X(lw.ffn_norm));
             p.push(Step::Barrier("qmm o (+x)"));
             match &lw.w13 {
                 Proj::Stacked(w) => {
                     let glu = QMatmul::glu(w, t, a.x, a.h1).with_norm(lw.ffn_norm, eps);
-                    self.products(&mut p, &[glu], &mut x_blocks, None);
+                    let down = QMatmul::plain(&lw.w2, t, a.h1, a.x, true);
+                    let out = match self.reads_half_blocks(&down) {
+                        true => Out::Half,
+                        false => Out::Stores,
+                    };
+                    self.products(&mut p, &[glu], &mut x_blocks, out);
                     p.push(Step::Barrier("qmm norm.gate|up, swiglu"));
                 }
                 Proj::Parts(parts) => {
@@ -604,7 +626,7 @@ impl Recording<'_> {
                             QMatmul::plain(w, t, a.x, y, false).with_norm(lw.ffn_norm, eps)
                         })
                         .collect();
-                    self.products(&mut p, &up, &mut x_blocks, None);
+                    self.products(&mut p, &up, &mut x_blocks, Out::Stores);
                     p.push(Step::Barrier("qmm norm.gate|up"));
                     p.push(Step::Glu(SwiGlu {
                         n_rows: t,
@@ -616,7 +638,8 @@ impl Recording<'_> {
                 }
             }
             let down = QMatmul::plain(&lw.w2, t, a.h1, a.x, true);
-            self.products(&mut p, &[down], &mut x_blocks, next_norm);
+            let out = next_norm.map_or(Out::Stores, Out::X);
+            self.products(&mut p, &[down], &mut x_blocks, out);
             p.push(Step::Barrier("qmm down (+x)"));
         }
         if self.s > 0 {
@@ -628,7 +651,7 @@ impl Recording<'_> {
             p.push(Step::Barrier("rmsnorm (sampled rows)"));
             let v = c.vocab_size as u32;
             let head = QMatmul::logits_argmax(&m.head, self.s, a.sel, a.logits, m.part_off);
-            self.products(&mut p, &[head], &mut x_blocks, None);
+            self.products(&mut p, &[head], &mut x_blocks, Out::Stores);
             p.push(Step::Barrier("qmm LM head (+argmax partials)"));
             p.push(Step::Argmax(ArgmaxPart {
                 n_rows: self.s,
@@ -659,18 +682,11 @@ impl Recording<'_> {
     /// every product against the blocks) when the model runs them and every
     /// product's weights have an int8 form.
     ///
-    /// `blocks` says which inputs need no quantizer ([`Blocks`]). A product
-    /// that adds into x leaves, with `quant_out` `Some(g)` (the next
-    /// products' norm vector) and the fused quantizers on, the new x's
-    /// blocks for `g` where the CPU form runs it
-    /// ([`QMatmul8::with_quantized_out`]); otherwise x's blocks are stale.
-    fn products(
-        &self,
-        p: &mut Vec<Step>,
-        ops: &[QMatmul],
-        blocks: &mut Blocks,
-        quant_out: Option<u32>,
-    ) {
+    /// `blocks` says which inputs need no quantizer ([`Blocks`]). `out`:
+    /// what the products also leave for the next ones where the fused
+    /// quantizers are on and the CPU form runs them ([`Out`]); a product
+    /// that adds into x without leaving its blocks leaves them stale.
+    fn products(&self, p: &mut Vec<Step>, ops: &[QMatmul], blocks: &mut Blocks, out: Out) {
         let m = self.m;
         let x = m.a.x;
         let adds_x = ops.iter().any(|o| o.y_off == x);
@@ -678,6 +694,8 @@ impl Recording<'_> {
             return;
         };
         let reads_x = first.x_off == x;
+        let att = std::mem::take(&mut blocks.att) && first.x_off == m.a.att;
+        let half = std::mem::take(&mut blocks.half) && first.x_off == m.a.h1;
         let int8 = self.act8.and_then(|a8| {
             let at = if reads_x { a8.xq_x } else { a8.xq };
             ops.iter()
@@ -685,25 +703,39 @@ impl Recording<'_> {
                 .collect::<Option<Vec<_>>>()
                 .map(|v| (v, at, a8))
         });
-        let att = std::mem::take(&mut blocks.att);
-        let Some((mm8, at, a8)) = int8 else {
+        let Some((mut mm8, at, a8)) = int8 else {
             p.extend(ops.iter().map(|o| Step::Mm(*o)));
             if adds_x {
                 blocks.x_norm = None;
             }
             return;
         };
-        let att = att && first.x_off == m.a.att;
-        Self::quantize_input(p, first, at, reads_x, att, blocks);
+        let halves = half
+            .then(|| {
+                mm8.iter()
+                    .map(|o| o.with_half_blocks().filter(|h| self.fits(h)))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .flatten();
+        match halves {
+            Some(h) => mm8 = h,
+            None => Self::quantize_input(p, first, at, reads_x, att, blocks),
+        }
         let mut made = None;
         for op in mm8 {
-            let fused = quant_out
-                .filter(|_| m.fuse_quant && op.0.y_off == x)
-                .and_then(|g| op.with_quantized_out(a8.xq_x, g))
-                .filter(|f| m.ops.windows_on() && f.fits(m.ops.variant(), &m.set.windows()));
-            match fused {
+            let fused = match out {
+                _ if !m.fuse_quant => None,
+                Out::X(g) if op.0.y_off == x => op.with_quantized_out(a8.xq_x, g),
+                Out::Half => op.with_half_blocks_out(a8.xq),
+                _ => None,
+            };
+            match fused.filter(|f| self.fits(f)) {
                 Some(f) => {
-                    made = quant_out;
+                    match out {
+                        Out::X(g) => made = Some(g),
+                        Out::Half => blocks.half = true,
+                        Out::Stores => {}
+                    }
                     p.push(Step::Mm8(f));
                 }
                 None => p.push(Step::Mm8(op)),
@@ -712,6 +744,27 @@ impl Recording<'_> {
         if adds_x {
             blocks.x_norm = made;
         }
+    }
+
+    /// Whether `op` runs in the CPU form over the model's windows.
+    fn fits(&self, op: &QMatmul8) -> bool {
+        let m = self.m;
+        m.ops.windows_on() && op.fits(m.ops.variant(), &m.set.windows())
+    }
+
+    /// Whether `down` (the product after a GLU product) would read the GLU
+    /// product's half blocks ([`QMatmul8::with_half_blocks`]): int8
+    /// activations, the fused quantizers on, the packed pairs' `_h` twin
+    /// for its weights, in the CPU form.
+    fn reads_half_blocks(&self, down: &QMatmul) -> bool {
+        let Some(a8) = self.act8 else {
+            return false;
+        };
+        self.m.fuse_quant
+            && self.m.half_blocks
+            && QMatmul8::new(*down, a8.xq, a8.form)
+                .and_then(QMatmul8::with_half_blocks)
+                .is_some_and(|h| self.fits(&h))
     }
 
     /// The quantizer of `first`'s input into the blocks at `at` (and its
@@ -795,6 +848,23 @@ struct Blocks {
     /// The blocks at [`Act8::xq`] are the attention output's, just written
     /// by [`AttentionImageQ81`] (for the next products only).
     att: bool,
+    /// The blocks at [`Act8::xq`] are half blocks of the GLU output h, just
+    /// written by the GLU product ([`QMatmul8::with_half_blocks_out`]; for
+    /// the next products only, which must read them as half blocks).
+    half: bool,
+}
+
+/// What the int8 products of [`Recording::products`] leave besides their
+/// stores.
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    /// Nothing more.
+    Stores,
+    /// A residual add: the new x's blocks for the norm vector at the offset
+    /// ([`QMatmul8::with_quantized_out`]).
+    X(u32),
+    /// A GLU product: h's half blocks ([`QMatmul8::with_half_blocks_out`]).
+    Half,
 }
 
 impl PlanOps {
