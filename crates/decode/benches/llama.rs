@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits};
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::vulkan::ops::Variant;
+use xtc_decode::model::vulkan::qops8::Activations;
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork, find_model};
 use xtc_vk::{Device, DeviceKind, Selector};
 
@@ -550,16 +551,63 @@ fn vulkan_side(
             roof.as_ref(),
         ));
     }
-    let mut fusion = vec![];
+    let (mut fusion, mut acts) = (vec![], vec![]);
     if gpu.int8_dot().is_some() {
+        let reps = if quick { 8 } else { 16 };
         for n in [8usize, 32] {
             let mut ms = members(n, 4);
             prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
-            fusion.push(fusion_ab(&mut gpu, &mut ms, if quick { 8 } else { 16 }));
+            fusion.push(fusion_ab(&mut gpu, &mut ms, reps));
+        }
+        // The same decode iterations with f32 activations, side by side.
+        let mut f32m = GpuLlama::with_activations(dev, model, opts, Activations::F32).unwrap();
+        gpu.set_int8_min_rows(1);
+        for n in [1usize, 4, 8, 16, 32] {
+            acts.push(activations_ab(
+                &mut gpu,
+                &mut f32m,
+                n,
+                reps,
+                &prompt(32),
+                max_tokens,
+            ));
         }
     }
     json!({"side": "vulkan", "device": dev.info().name, "rows": rows, "profiles": profiles,
-           "int8_quantizers_fused_vs_apart": fusion})
+           "int8_quantizers_fused_vs_apart": fusion, "int8_vs_f32": acts})
+}
+
+/// Decode iterations of `n` members on the int8 model `int8` (int8 at every
+/// row count) and the f32 model `f32m`, alternating, `reps` of each (after
+/// one prompt of each member on both); prints both medians and their ratio
+/// (f32 / int8: above 1 int8 is faster).
+fn activations_ab(
+    int8: &mut GpuLlama,
+    f32m: &mut GpuLlama,
+    n: usize,
+    reps: usize,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> Value {
+    let (mut a, mut b) = (members(n, 4), members(n, 4));
+    prefill(int8, &mut a, prompt, max_tokens);
+    prefill(f32m, &mut b, prompt, max_tokens);
+    let (mut on, mut off) = (vec![], vec![]);
+    for _ in 0..reps {
+        on.push(decode(int8, &mut a, 1) * 1e3);
+        off.push(decode(f32m, &mut b, 1) * 1e3);
+    }
+    on.sort_by(f64::total_cmp);
+    off.sort_by(f64::total_cmp);
+    let (mi, mf) = (on[reps / 2], off[reps / 2]);
+    println!(
+        "{n:>2} member(s), one decode iteration (wall, median / fastest of {reps}, alternating): int8 {mi:.2} / {:.2} ms, f32 {mf:.2} / {:.2} ms: f32 / int8 {:.3}x",
+        on[0],
+        off[0],
+        mf / mi
+    );
+    json!({"members": n, "int8_median_ms": mi, "f32_median_ms": mf,
+           "int8_min_ms": on[0], "f32_min_ms": off[0], "ratio": mf / mi})
 }
 
 /// With int8 activations: decode iterations of all members with the
