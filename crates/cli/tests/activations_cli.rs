@@ -76,9 +76,13 @@ fn auto_measures_once_stores_the_ratio_and_follows_it() {
                 .any(|d| name.ends_with(d)),
         "{name}"
     );
+    // The ratio's line, then `busy_load_per_cpu=` where the machine was busy
+    // while it measured (the next process measures again).
     let text = std::fs::read_to_string(&file).unwrap();
     let ratio: f64 = text
-        .trim()
+        .lines()
+        .next()
+        .unwrap_or_default()
         .strip_prefix("f32_over_int8=")
         .unwrap_or_else(|| panic!("{text:?}"))
         .parse()
@@ -101,6 +105,15 @@ fn auto_measures_once_stores_the_ratio_and_follows_it() {
             "not measured again"
         );
     }
+    // A ratio stored as measured on a busy machine: used by nobody else,
+    // measured again (and stored again) by the next process.
+    let planted = "f32_over_int8=5.0\nbusy_load_per_cpu=3.00\n";
+    std::fs::write(&file, planted).unwrap();
+    let (code, err) = decode(&model, "auto", &cache);
+    assert_eq!(code, 0, "{err}");
+    let again = std::fs::read_to_string(&file).unwrap();
+    assert_ne!(again, planted, "measured again");
+    assert!(again.starts_with("f32_over_int8="), "{again:?}");
     // `int8` does not ask the probe; `f32` never takes int8.
     let (code, err) = decode(&model, "int8", &cache);
     assert_eq!(code, 0, "{err}");

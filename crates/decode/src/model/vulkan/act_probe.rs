@@ -9,9 +9,14 @@
 //! random weights and activations, in a device-local buffer (the GPU form)
 //! or the weight image (the CPU form):
 //! - f32: `qmm_*` on f32 activations, as the model runs them by default;
-//! - int8: `quant_q81` (each input quantized once) then `qmm8_*` with
-//!   `OpSDot` where the device has `VK_KHR_shader_integer_dot_product`, else
-//!   the polyfill ([`DotForm::Poly`]); the quantizer's time counts.
+//! - int8: `qmm8_*` in the dot form the model would use
+//!   ([`Activations::dot_form`]: the packed pairs on CPU devices, `OpSDot`
+//!   where the device has `VK_KHR_shader_integer_dot_product`, else the
+//!   polyfill) against blocks `quant_q81` made. In the GPU form the
+//!   quantizer's time counts (there the model runs each input's quantizer
+//!   as a dispatch group of its own); in the CPU form it does not, since
+//!   there the model's ops quantize what they write in their own stores
+//!   (`GpuLlama::set_fuse_quantizers`), at about 3% of an iteration.
 //!
 //! Each form is recorded [`REPS`] times into one command buffer and
 //! submitted [`RUNS`] times, alternating; the fastest submission counts.
@@ -27,8 +32,9 @@
 //! greedy tokens where two candidates are close (`docs/arch/vk.md`), so a
 //! gain within the probe's noise is not worth it. The ratio is kept for the
 //! process and in `${XDG_CACHE_HOME:-$HOME/.cache}/xtc/activations-probe/<key>-<form>-<dot>`
-//! (the key as [`super::form::cache_key`], then the form and the dot form:
-//! `cpu-swar`, `gpu-native`, ...; an absent or unreadable file is
+//! (the key as [`super::form::cache_key`], then `v2`, the form and the dot
+//! form: `v2-cpu-swar`, `v2-gpu-native`, ...; an absent or unreadable file,
+//! or one measured on a busy machine ([`super::form::cache_text`]), is
 //! measured again; a cache that cannot be written is not an error).
 //!
 //! It measures products, not the model: the LM head (Q8_0, one row per
@@ -139,11 +145,13 @@ pub fn measure(dev: &Device, variant: Variant) -> VkResult<ActivationsProbe> {
         "probe w",
     )?;
     wbuf.upload(0, stream.bytes())?;
-    // Activations (elements): x [ROWS, 1536] at 0, its blocks at xq, then
-    // per shape y (f32 form) and y (int8 form) [ROWS, n].
+    // Activations (elements): x [ROWS, 1536] at 0, its blocks at xq (as
+    // [ROWS, 1536]) and xq2 (as [ROWS, 576]), then per shape y (f32 form)
+    // and y (int8 form) [ROWS, n].
     let kmax = 1536;
     let xq = ROWS * kmax;
-    let mut at = xq + q81_len(ROWS, kmax);
+    let xq2 = xq + q81_len(ROWS, kmax);
+    let mut at = xq2 + q81_len(ROWS, kmax);
     let mut ys = Vec::new();
     for (n, _) in SHAPES {
         ys.push((at, at + ROWS * n));
@@ -162,12 +170,18 @@ pub fn measure(dev: &Device, variant: Variant) -> VkResult<ActivationsProbe> {
     // Stages: each is a list of dispatches, a barrier after it.
     let mut f32_stages: Vec<Vec<Rec>> = Vec::new();
     let mut int8_stages: Vec<Vec<Rec>> = Vec::new();
+    // The quantizers, untimed in the CPU form (see the module documentation).
+    let mut quant_stages: Vec<Vec<Rec>> = Vec::new();
     for ((t, &(_, k)), &(y0, y1)) in tensors.iter().zip(&SHAPES).zip(&ys) {
         let f = QMatmul::plain(t, ROWS, 0, y0, false);
         f32_stages.push(op_dispatches(f, variant, &set, |o| o));
-        let q = QuantizeQ81::new(ROWS, k, 0, xq, u32::MAX);
-        int8_stages.push(op_dispatches(q, variant, &set, |o| o.0));
-        let op8 = QMatmul8::new(QMatmul::plain(t, ROWS, 0, y1, false), xq, dot)
+        let blocks = if k == kmax { xq } else { xq2 };
+        let q = QuantizeQ81::new(ROWS, k, 0, blocks, u32::MAX);
+        match variant {
+            Variant::Gpu => int8_stages.push(op_dispatches(q, variant, &set, |o| o.0)),
+            Variant::Cpu => quant_stages.push(op_dispatches(q, variant, &set, |o| o.0)),
+        }
+        let op8 = QMatmul8::new(QMatmul::plain(t, ROWS, 0, y1, false), blocks, dot)
             .ok_or_else(|| VkError::Inval("activations probe: no int8 product".into()))?;
         int8_stages.push(op_dispatches(op8, variant, &set, |o| o.0));
     }
@@ -196,9 +210,11 @@ pub fn measure(dev: &Device, variant: Variant) -> VkResult<ActivationsProbe> {
         pool.submit(vec![cmd])?.wait(None)?;
         Ok(t.elapsed())
     };
-    // One untimed pass of each (pipelines' first use), then the timed runs.
+    // One untimed pass of each (pipelines' first use; the quantizers first),
+    // then the timed runs.
     record(&f32_stages, 1, false)?;
-    record(&int8_stages, 1, true)?;
+    let first: Vec<Vec<Rec>> = quant_stages.iter().chain(&int8_stages).cloned().collect();
+    record(&first, 1, true)?;
     let (mut best_f32, mut best_int8) = (Duration::MAX, Duration::MAX);
     for _ in 0..RUNS {
         best_f32 = best_f32.min(record(&f32_stages, REPS, false)?);
@@ -248,7 +264,8 @@ pub fn int8_ratio(dev: &Device, variant: Variant) -> VkResult<f64> {
         Some(DotForm::Swar { .. }) => "swar",
         Some(DotForm::Poly) | None => "poly",
     };
-    let key = format!("{}-{}-{dot}", cache_key(dev), form_name(variant));
+    // `v2`: since the CPU form's ratio leaves the quantizers out.
+    let key = format!("{}-v2-{}-{dot}", cache_key(dev), form_name(variant));
     cached_ratio("activations-probe", key, "f32_over_int8", || {
         Ok(measure(dev, variant)?.ratio())
     })

@@ -173,11 +173,52 @@ pub(crate) fn cache_dir(sub: &str) -> Option<PathBuf> {
     Some(base.join("xtc").join(sub))
 }
 
+/// The 1-minute load average per online CPU (`/proc/loadavg`), or `None`
+/// where it cannot be read.
+fn load_per_cpu() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let load: f64 = text.split_whitespace().next()?.parse().ok()?;
+    let cpus = std::thread::available_parallelism().ok()?.get();
+    Some(load / cpus as f64)
+}
+
+/// Load per CPU (1-minute average) from which a probe's measurement is
+/// taken as made on a busy machine ([`cache_text`]).
+pub const BUSY_LOAD_PER_CPU: f64 = 0.5;
+
+/// What [`cached_ratio`] writes for a ratio `r` of `field`: the line
+/// `<field>=<r>`, and where the load per CPU before measuring was at least
+/// [`BUSY_LOAD_PER_CPU`], a second line `busy_load_per_cpu=<load>`: such a
+/// ratio is used by the process that measured it, but the next process
+/// measures again ([`cached_value`]), so a ratio measured while, say, a CI
+/// job shared the cores does not decide for good.
+pub fn cache_text(field: &str, r: f64, load_per_cpu: Option<f64>) -> String {
+    match load_per_cpu {
+        Some(l) if l >= BUSY_LOAD_PER_CPU => format!("{field}={r}\nbusy_load_per_cpu={l:.2}\n"),
+        _ => format!("{field}={r}\n"),
+    }
+}
+
+/// The ratio of `field` that a cache file's `text` settles: `None` (measure
+/// again) for a missing line, a value that is not a positive finite number,
+/// or a measurement made on a busy machine ([`cache_text`]).
+pub fn cached_value(text: &str, field: &str) -> Option<f64> {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let r = lines
+        .next()?
+        .strip_prefix(field)?
+        .strip_prefix('=')?
+        .parse::<f64>()
+        .ok()?;
+    let busy = lines.any(|l| l.starts_with("busy_load_per_cpu="));
+    (r.is_finite() && r > 0.0 && !busy).then_some(r)
+}
+
 /// A ratio a probe measures once per device: from this process's memory,
-/// else the file `<cache_dir(sub)>/<key>` (one line `<field>=<value>`; a
-/// value that is not a positive finite number counts as absent), else
-/// `measure()`d and stored in both (a cache that cannot be written is not
-/// an error).
+/// else the file `<cache_dir(sub)>/<key>` ([`cached_value`] of its text),
+/// else `measure()`d and stored in both ([`cache_text`]: a ratio measured
+/// on a busy machine is measured again by the next process; a cache that
+/// cannot be written is not an error).
 ///
 /// # Errors
 /// As `measure`.
@@ -195,21 +236,20 @@ pub(crate) fn cached_ratio(
         return Ok(r);
     }
     let file = cache_dir(sub).map(|d| d.join(&key));
-    let prefix = format!("{field}=");
     let cached = file
         .as_ref()
         .and_then(|f| std::fs::read_to_string(f).ok())
-        .and_then(|s| s.trim().strip_prefix(&prefix)?.parse::<f64>().ok())
-        .filter(|r| r.is_finite() && *r > 0.0);
+        .and_then(|s| cached_value(&s, field));
     let ratio = match cached {
         Some(r) => r,
         None => {
+            let load = load_per_cpu();
             let r = measure()?;
             if let Some(f) = &file {
                 // Best effort: a read-only home only costs the next process
                 // the probe again.
                 let _ = std::fs::create_dir_all(f.parent().unwrap_or(f));
-                let _ = std::fs::write(f, format!("{field}={r}\n"));
+                let _ = std::fs::write(f, cache_text(field, r, load));
             }
             r
         }
@@ -251,4 +291,42 @@ pub fn choose(dev: &Device, cpu_eligible: bool) -> VkResult<Variant> {
     } else {
         Variant::Gpu
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ratio_measured_on_a_busy_machine_is_measured_again() {
+        let quiet = cache_text("f32_over_int8", 1.25, Some(0.2));
+        assert_eq!(quiet, "f32_over_int8=1.25\n");
+        assert_eq!(cached_value(&quiet, "f32_over_int8"), Some(1.25));
+        assert_eq!(
+            cache_text("r", 2.0, None),
+            "r=2\n",
+            "no load average: quiet"
+        );
+        let busy = cache_text("f32_over_int8", 0.77, Some(1.4));
+        assert_eq!(busy, "f32_over_int8=0.77\nbusy_load_per_cpu=1.40\n");
+        assert_eq!(cached_value(&busy, "f32_over_int8"), None);
+        assert_eq!(
+            cached_value(&cache_text("r", 3.0, Some(BUSY_LOAD_PER_CPU)), "r"),
+            None,
+            "at the bound: busy"
+        );
+        // Absent, another field, not a positive finite number.
+        for text in [
+            "",
+            "barrier_ratio=2\n",
+            "r=0\n",
+            "r=-1\n",
+            "r=NaN\n",
+            "r=x\n",
+            "rr=2\n",
+        ] {
+            assert_eq!(cached_value(text, "r"), None, "{text:?}");
+        }
+        assert_eq!(cached_value("  r=2.5  \n\n", "r"), Some(2.5));
+    }
 }
