@@ -253,7 +253,8 @@ fn assert_bits(got: &[f32], want: &[f32], what: &str) {
 }
 
 /// The packed pairs at the bounds their 16-bit halves were sized for: every
-/// Q4_1 code 15 (and 0) against activation codes of +-127, with the signs
+/// Q4_1 code 15 (and 0) against activation codes of +-127 (and Q8_0 codes
+/// of +-127 under the same form, which runs them with `OpSDot`), with the signs
 /// that make each half's sum largest (both products of a pair one sign) and
 /// the low half's garbage largest against an upper half of 0 (the two
 /// elements of a pair opposite signs), from 1 to 9 rows (every row tile).
@@ -300,7 +301,7 @@ fn packed_pairs_hold_at_the_extremes_of_q4_1_and_q8_1() {
         let op = QMatmul::plain(&t, m as u32, 0, Y, false);
         let (blocks, poly) = rig.run(op, &x, DotForm::Poly, Variant::Cpu);
         let (_, swar) = rig.run(op, &x, DotForm::Swar { native }, Variant::Cpu);
-        let what = format!("m {m}");
+        let what = format!("Q4_1 m {m}");
         for code in blocks.chunks_exact(Q81_WORDS as usize) {
             for w in &code[..8] {
                 for j in 0..4 {
@@ -308,6 +309,37 @@ fn packed_pairs_hold_at_the_extremes_of_q4_1_and_q8_1() {
                 }
             }
         }
+        assert_bits(&swar, &poly, &what);
+        let exact = blocks_product(&mat, &blocks, m, false);
+        let e = vk_support::max_abs_diff(&swar, &exact) / rms(&exact);
+        assert!(e < 1e-4, "{what}: {e} against its own blocks");
+    }
+    // Q8_0 (under the packed pairs' form, `OpSDot` or its polyfill): codes
+    // of exactly +-127 (rows of +-1) against activations of +-127, in every
+    // sign pattern: the integer sums at their largest.
+    let wsigns: [fn(usize) -> f32; 4] = [
+        |_| 1.0,
+        |_| -1.0,
+        |i| if (i / 2) % 2 == 0 { 1.0 } else { -1.0 },
+        |i| if i % 2 == 0 { 1.0 } else { -1.0 },
+    ];
+    let wf: Vec<f32> = (0..n * k)
+        .map(|i| match (i / k) % 5 {
+            4 => rng.f32() - 0.5,
+            s => wsigns[s](i % k),
+        })
+        .collect();
+    let bytes = quant::quantize(GgmlType::Q8_0, &wf);
+    let mat = QMatrix::new(GgmlType::Q8_0, n, k, &bytes).unwrap();
+    let mut s = TexelStream::new();
+    let t = s.push(&mat).unwrap();
+    let mut rig = Rig::new(&dev, &kernels, &s, &g);
+    for m in 1..=9usize {
+        let x: Vec<f32> = (0..m * k).map(|i| signs[(i / k + m) % 4](i % k)).collect();
+        let op = QMatmul::plain(&t, m as u32, 0, Y, false);
+        let (blocks, poly) = rig.run(op, &x, DotForm::Poly, Variant::Cpu);
+        let (_, swar) = rig.run(op, &x, DotForm::Swar { native }, Variant::Cpu);
+        let what = format!("Q8_0 m {m}");
         assert_bits(&swar, &poly, &what);
         let exact = blocks_product(&mat, &blocks, m, false);
         let e = vk_support::max_abs_diff(&swar, &exact) / rms(&exact);
