@@ -6,8 +6,10 @@ use crate::case::{CaseError, CaseResult, Ctx, ensure};
 use crate::check;
 use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
 use xtc_decode::model::vulkan::ops::{
-    Attention, AttentionImage, KvAppend, KvAppendImage, KvImage, Variant, pack_metadata,
+    Attention, AttentionImage, AttentionImageQ81, KvAppend, KvAppendImage, KvImage, Variant,
+    pack_metadata,
 };
+use xtc_decode::model::vulkan::qops8::{Q81_WORDS, q81_len, reference_quantize_q81};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
 
 // ---------------------------------------------------------------- KV append + attention
@@ -23,6 +25,9 @@ enum AttForm {
     Lane,
     /// `kv_append_img` + `attention_img` (CPU form, KV image).
     Image,
+    /// `kv_append_img` + `attention_img_q81` (the image form that also
+    /// quantizes its output for the int8 products).
+    ImageQ81,
 }
 
 pub(super) fn attention_cases(v: &mut Vec<Spec>) {
@@ -41,6 +46,8 @@ pub(super) fn attention_cases(v: &mut Vec<Spec>) {
         (AttForm::Image, 4, 2, 32, 16),
         (AttForm::Image, 1, 1, 4, 3),
         (AttForm::Image, 9, 3, 64, 16),
+        (AttForm::ImageQ81, 4, 2, 32, 16),
+        (AttForm::ImageQ81, 9, 3, 64, 16),
     ];
     for &(form, h, kv, hs, bs) in shapes {
         let (op, fname, entries): (&str, &str, &[&'static str]) = match form {
@@ -48,6 +55,11 @@ pub(super) fn attention_cases(v: &mut Vec<Spec>) {
             AttForm::Gpu => ("attention", "f32", &["kv_append", "attention"]),
             AttForm::Lane => ("attention", "f32_lane", &["kv_append", "attention_lane"]),
             AttForm::Image => ("attention", "f32_img", &["kv_append_img", "attention_img"]),
+            AttForm::ImageQ81 => (
+                "attention",
+                "f32_img_q81",
+                &["kv_append_img", "attention_img_q81"],
+            ),
         };
         v.push(spec(
             format!("xtc.kernels.{op}.{fname}.h{h}_kv{kv}_hs{hs}_bs{bs}"),
@@ -147,15 +159,17 @@ fn attention(
     pack_metadata(&plan, bs, &mut md);
     let (kc, vc) = cache.raw();
     let (kc, vc) = (kc.to_vec(), vc.to_vec());
-    let image = form == AttForm::Image;
+    let image = matches!(form, AttForm::Image | AttForm::ImageQ81);
     let variant = if form == AttForm::Gpu {
         Variant::Gpu
     } else {
         Variant::Cpu
     };
-    // Activations: q, k, v, out; the cached rows' k, v (image only).
+    // Activations: q, k, v, out; the cached rows' k, v (image only); the
+    // output's Q8_1 blocks (`ImageQ81`, at a multiple of 4).
     let pre_rows = pre_k.len() / kvd;
-    let act = rows * (2 * dim + 2 * kvd) + 2 * pre_rows * kvd;
+    let blocks_len = q81_len(rows as u32, dim as u32) as usize;
+    let act = rows * (2 * dim + 2 * kvd) + 2 * pre_rows * kvd + blocks_len + 4;
     let kv_elems = if image { 1 } else { kc.len() * 2 };
     let pre_plan = BatchPlan {
         seqs: plan
@@ -231,6 +245,8 @@ fn attention(
             .max()
             .unwrap_or(0) as u32,
     };
+    // `ImageQ81`: the output's blocks as the device wrote them.
+    let mut blocks: Option<Vec<u32>> = None;
     if image {
         // First submission: the cached positions into the image.
         b.put(1, pre_at, &pre_k)?;
@@ -248,16 +264,37 @@ fn attention(
         ensure(img_att.fits(), || {
             "attention_img does not fit this shape".into()
         })?;
-        b.expect(&img_att, "attention_img")?;
         b.put(3, 0, &md)?;
         b.output(1, out_at, rows * dim);
         let app = KvAppendImage(append);
-        b.run(|ops, rec| {
-            ops.run(rec, &app)?;
-            rec.barrier();
-            ops.run(rec, &img_att)?;
-            Ok(())
-        })?;
+        if form == AttForm::ImageQ81 {
+            let after = pre_at + 2 * pre_rows * kvd;
+            let blocks_at = after + (4 - b.at(1, after) as usize % 4) % 4;
+            let q81 = AttentionImageQ81 {
+                att,
+                q_out: b.at(1, blocks_at),
+            };
+            ensure(q81.fits(), || {
+                "attention_img_q81 does not fit this shape".into()
+            })?;
+            b.expect(&q81, "attention_img_q81")?;
+            b.output(1, blocks_at, blocks_len);
+            b.run(|ops, rec| {
+                ops.run(rec, &app)?;
+                rec.barrier();
+                ops.run(rec, &q81)?;
+                Ok(())
+            })?;
+            blocks = Some(b.get::<u32>(1, blocks_at, blocks_len)?);
+        } else {
+            b.expect(&img_att, "attention_img")?;
+            b.run(|ops, rec| {
+                ops.run(rec, &app)?;
+                rec.barrier();
+                ops.run(rec, &img_att)?;
+                Ok(())
+            })?;
+        }
     } else {
         b.put(3, 0, &md)?;
         b.expect(&append, "kv_append")?;
@@ -323,11 +360,33 @@ fn attention(
         }
         row += s.tokens.len();
     }
-    let e = check::close(
-        "attention output",
-        &b.get(1, out_at, rows * dim)?,
-        &want,
-        NMSE_REDUCE,
-    )?;
+    let got = b.get(1, out_at, rows * dim)?;
+    let e = check::close("attention output", &got, &want, NMSE_REDUCE)?;
+    if let Some(blocks) = blocks {
+        // The blocks are `quant_q81`'s of the output the device wrote: codes,
+        // d and d * sum bit for bit; the sum of squares (summed in another
+        // order, read by no product) within rounding.
+        let mut want_q = Vec::with_capacity(blocks.len());
+        for row in got.chunks_exact(dim) {
+            want_q.extend(reference_quantize_q81(row, None));
+        }
+        for (i, (g, w)) in blocks
+            .chunks_exact(Q81_WORDS as usize)
+            .zip(want_q.chunks_exact(Q81_WORDS as usize))
+            .enumerate()
+        {
+            ensure(g[..10] == w[..10] && g[11] == w[11], || {
+                format!("block {i} of the quantized output: {g:?} against {w:?}")
+            })?;
+            let (gs, ws) = (f32::from_bits(g[10]), f32::from_bits(w[10]));
+            ensure((gs - ws).abs() <= 1e-5 * ws.abs().max(1e-30), || {
+                format!("block {i}'s sum of squares: {gs} against {ws}")
+            })?;
+        }
+        return ok(format!(
+            "{rows} rows, NMSE {e:.2e}, {} blocks exact",
+            blocks.len() / Q81_WORDS as usize
+        ));
+    }
     ok(format!("{rows} rows, NMSE {e:.2e}"))
 }
