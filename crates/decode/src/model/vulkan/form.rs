@@ -186,7 +186,7 @@ fn load_per_cpu() -> Option<f64> {
 /// taken as made on a busy machine ([`cache_text`]).
 pub const BUSY_LOAD_PER_CPU: f64 = 0.5;
 
-/// What [`cached_ratio`] writes for a ratio `r` of `field`: the line
+/// What `cached_ratio` writes for a ratio `r` of `field`: the line
 /// `<field>=<r>`, and where the load per CPU before measuring was at least
 /// [`BUSY_LOAD_PER_CPU`], a second line `busy_load_per_cpu=<load>`: such a
 /// ratio is used by the process that measured it, but the next process
