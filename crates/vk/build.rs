@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+#[path = "build/chain_gen.rs"]
+mod chain_gen;
 #[path = "build/qmatmul8_gen.rs"]
 mod qmatmul8_gen;
 #[path = "build/qmatmul_gen.rs"]
@@ -32,13 +34,21 @@ fn main() {
     println!("cargo:rerun-if-changed={KERNELS_DIR}");
     println!("cargo:rerun-if-changed=build/qmatmul_gen.rs");
     println!("cargo:rerun-if-changed=build/qmatmul8_gen.rs");
+    println!("cargo:rerun-if-changed=build/chain_gen.rs");
     println!("cargo:rerun-if-env-changed=XTC_WRITE_WGSL");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let generated = out_dir.join("qmatmul.wgsl");
-    let wgsl = qmatmul_gen::generate() + &qmatmul8_gen::generate();
+    let f32_products = qmatmul_gen::generate();
+    let wgsl = f32_products.clone() + &qmatmul8_gen::generate();
     std::fs::write(&generated, &wgsl).expect("write qmatmul.wgsl");
+    let att = std::fs::read_to_string(Path::new(KERNELS_DIR).join("attention.wgsl"))
+        .expect("read kernels/attention.wgsl");
+    let chain = chain_gen::generate(&f32_products, &att);
+    let chain_path = out_dir.join("chain.wgsl");
+    std::fs::write(&chain_path, &chain).expect("write chain.wgsl");
     if let Some(dir) = std::env::var_os("XTC_WRITE_WGSL") {
         std::fs::write(Path::new(&dir).join("qmatmul.wgsl"), &wgsl).expect("XTC_WRITE_WGSL");
+        std::fs::write(Path::new(&dir).join("chain.wgsl"), &chain).expect("XTC_WRITE_WGSL");
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(KERNELS_DIR)
         .expect("kernels/ directory")
@@ -46,6 +56,7 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|e| e == "wgsl"))
         .collect();
     files.push(generated);
+    files.push(chain_path);
     files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
     let mut table =
         String::from("/// (entry point, SPIR-V bytes) of every kernel in `kernels/`.\n");
@@ -85,6 +96,20 @@ fn main() {
         writeln!(table, "    {entry:?},").unwrap();
     }
     table.push_str("];\n");
+    table.push_str(
+        "/// The persistent chain's step kinds (`chain_r1`): kind i runs entry point\n\
+         /// `CHAIN_KINDS[i]`'s code (`build/chain_gen.rs`).\npub const CHAIN_KINDS: &[&str] = &[\n",
+    );
+    for entry in chain_gen::chain_kinds() {
+        writeln!(table, "    {entry:?},").unwrap();
+    }
+    table.push_str("];\n");
+    writeln!(
+        table,
+        "/// Words of one chain step's record in the metadata buffer.\npub const CHAIN_STEP_WORDS: u32 = {};",
+        chain_gen::STEP_WORDS
+    )
+    .unwrap();
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }
 

@@ -551,6 +551,15 @@ fn vulkan_side(
             roof.as_ref(),
         ));
     }
+    let mut chain = vec![];
+    if gpu.chain_workgroups().is_some() {
+        let reps = if quick { 8 } else { 16 };
+        for pos in [32usize, 256] {
+            let mut ms = members(1, 24);
+            prefill(&mut gpu, &mut ms, &prompt(pos), max_tokens);
+            chain.push(chain_ab(&mut gpu, &mut ms, reps, pos));
+        }
+    }
     let (mut fusion, mut acts) = (vec![], vec![]);
     if gpu.int8_dot().is_some() {
         let reps = if quick { 8 } else { 16 };
@@ -574,7 +583,36 @@ fn vulkan_side(
         }
     }
     json!({"side": "vulkan", "device": dev.info().name, "rows": rows, "profiles": profiles,
+           "chain_vs_dispatched": chain,
            "int8_quantizers_fused_vs_apart": fusion, "int8_vs_f32": acts})
+}
+
+/// One member decoding after a `pos`-token prompt, its iterations with the
+/// persistent chain (`GpuLlama::set_chain`) and without, alternating, `reps`
+/// of each; prints both sides' median and fastest wall time and the ratio
+/// of the medians (dispatched / chained: above 1 the chain is faster).
+fn chain_ab(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, pos: usize) -> Value {
+    let (mut on, mut off) = (vec![], vec![]);
+    for _ in 0..reps {
+        gpu.set_chain(true);
+        on.push(decode(gpu, ms, 1) * 1e3);
+        gpu.set_chain(false);
+        off.push(decode(gpu, ms, 1) * 1e3);
+    }
+    gpu.set_chain(true);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mon, moff) = (median(&mut on), median(&mut off));
+    println!(
+        "1 member at position {pos}, one decode iteration (wall, median / fastest of {reps}, alternating): persistent chain {mon:.2} / {:.2} ms, dispatched {moff:.2} / {:.2} ms: dispatched / chained {:.3}x",
+        on[0],
+        off[0],
+        moff / mon
+    );
+    json!({"members": 1, "position": pos, "chained_median_ms": mon, "dispatched_median_ms": moff,
+           "chained_min_ms": on[0], "dispatched_min_ms": off[0], "ratio": moff / mon})
 }
 
 /// Decode iterations of `n` members on the int8 model `int8` (int8 at every

@@ -13,6 +13,7 @@
 //! `u32_of`.
 
 pub mod act_probe;
+pub mod chain;
 pub mod f32_model;
 mod f32_record;
 pub mod form;

@@ -8,6 +8,7 @@ use crate::model::cpu::llama::Llama;
 use crate::model::format::gguf::Gguf;
 use crate::model::format::llama_config::LlamaConfig;
 use crate::model::format::quant::{self, QMatrix};
+use crate::model::vulkan::chain;
 use crate::model::vulkan::form;
 use crate::model::vulkan::ops::{Attention, AttentionImage, KvImage, Variant};
 use crate::model::vulkan::qops::{argmax_groups, rope_table};
@@ -392,8 +393,16 @@ pub(super) fn allocate(
     let kv_len = mul(2 * shape.n_layers as u64, kv_layer)?;
     u32_of(kv_len).map_err(|_| GpuLlamaError::Range)?;
     let per_seq = shape.seq_len.div_ceil(opts.kv.block_size) as u64 + 1;
+    // Row records, block tables, the sampled rows' list, then room for the
+    // persistent chains' programs (at most every dispatch group of an
+    // iteration: six a layer and a few more).
+    let chain_words = mul(
+        6 * shape.n_layers as u64 + 8,
+        u64::from(xtc_vk::kernels::CHAIN_STEP_WORDS),
+    )?;
     let meta_len = mul(4, opts.max_tokens as u64)?
         .checked_add(mul(opts.max_seqs as u64, per_seq)?)
+        .and_then(|n| n.checked_add(opts.max_seqs as u64 + chain_words))
         .ok_or(GpuLlamaError::Range)?;
     let part_off = u32::try_from(a.len).map_err(|_| GpuLlamaError::Range)?;
     let parts = mul(
@@ -438,9 +447,11 @@ pub(super) fn allocate(
         ),
     };
     let meta = Buffer::new(dev, meta_len * 4, Location::Upload, "metadata")?;
+    // The sampled tokens, then each persistent chain's counter and abort
+    // flag (`chain::MAX_CHAINS` pairs).
     let tokens = Buffer::new(
         dev,
-        mul(opts.max_seqs as u64, 4)?,
+        mul(opts.max_seqs as u64 + 2 * u64::from(chain::MAX_CHAINS), 4)?,
         Location::Readback,
         "tokens",
     )?;

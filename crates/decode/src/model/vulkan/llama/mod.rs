@@ -56,6 +56,7 @@ use crate::model::cpu::llama::Llama;
 use crate::model::vulkan::{ActOffsets, InFlight};
 
 use crate::model::vulkan::act_probe;
+use crate::model::vulkan::chain::{self, Chain, ChainStep};
 use crate::model::vulkan::ops::{
     Attention, AttentionImage, AttentionImageQ81, Ops, RmsNorm, Rope, SwiGlu, Variant,
     pack_metadata,
@@ -122,6 +123,15 @@ pub struct GpuLlama {
     /// With `fuse_quant`: the GLU products leave h as half blocks for the
     /// `down` products; on by default.
     half_blocks: bool,
+    /// The persistent chain's workgroups where this device runs it (a CPU
+    /// device whose [`chain::probe`] passed), else `None`.
+    chain_workgroups: Option<u32>,
+    /// Record runs of dispatch groups as persistent chains where
+    /// `chain_workgroups` allows ([`GpuLlama::set_chain`]); on by default.
+    chain_on: bool,
+    /// The plan of the iteration in flight and its chains' count, where it
+    /// runs any: rerun as dispatches if a chain aborted.
+    chained: Option<(BatchPlan, u32)>,
 }
 
 /// Where an int8 iteration's products find their quantized inputs.
@@ -192,6 +202,18 @@ impl GpuLlama {
         let up = build::upload(dev, variant, &mut w)?;
         let b = build::allocate(dev, &shape, &opts, variant, form.is_some())?;
         let set = build::bind(dev, &kernels, &up, &b)?;
+        let mut meta = b.meta;
+        // The chain's kernel uses the KV image's binding: only with the image.
+        let chain_workgroups = match (variant, chain::workgroups(dev)) {
+            (Variant::Cpu, Some(n))
+                if b.kv_image.is_some() && kernels.get(chain::KERNEL).is_ok() =>
+            {
+                let sync_off = opts.max_seqs as u32;
+                chain::probe(dev, &kernels, &set, &mut meta, &b.tokens, 0, sync_off, n)?
+                    .then_some(n)
+            }
+            _ => None,
+        };
         Ok(GpuLlama {
             pool: CommandPool::new(dev)?,
             set,
@@ -200,7 +222,7 @@ impl GpuLlama {
             act: b.act,
             kv: b.kv,
             kv_image: b.kv_image,
-            meta: b.meta,
+            meta,
             tokens: b.tokens,
             logits: b.logits,
             ops,
@@ -230,7 +252,37 @@ impl GpuLlama {
             },
             fuse_quant: true,
             half_blocks: true,
+            chain_workgroups,
+            chain_on: std::env::var("XTC_CHAIN").map_or(true, |v| v != "0"),
+            chained: None,
         })
+    }
+
+    /// Turns the persistent chain on (the default; `XTC_CHAIN=0` in the
+    /// environment makes it off) or off. On a CPU device that runs it
+    /// ([`chain_workgroups`](Self::chain_workgroups)), each run of two or
+    /// more dispatch groups the chain can hold (the one-row f32 products,
+    /// with or without RoPE and the KV append fused, and the attention over
+    /// the KV image) is recorded as ONE dispatch whose workgroups meet at a
+    /// grid barrier between the groups ([`chain`]): a one-member iteration
+    /// of SmolLM2-135M is 5 dispatch groups instead of 154, with the same
+    /// results bit for bit. Off: every group its own dispatch.
+    pub fn set_chain(&mut self, on: bool) {
+        self.chain_on = on;
+    }
+
+    /// Makes the persistent chain `workgroups` wide without the probe (for
+    /// tests: a chain wider than the device runs at once aborts, and the
+    /// iteration reruns as dispatches).
+    #[doc(hidden)]
+    pub fn force_chain_workgroups(&mut self, workgroups: u32) {
+        self.chain_workgroups = Some(workgroups.max(1));
+    }
+
+    /// The persistent chain's workgroups on this device, or `None` where it
+    /// does not run one (not a CPU device, or [`chain::probe`] failed).
+    pub fn chain_workgroups(&self) -> Option<u32> {
+        self.chain_workgroups
     }
 
     /// The model's shape (`seq_len` is [`GpuLlamaOptions::max_context`]).
@@ -377,10 +429,6 @@ impl GpuLlama {
         }
         self.pool.reset()?;
         let sample_list = pack_metadata(plan, self.opts.kv.block_size, &mut self.scratch);
-        if (self.scratch.len() * 4) as u64 > self.meta.size() {
-            return Err(Error::Range);
-        }
-        self.meta.write(0, &self.scratch)?;
         let n_samples = plan.n_samples();
         let max_pos = plan
             .seqs
@@ -396,7 +444,21 @@ impl GpuLlama {
             sample_list,
             max_pos,
         };
-        let plan_rec = rec_ctx.plan();
+        let mut plan_rec = rec_ctx.plan();
+        let mut n_chains = 0;
+        if let Some(n) = self
+            .chain_workgroups
+            .filter(|_| self.chain_on && self.ops.windows_on())
+        {
+            let sync_base = self.opts.max_seqs as u32;
+            let win = self.set.windows();
+            (plan_rec, n_chains) = plan_rec.chained(&win, n, sync_base, &mut self.scratch);
+        }
+        if (self.scratch.len() * 4) as u64 > self.meta.size() {
+            return Err(Error::Range);
+        }
+        self.meta.write(0, &self.scratch)?;
+        self.chained = (n_chains > 0).then(|| (plan.clone(), n_chains));
         let ts = match timed {
             true => Some(Timestamps::new(&self.dev, plan_rec.groups() as u32 + 1)?),
             false => None,
@@ -409,7 +471,7 @@ impl GpuLlama {
             }
             _ => false,
         };
-        let labels = plan_rec.record(&self.ops, &mut rec, ts.as_ref())?;
+        let labels = plan_rec.record(&self.ops, &mut rec, ts.as_ref(), &self.tokens)?;
         if let Some(l) = &self.logits {
             let bytes = (n_samples * self.shape.vocab_size * 4) as u64;
             if bytes > 0 {
@@ -434,7 +496,36 @@ impl GpuLlama {
     /// `Inval` for an `InFlight` that is not this model's latest iteration,
     /// `Internal` for a lost device.
     pub fn finish(&mut self, f: InFlight) -> Result<Vec<u32>> {
-        f.read_tokens(self.iteration, &self.tokens)
+        let toks = f.read_tokens(self.iteration, &self.tokens)?;
+        match self.rerun_if_a_chain_aborted()? {
+            Some(f) => self.finish(f),
+            None => Ok(toks),
+        }
+    }
+
+    /// After the iteration in flight completed: where it ran persistent
+    /// chains and one of them aborted (a workgroup waited at a grid barrier
+    /// for one that never ran), turns the chain off for this model, says
+    /// so on stderr and submits the same plan again as dispatches (every
+    /// op of an iteration writes what it reads later, from the embedding
+    /// on, and the KV cache rows again at the same positions, so the rerun
+    /// is the iteration). `None` when nothing aborted.
+    fn rerun_if_a_chain_aborted(&mut self) -> Result<Option<InFlight>> {
+        let Some((plan, n)) = self.chained.take() else {
+            return Ok(None);
+        };
+        let mut sync = vec![0u32; 2 * n as usize];
+        self.tokens.read(self.opts.max_seqs as u64 * 4, &mut sync)?;
+        if sync.chunks(2).all(|w| w[1] == 0) {
+            return Ok(None);
+        }
+        eprintln!(
+            "xtc: a persistent chain aborted at a grid barrier ({} workgroups); \
+             rerunning the iteration as dispatches and leaving the chain off",
+            self.chain_workgroups.unwrap_or(0)
+        );
+        self.chain_workgroups = None;
+        Ok(Some(self.submit(&plan)?))
     }
 
     /// As [`finish`](Self::finish), also returning each sampling sequence's
@@ -444,7 +535,12 @@ impl GpuLlama {
     /// As [`finish`](Self::finish); `Inval` if `keep_logits` is off.
     pub fn finish_with_logits(&mut self, f: InFlight) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
         let vocab = self.shape.vocab_size;
-        f.read_tokens_and_logits(self.iteration, &self.tokens, self.logits.as_ref(), vocab)
+        let out =
+            f.read_tokens_and_logits(self.iteration, &self.tokens, self.logits.as_ref(), vocab)?;
+        match self.rerun_if_a_chain_aborted()? {
+            Some(f) => self.finish_with_logits(f),
+            None => Ok(out),
+        }
     }
 
     /// `finish(submit(plan))`.
@@ -501,6 +597,9 @@ enum Step {
     AttendQ81(AttentionImageQ81),
     Glu(SwiGlu),
     Argmax(ArgmaxPart),
+    /// A run of dispatch groups as one persistent chain ([`chain`]): its
+    /// counter zeroed, then the chain dispatch.
+    Chain(Chain),
     /// A barrier after the group of dispatches named by the label.
     Barrier(&'static str),
 }
@@ -878,6 +977,7 @@ impl PlanOps {
         ops: &Ops,
         rec: &mut Recorder<'_>,
         ts: Option<&Timestamps>,
+        tokens: &Buffer,
     ) -> VkResult<Vec<&'static str>> {
         let mut labels = vec![];
         if let Some(ts) = ts {
@@ -899,6 +999,11 @@ impl PlanOps {
                 Step::AttendQ81(o) => ops.run(rec, o)?,
                 Step::Glu(o) => ops.run(rec, o)?,
                 Step::Argmax(o) => ops.run(rec, o)?,
+                Step::Chain(c) => {
+                    rec.fill(tokens, u64::from(c.sync_off) * 4, 8, 0)?;
+                    rec.barrier();
+                    ops.run(rec, c)?;
+                }
                 Step::Barrier(label) => {
                     rec.barrier();
                     if let Some(ts) = ts {
@@ -909,6 +1014,84 @@ impl PlanOps {
             }
         }
         Ok(labels)
+    }
+
+    /// The plan with each run of two or more dispatch groups that the
+    /// persistent chain holds ([`ChainStep`]: groups of one op, recorded as
+    /// one dispatch) made one chain of `workgroups` workgroups (at most
+    /// [`chain::MAX_CHAINS`]; their counters from word `sync_base` of the
+    /// tokens buffer), the chains' programs appended to `meta` (the
+    /// iteration's metadata words); and the number of chains.
+    fn chained(
+        self,
+        win: &[xtc_vk::Window; xtc_vk::WINDOWS as usize],
+        workgroups: u32,
+        sync_base: u32,
+        meta: &mut Vec<u32>,
+    ) -> (PlanOps, u32) {
+        let mut groups: Vec<(Vec<Step>, &'static str)> = vec![];
+        let mut cur = vec![];
+        for s in self.steps {
+            match s {
+                Step::Barrier(label) => groups.push((std::mem::take(&mut cur), label)),
+                s => cur.push(s),
+            }
+        }
+        let step_of = |g: &[Step]| match g {
+            [Step::Mm(o)] => ChainStep::product(o, win),
+            [Step::MmRkv(o)] => ChainStep::product_rkv(o, win),
+            [Step::Attend(a, true)] => ChainStep::attention(a),
+            _ => None,
+        };
+        let chainable: Vec<Option<ChainStep>> = groups.iter().map(|(g, _)| step_of(g)).collect();
+        let mut steps = vec![];
+        let mut n_chains = 0;
+        let mut groups = groups.into_iter().zip(chainable).peekable();
+        while let Some(((g, label), cs)) = groups.next() {
+            let Some(first) = cs.filter(|_| n_chains < chain::MAX_CHAINS) else {
+                steps.extend(g);
+                steps.push(Step::Barrier(label));
+                continue;
+            };
+            // The run from here, as long as its loop turns fit one chain
+            // (llvmpipe's loop budget, chain::WORK_BUDGET).
+            let mut run = vec![first];
+            let mut work = first.cost(workgroups) + 1;
+            let mut dispatched = vec![(g, label)];
+            while let Some((_, Some(next))) = groups.peek() {
+                let more = next.cost(workgroups) + 1;
+                if work + more > chain::WORK_BUDGET {
+                    break;
+                }
+                work += more;
+                run.push(*next);
+                let ((g, label), _) = groups.next().expect("peeked");
+                dispatched.push((g, label));
+            }
+            if run.len() < 2 || work > chain::WORK_BUDGET {
+                // One group (nothing to save) or one too long: dispatched.
+                for (g, label) in dispatched {
+                    steps.extend(g);
+                    steps.push(Step::Barrier(label));
+                }
+                continue;
+            }
+            let prog_off = meta.len() as u32;
+            for s in &run {
+                meta.extend_from_slice(&s.words());
+            }
+            steps.push(Step::Chain(Chain {
+                prog_off,
+                n_steps: run.len() as u32,
+                sync_off: sync_base + 2 * n_chains,
+                spin_rounds: Chain::rounds_left(work),
+                workgroups,
+            }));
+            steps.push(Step::Barrier("persistent chain"));
+            n_chains += 1;
+        }
+        steps.extend(cur);
+        (PlanOps { steps }, n_chains)
     }
 
     /// Barriers (timed groups) in the plan.

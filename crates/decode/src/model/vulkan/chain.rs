@@ -1,0 +1,307 @@
+//! The persistent chain: on a CPU device, a run of an iteration's dispatch
+//! groups recorded as ONE dispatch (`chain_r1`, generated from the products'
+//! own code by `crates/vk/build/chain_gen.rs`) whose few workgroups stay on
+//! the driver's threads and meet at a grid barrier between groups.
+//!
+//! # Why
+//! lavapipe runs each dispatch by handing its workgroups to its worker
+//! threads and waiting for them; in a virtual machine whose idle vCPUs halt,
+//! that costs 40-85 us a group, and a one-member decode iteration of
+//! SmolLM2-135M is 154 groups: more time than its arithmetic. Inside one
+//! dispatch of as many workgroups as the driver has threads, each group's
+//! work is spread over the workgroups and a grid barrier (an atomic counter
+//! the workgroups poll) costs about a microsecond.
+//!
+//! # What it owns
+//! - [`ChainStep`]: one dispatch group as a record of the chain's program in
+//!   the metadata buffer (`CHAIN_STEP_WORDS` words: kind, the dispatched
+//!   form's grid, the group's push constants with the windows' relative
+//!   offsets made absolute), made by [`ChainStep::product`],
+//!   [`ChainStep::product_rkv`] and [`ChainStep::attention`] for exactly the
+//!   dispatches the plan would record (`None` otherwise: that group stays a
+//!   dispatch).
+//! - [`Chain`]: the chain dispatch's push constants and grid.
+//! - [`workgroups`]: how many workgroups a chain may have (the driver's
+//!   threads), and [`probe`]: whether the device runs them at once.
+//!
+//! # Invariants
+//! - A chained group computes the same bits as the dispatched one: the same
+//!   code, parameters and per-workgroup work; only which thread runs which
+//!   workgroup, and how the groups are separated, differ
+//!   (`tests/vk_chain.rs` compares whole iterations bit for bit).
+//! - The chain's workgroups are no more than the device runs at once, or the
+//!   first grid barrier waits for a workgroup that never starts. The shader
+//!   gives up after [`Chain::spin_rounds`] rounds of polls and raises the abort
+//!   flag; [`probe`] runs a chain of empty groups before the model uses one,
+//!   and a model whose chain aborts reruns the iteration as dispatches
+//!   ([`crate::model::vulkan::llama::GpuLlama`]).
+//! - The counter and abort flag (two words of the tokens buffer, binding 4,
+//!   per chain) are zeroed by a fill before each chain dispatch.
+
+use bytemuck::{Pod, Zeroable};
+use xtc_vk::kernels::{CHAIN_KINDS, CHAIN_STEP_WORDS};
+use xtc_vk::{
+    Buffer, CommandPool, Device, DeviceKind, Kernels, VkError, VkResult, WINDOWS, Window,
+};
+
+use super::ops::{Attention, AttentionImage, Op, Variant};
+use super::qops::{QMatmul, QMatmulRopeKv};
+
+/// The chain's entry point.
+pub const KERNEL: &str = "chain_r1";
+
+/// llvmpipe's loop budget: the loops of one workgroup's invocation of a
+/// kernel go round at most 65535 times IN ALL (one counter for the whole
+/// inlined shader, decremented at every loop's back edge; past it every loop
+/// ends after its current turn, silently). A chain runs many groups' loops in
+/// one invocation, so the host sizes each chain to fit: the steps' loops
+/// ([`ChainStep::cost`], an upper bound) at most [`WORK_BUDGET`], and what is
+/// left, less a margin, goes to the grid barriers' polling rounds
+/// ([`Chain::spin_rounds`]).
+pub const LOOP_BUDGET: u32 = 65_535;
+
+/// The most loop turns a chain's steps may take ([`ChainStep::cost`] summed
+/// with one turn a step for the chain's own loop); a run that would take
+/// more is split into chains.
+pub const WORK_BUDGET: u32 = 40_000;
+
+/// Loop turns kept back from the polling rounds (the chain's own loops
+/// outside the steps).
+const MARGIN: u32 = 256;
+
+/// Loop turns a step costs in the kinds it is not (llvmpipe runs each kind's
+/// loop once with every lane masked off: a turn of it and of each loop
+/// inside, at most 8 for the attention, 3 for a product, in 4 other kinds).
+const NOT_TAKEN: u32 = 24;
+
+/// Polls a round (`build/chain_gen.rs`'s `POLLS`).
+pub const POLLS_A_ROUND: u32 = 128;
+
+/// The most chains an iteration records (each needs its own two words of
+/// the tokens buffer); runs past these stay dispatches.
+pub const MAX_CHAINS: u32 = 64;
+
+/// Workgroups of the chain's dispatched forms: 8 invocations (the CPU
+/// form's), so a step's workgroup `w` is invocations `8w .. 8w + 7`.
+const WG: u32 = 8;
+
+/// Push constants of `chain_r1` (its `Chain` struct) and its grid.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct Chain {
+    /// The first step's record in the metadata buffer (u32 words).
+    pub prog_off: u32,
+    /// Steps (dispatch groups) the chain runs, a grid barrier between each
+    /// two.
+    pub n_steps: u32,
+    /// The counter (`sync_off`) and abort flag (`sync_off + 1`) in the
+    /// tokens buffer (u32 words), zeroed before the dispatch.
+    pub sync_off: u32,
+    /// Rounds of [`POLLS_A_ROUND`] polls a workgroup may make at the
+    /// chain's grid barriers in all before it gives up (what
+    /// [`Chain::rounds_left`] leaves of [`LOOP_BUDGET`]).
+    pub spin_rounds: u32,
+    /// Workgroups of the dispatch (the shader reads `num_workgroups`).
+    pub workgroups: u32,
+}
+
+impl Chain {
+    /// The polling rounds left of [`LOOP_BUDGET`] to a chain whose steps
+    /// cost `work` loop turns ([`ChainStep::cost`] plus one a step).
+    pub fn rounds_left(work: u32) -> u32 {
+        LOOP_BUDGET.saturating_sub(work).saturating_sub(MARGIN)
+    }
+}
+
+impl Op for Chain {
+    const KERNEL: &'static str = KERNEL;
+    fn grid(&self) -> [u32; 3] {
+        [self.workgroups.max(1), 1, 1]
+    }
+}
+
+/// One dispatch group as a record of the chain's program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainStep {
+    /// Index into `xtc_vk::kernels::CHAIN_KINDS` (0: the image attention).
+    pub kind: u32,
+    /// The dispatched form's grid (x, y); the attention's in workgroups of 8.
+    pub grid: [u32; 2],
+    /// Its push constants (u32 words, f32 bit patterns; zero padded).
+    pub params: [u32; 20],
+    /// Loop turns one invocation of the step takes, at most (for one of the
+    /// step's workgroups; see [`cost`](Self::cost)).
+    pub turns: u32,
+}
+
+impl ChainStep {
+    /// The loop turns one chain workgroup of `workgroups` takes for this
+    /// step, at most: its share of the step's workgroups (ceil of total /
+    /// `workgroups`), each a turn of its kind's loop plus
+    /// [`turns`](Self::turns), and the masked turns of the other kinds' loops.
+    pub fn cost(&self, workgroups: u32) -> u32 {
+        let total = self.grid[0].saturating_mul(self.grid[1]);
+        total
+            .div_ceil(workgroups.max(1))
+            .saturating_mul(self.turns.saturating_add(1))
+            .saturating_add(NOT_TAKEN)
+    }
+
+    /// The words of the record (`CHAIN_STEP_WORDS`).
+    pub fn words(&self) -> [u32; CHAIN_STEP_WORDS as usize] {
+        let mut w = [0; CHAIN_STEP_WORDS as usize];
+        w[0] = self.kind;
+        w[1] = self.grid[0];
+        w[2] = self.grid[1];
+        w[4..24].copy_from_slice(&self.params);
+        w
+    }
+
+    fn of_chunk(kernel: &str, grid: [u32; 3], push: &QMatmul) -> Option<ChainStep> {
+        let kind = CHAIN_KINDS.iter().position(|k| *k == kernel)?;
+        let mut params = [0u32; 20];
+        let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(push));
+        params[..words.len()].copy_from_slice(words);
+        // The products' one loop over K's blocks, and `partial`'s three.
+        (grid[2] == 1).then_some(ChainStep {
+            kind: kind as u32,
+            grid: [grid[0], grid[1]],
+            params,
+            turns: push.k / 32 + 4,
+        })
+    }
+
+    /// `op` as [`Ops::run`](super::ops::Ops::run) records it on a CPU device
+    /// with windows `win`, if that is one dispatch of a product the chain
+    /// runs: its push constants with x's offset and the norm vector's made
+    /// absolute (the chain reads them from the buffers, not the windows).
+    pub fn product(op: &QMatmul, win: &[Window; WINDOWS as usize]) -> Option<ChainStep> {
+        let chunks = op.windowed(Variant::Cpu, win)?;
+        let [c] = chunks.as_slice() else {
+            return None;
+        };
+        let push = QMatmul {
+            x_off: op.x_off.checked_add(c.push.m_base.checked_mul(op.k)?)?,
+            norm_off: op.norm_off,
+            ..c.push
+        };
+        ChainStep::of_chunk(c.kernel, c.grid, &push)
+    }
+
+    /// As [`product`](Self::product) for the q|k|v product with RoPE and the
+    /// KV append in its stores.
+    pub fn product_rkv(op: &QMatmulRopeKv, win: &[Window; WINDOWS as usize]) -> Option<ChainStep> {
+        let chunks = op.windowed(Variant::Cpu, win)?;
+        let [c] = chunks.as_slice() else {
+            return None;
+        };
+        let push = QMatmul {
+            x_off: op
+                .0
+                .x_off
+                .checked_add(c.push.0.m_base.checked_mul(op.0.k)?)?,
+            norm_off: op.0.norm_off,
+            ..c.push.0
+        };
+        ChainStep::of_chunk(c.kernel, c.grid, &push)
+    }
+
+    /// The attention over the KV image ([`AttentionImage`], where it fits).
+    pub fn attention(op: &Attention) -> Option<ChainStep> {
+        // The chain stores each head's output as vec4s.
+        if !AttentionImage(*op).fits() || !op.out_off.is_multiple_of(4) || !op.dim.is_multiple_of(4) {
+            return None;
+        }
+        let mut params = [0u32; 20];
+        let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(op));
+        params[..words.len()].copy_from_slice(words);
+        // `attend_img`: a loop over q's texels, then per position one over
+        // K's and one over V's (16 turns at most each, left at head_size /
+        // 4), then one over the output; the chain's store loop.
+        let turns = (op.max_pos.checked_add(1)?)
+            .checked_mul(33)?
+            .checked_add(48)?;
+        Some(ChainStep {
+            kind: 0,
+            grid: [(op.n_rows.checked_mul(op.n_heads)?).div_ceil(WG).max(1), 1],
+            params,
+            turns,
+        })
+    }
+}
+
+/// The workgroups a chain on `dev` may have: on a CPU device, the threads
+/// lavapipe runs compute on (`LP_NUM_THREADS` where set, else the CPUs this
+/// process may use; at least 1, at most 32); `None` on any other device,
+/// which the chain is not for (a GPU runs the GPU form).
+pub fn workgroups(dev: &Device) -> Option<u32> {
+    if dev.info().kind != DeviceKind::Cpu {
+        return None;
+    }
+    let threads = match std::env::var("LP_NUM_THREADS")
+        .ok()
+        .map(|v| v.trim().parse::<u32>())
+    {
+        Some(Ok(n)) => n,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+    };
+    Some(threads.clamp(1, 32))
+}
+
+/// Runs a chain of `steps` empty groups with `workgroups` workgroups and
+/// polls bounded by `spin_rounds`, through `kernels` and `set` (whose
+/// metadata buffer `meta`, binding 3, and tokens buffer `tokens`, binding 4,
+/// are written: metadata words from `prog_off`, tokens words `sync_off`,
+/// `sync_off + 1`). Returns whether it completed with every workgroup at
+/// every barrier (the counter at `(steps - 1) * workgroups`, no abort).
+///
+/// # Errors
+/// Device errors; `Inval` when the kernel is missing from `kernels`.
+#[allow(clippy::too_many_arguments)]
+pub fn probe(
+    dev: &Device,
+    kernels: &Kernels,
+    set: &xtc_vk::BindingSet,
+    meta: &mut Buffer,
+    tokens: &Buffer,
+    prog_off: u32,
+    sync_off: u32,
+    workgroups: u32,
+) -> VkResult<bool> {
+    const STEPS: u32 = 64;
+    // 2048 rounds of 128 polls: milliseconds, plenty for workgroups that
+    // run at once, and a quick answer where they do not.
+    const PROBE_ROUNDS: u32 = 2048;
+    // Kind past the table: the switch's default, no work.
+    let empty = ChainStep {
+        kind: u32::MAX,
+        grid: [0, 1],
+        params: [0; 20],
+        turns: 0,
+    };
+    let words: Vec<u32> = (0..STEPS).flat_map(|_| empty.words()).collect();
+    meta.write(u64::from(prog_off) * 4, &words)?;
+    let chain = Chain {
+        prog_off,
+        n_steps: STEPS,
+        sync_off,
+        spin_rounds: PROBE_ROUNDS.min(Chain::rounds_left(STEPS)),
+        workgroups,
+    };
+    let k = kernels.get(KERNEL)?;
+    let mut pool = CommandPool::new(dev)?;
+    let mut rec = pool.record(kernels, set)?;
+    rec.fill(tokens, u64::from(sync_off) * 4, 8, 0)?;
+    rec.barrier();
+    rec.dispatch(k, &chain, chain.grid())?;
+    rec.host_barrier();
+    let cmd = rec.finish()?;
+    if !pool.submit(vec![cmd])?.wait(None)? {
+        return Err(VkError::Inval(
+            "chain probe: the submission was lost".into(),
+        ));
+    }
+    let mut sync = [0u32; 2];
+    tokens.read(u64::from(sync_off) * 4, &mut sync)?;
+    Ok(sync[1] == 0 && sync[0] == (STEPS - 1) * workgroups)
+}

@@ -1,0 +1,272 @@
+//! The persistent chain (`chain_r1`, `crates/decode/src/model/vulkan/chain.rs`)
+//! against the dispatched iteration: SmolLM2 on the CPU form gives the same
+//! tokens and logits bit for bit whether runs of one-row dispatch groups are
+//! recorded as chains or as dispatches, over a prompt's chunked prefill (not
+//! chained: more than one row) and a long decode, with a second member that
+//! joins and leaves; a one-member iteration is a few dispatch groups
+//! instead of 154; chains split where llvmpipe's loop budget needs it; and a chain with
+//! more workgroups than the device runs at once aborts, the model reruns the
+//! iteration as dispatches and leaves the chain off. Needs the model file
+//! and lavapipe (CI installs both).
+
+mod model_support;
+#[path = "../../vk/tests/vk_support/mod.rs"]
+mod vk_support;
+
+use xtc_decode::model::text::bpe::Bpe;
+use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_decode::model::vulkan::ops::Variant;
+use xtc_decode::model::vulkan::qops8::Activations;
+use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
+
+const BLOCK: usize = 16;
+const BLOCKS_PER: usize = 16;
+
+fn options() -> GpuLlamaOptions {
+    GpuLlamaOptions {
+        kv: KvGeometry {
+            block_size: BLOCK,
+            n_blocks: 2 * BLOCKS_PER,
+        },
+        max_tokens: 64,
+        max_seqs: 2,
+        max_context: BLOCK * BLOCKS_PER,
+        keep_logits: true,
+        variant: Some(Variant::Cpu),
+    }
+}
+
+fn table(i: usize) -> Vec<u32> {
+    (0..BLOCKS_PER).map(|b| (2 * b + i) as u32).collect()
+}
+
+/// One test at a time: a chain's workgroups share lavapipe's threads with
+/// whatever else the process dispatches, so another test's chain or
+/// dispatches would make this one's grid barriers wait (the probe could give
+/// up on a busy device).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+type Models = (
+    std::sync::MutexGuard<'static, ()>,
+    GpuLlama,
+    GpuLlama,
+    &'static Bpe,
+);
+
+/// Both models, or `None` (skipped outside CI) without the model or lavapipe.
+fn models() -> Option<Models> {
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (m, t) = model_support::model()?;
+    let dev = vk_support::device()?;
+    if dev.info().kind != xtc_vk::DeviceKind::Cpu {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but the device is not lavapipe"
+        );
+        eprintln!("skipping: the chain is for CPU devices");
+        return None;
+    }
+    let chained = GpuLlama::with_activations(&dev, m, options(), Activations::F32).unwrap();
+    let mut apart = GpuLlama::with_activations(&dev, m, options(), Activations::F32).unwrap();
+    apart.set_chain(false);
+    assert!(
+        chained.chain_workgroups().is_some(),
+        "lavapipe runs the chain (its probe passed)"
+    );
+    Some((guard, chained, apart, t))
+}
+
+/// Greedy tokens and logits of one iteration of `m`.
+fn run(m: &mut GpuLlama, plan: &BatchPlan) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let f = m.submit(plan).unwrap();
+    m.finish_with_logits(f).unwrap()
+}
+
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()))
+}
+
+fn decode(tokens: Vec<u32>, start_pos: usize, member: usize) -> SeqWork {
+    SeqWork {
+        tokens,
+        start_pos,
+        block_table: table(member),
+        sample: true,
+    }
+}
+
+#[test]
+fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_of_154() {
+    let Some((_one, mut chained, mut apart, t)) = models() else {
+        return;
+    };
+    let layers = chained.config().n_layers;
+    let prompt = t.encode("The three primary colors are");
+    // Member 0: the prompt in chunks of 4 rows (not chained), then decode.
+    let mut pos = 0;
+    let mut last = 0;
+    while pos < prompt.len() {
+        let end = (pos + 4).min(prompt.len());
+        let plan = BatchPlan {
+            seqs: vec![SeqWork {
+                sample: end == prompt.len(),
+                ..decode(prompt[pos..end].to_vec(), pos, 0)
+            }],
+        };
+        let (a, al) = run(&mut apart, &plan);
+        let (c, cl) = run(&mut chained, &plan);
+        assert_eq!(a, c);
+        assert!(same_bits(&al, &cl), "prefill at {pos}: logits differ");
+        if let Some(&x) = c.first() {
+            last = x;
+        }
+        pos = end;
+    }
+    // Timed once: the chained iteration's groups.
+    let plan = BatchPlan {
+        seqs: vec![decode(vec![last], pos, 0)],
+    };
+    let (at, atimes) = apart.profile(&plan).unwrap();
+    let (ct, ctimes) = chained.profile(&plan).unwrap();
+    assert_eq!(at, ct);
+    assert_eq!(atimes.len(), 5 * layers + 4, "dispatched: {atimes:?}");
+    // qembed, the chains, then the sampled rows' norm, LM head and argmax:
+    // every layer's groups in chains (two at this position on two threads:
+    // chain::WORK_BUDGET).
+    let labels: Vec<&str> = ctimes.iter().map(|(l, _)| *l).collect();
+    let chains = labels.len() - 4;
+    assert!((1..=3).contains(&chains), "{labels:?}");
+    assert_eq!(labels[0], "qembed");
+    assert!(
+        labels[1..1 + chains]
+            .iter()
+            .all(|l| *l == "persistent chain")
+    );
+    assert_eq!(
+        labels[1 + chains..],
+        [
+            "rmsnorm (sampled rows)",
+            "qmm LM head (+argmax partials)",
+            "argmax_part"
+        ]
+    );
+    pos += 1;
+    last = ct[0];
+    // Decode 60 positions; member 1 joins for positions 20..30 (two rows:
+    // dispatched), alone again after.
+    let mut other = (t.encode("Name a planet."), 0usize, 0u32);
+    for i in 0..60 {
+        let mut seqs = vec![decode(vec![last], pos, 0)];
+        if (20..30).contains(&i) {
+            let (p, at, l) = &other;
+            let toks = if *at < p.len() {
+                vec![p[*at]]
+            } else {
+                vec![*l]
+            };
+            seqs.push(decode(toks, *at, 1));
+        }
+        let plan = BatchPlan { seqs };
+        let (a, al) = run(&mut apart, &plan);
+        let (c, cl) = run(&mut chained, &plan);
+        assert_eq!(a, c, "decode {i}: tokens");
+        assert!(same_bits(&al, &cl), "decode {i}: logits differ");
+        if plan.seqs.len() == 2 {
+            other.1 += 1;
+            other.2 = c[1];
+        }
+        last = c[0];
+        pos += 1;
+    }
+    assert!(chained.chain_workgroups().is_some(), "no chain aborted");
+}
+
+#[test]
+fn a_long_context_splits_the_layers_over_chains_within_the_loop_budget() {
+    let Some((_one, mut chained, mut apart, t)) = models() else {
+        return;
+    };
+    // Position about 200: each attention step costs (pos + 1) * 33 loop
+    // turns for its workgroup, so 30 layers need several chains.
+    let prompt: Vec<u32> = t.encode("Once upon a time, in a land far away,").repeat(20);
+    let prompt = &prompt[..200];
+    let mut pos = 0;
+    for chunk in prompt.chunks(50) {
+        let plan = BatchPlan {
+            seqs: vec![SeqWork {
+                sample: pos + chunk.len() == prompt.len(),
+                ..decode(chunk.to_vec(), pos, 0)
+            }],
+        };
+        run(&mut apart, &plan);
+        run(&mut chained, &plan);
+        pos += chunk.len();
+    }
+    let mut last = 0;
+    for i in 0..8 {
+        let plan = BatchPlan {
+            seqs: vec![decode(vec![last], pos, 0)],
+        };
+        let (a, al) = run(&mut apart, &plan);
+        let (c, cl) = if i == 0 {
+            let (c, times) = chained.profile(&plan).unwrap();
+            let chains = times
+                .iter()
+                .filter(|(l, _)| *l == "persistent chain")
+                .count();
+            assert!(
+                chains >= 3,
+                "the budget splits the layers: {chains} chain(s)"
+            );
+            assert!(times.len() < 60, "still far fewer groups: {}", times.len());
+            // profile() keeps no logits: rerun the same plan on both for them.
+            (c, None)
+        } else {
+            let (c, cl) = run(&mut chained, &plan);
+            (c, Some(cl))
+        };
+        assert_eq!(a, c, "decode {i} at position {pos}: tokens");
+        if let Some(cl) = cl {
+            assert!(
+                same_bits(&al, &cl),
+                "decode {i} at position {pos}: logits differ"
+            );
+        }
+        last = c[0];
+        pos += 1;
+    }
+}
+
+#[test]
+fn a_chain_wider_than_the_device_aborts_and_the_iteration_reruns_dispatched() {
+    let Some((_one, mut chained, mut apart, t)) = models() else {
+        return;
+    };
+    // 64 workgroups on lavapipe's few threads: the first ones wait at the
+    // first grid barrier for workgroups that cannot start until they end.
+    chained.force_chain_workgroups(64);
+    let prompt = t.encode("Hello");
+    let plan = BatchPlan {
+        seqs: vec![decode(prompt[..1].to_vec(), 0, 0)],
+    };
+    let (a, al) = run(&mut apart, &plan);
+    let (c, cl) = run(&mut chained, &plan);
+    assert_eq!(a, c);
+    assert!(
+        same_bits(&al, &cl),
+        "the rerun's logits are the dispatched ones"
+    );
+    assert_eq!(
+        chained.chain_workgroups(),
+        None,
+        "the chain is off after an abort"
+    );
+    let plan = BatchPlan {
+        seqs: vec![decode(vec![a[0]], 1, 0)],
+    };
+    let (_, times) = chained.profile(&plan).unwrap();
+    assert!(times.iter().all(|(l, _)| *l != "persistent chain"));
+}

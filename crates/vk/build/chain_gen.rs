@@ -1,0 +1,406 @@
+// Generator of `chain.wgsl`: the persistent chain of the CPU form, one
+// dispatch that runs a whole sequence of the decode iteration's dispatch
+// groups (the f32 products and the image attention), each group's
+// workgroups spread over the chain's few workgroups, with a grid barrier
+// (an atomic counter) between groups instead of a pipeline barrier and a
+// new dispatch.
+//
+// Why: on a CPU device (lavapipe) every dispatch hands its workgroups to the
+// driver's worker threads and waits for them: tens of microseconds of
+// wake-ups a group (more in a virtual machine whose idle vCPUs halt), paid
+// 154 times an iteration. The chain's workgroups are as many as the
+// driver's threads, so each stays on its thread for the whole chain and a
+// grid barrier costs about a microsecond (spinning on the counter).
+//
+// The chain's code is the products' own: the text of `qmatmul_gen`'s f32
+// section with the chosen entry points turned into functions (the
+// `@compute` attributes and builtins dropped), the push constants `p` made a
+// private variable that the chain loads from the step's record in the
+// metadata buffer, and the two uniform windows read from the storage
+// buffers they cover (`xwin.v[i]` -> `xv(i)` over `act`, `wwin.v[i]` ->
+// `wv(i)` over the weights): the same values into the same arithmetic, so
+// a chained iteration computes the same bits as the dispatched one (the
+// host passes absolute offsets where the windows took relative ones). The
+// image attention is `kernels/attention.wgsl`'s `attend_img` with its
+// parameters renamed (`AttParams`, `pa`).
+//
+// Pure std, deterministic output (declared as a module of the build script).
+
+use std::fmt::Write as _;
+
+/// The product entry points the chain runs, in kind order (kind `1 + i`;
+/// kind 0 is the image attention). `chain_kinds()` gives the host the
+/// same table.
+const PRODUCTS: [&str; 4] = [
+    "qmm_q41_r1",
+    "qmm_q41_r1_rkv",
+    "qmm_q80_r1",
+    "qmm_q80_r1_rkv",
+];
+
+/// Polls of the grid barrier's counter a round (unrolled: a round is one
+/// turn of a loop, against llvmpipe's loop budget).
+pub const POLLS: u32 = 128;
+
+/// Words of one step's record in the metadata buffer: kind, grid x, grid
+/// y, 0, then the step's parameters (`Params` or `AttParams`, at most 20
+/// words).
+pub const STEP_WORDS: u32 = 24;
+
+/// The chain's kinds in order: `"attention_img"` then [`PRODUCTS`].
+pub fn chain_kinds() -> Vec<&'static str> {
+    let mut v = vec!["attention_img"];
+    v.extend(PRODUCTS);
+    v
+}
+
+/// The fields `(name, is_f32)` of the struct `name` in `text`.
+fn struct_fields(text: &str, name: &str) -> Vec<(String, bool)> {
+    let start = text
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("chain_gen: no struct {name}"));
+    let body = &text[start..];
+    let end = body.find('}').expect("chain_gen: struct end");
+    let body = &body[body.find('{').unwrap() + 1..end];
+    let mut out = vec![];
+    for line in body.lines() {
+        let line = line.split("//").next().unwrap();
+        for field in line.split(',') {
+            let field = field.trim();
+            if field.is_empty() {
+                continue;
+            }
+            let (n, ty) = field.split_once(':').expect("chain_gen: field");
+            let ty = ty.trim();
+            assert!(ty == "u32" || ty == "f32", "chain_gen: field type {ty}");
+            out.push((n.trim().to_string(), ty == "f32"));
+        }
+    }
+    out
+}
+
+/// `text` from the line that starts with `from` to the first line `}` after it.
+fn item<'a>(text: &'a str, from: &str) -> &'a str {
+    let start = text
+        .find(from)
+        .unwrap_or_else(|| panic!("chain_gen: no {from:?}"));
+    let rest = &text[start..];
+    let end = rest.find("\n}\n").expect("chain_gen: item end") + 3;
+    &rest[..end]
+}
+
+/// `text` with each `name[E]` (brackets matched) turned into `f(E)`.
+fn rewrite_index(text: &str, name: &str, f: impl Fn(&str) -> String) -> String {
+    let pat = format!("{name}[");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(&pat) {
+        // Only the name itself, not the end of a longer one.
+        let before = rest[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+            out.push_str(&rest[..i + pat.len()]);
+            rest = &rest[i + pat.len()..];
+            continue;
+        }
+        out.push_str(&rest[..i]);
+        let after = &rest[i + pat.len()..];
+        let mut depth = 1;
+        let mut close = None;
+        for (j, ch) in after.char_indices() {
+            match ch {
+                '[' => depth += 1,
+                ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(j);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let j = close.expect("chain_gen: unmatched bracket");
+        out.push_str(&f(&after[..j]));
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` with each `name[E]` turned into `func(E)`.
+fn index_to_call(text: &str, name: &str, func: &str) -> String {
+    rewrite_index(text, name, |e| format!("{func}({e})"))
+}
+
+/// `text`'s element accesses `act[E]` of the activations as f32 made
+/// accesses of the same element of the activations as vec4 (`act[(E) / 4u][(E) % 4u]`):
+/// the chain declares them `array<vec4<f32>>`, so the products' x loads
+/// (the window's vec4s in the dispatched form) stay one vec4 load each.
+fn act_as_vec4(text: &str) -> String {
+    rewrite_index(text, "act", |e| format!("act[({e}) / 4u][({e}) % 4u]"))
+}
+
+/// The products' module text (`qmatmul_gen::generate()`) made into the
+/// chain's: only [`PRODUCTS`]' entry points kept, as functions; `p`
+/// private; the windows read from storage.
+fn products(qmatmul: &str) -> String {
+    let mut out = String::with_capacity(qmatmul.len());
+    let mut rest = qmatmul;
+    while let Some(i) = rest.find("@compute @workgroup_size(") {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let end = tail.find("\n}\n").expect("chain_gen: entry end") + 3;
+        let entry = &tail[..end];
+        let sig = entry.find("\nfn ").expect("chain_gen: entry fn") + 4;
+        let name = &entry[sig..sig + entry[sig..].find('(').unwrap()];
+        if PRODUCTS.contains(&name) {
+            let f = entry[sig - 3..]
+                .replacen("@builtin(workgroup_id) ", "", 1)
+                .replacen("@builtin(local_invocation_index) ", "", 1)
+                .replacen("@builtin(subgroup_invocation_id) ", "", 1);
+            out.push_str(&f);
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    for name in PRODUCTS {
+        assert!(
+            out.contains(&format!("\nfn {name}(wg: vec3<u32>, li: u32, sl: u32)")),
+            "chain_gen: entry {name} not found with the CPU form's builtins"
+        );
+    }
+    let out = out.replacen("var<immediate> p: Params;", "var<private> p: Params;", 1);
+    let out = out
+        .replacen("@group(0) @binding(5) var<uniform> wwin: Window;\n", "", 1)
+        .replacen("@group(0) @binding(6) var<uniform> xwin: Window;\n", "", 1);
+    let out = act_as_vec4(&out);
+    let out = out.replacen(
+        "var<storage, read_write> act: array<f32>;",
+        "var<storage, read_write> act: array<vec4<f32>>;",
+        1,
+    );
+    assert!(
+        out.contains("act: array<vec4<f32>>;"),
+        "chain_gen: act's declaration"
+    );
+    let out = index_to_call(&out, "xwin.v", "xv");
+    index_to_call(&out, "wwin.v", "wv")
+}
+
+/// The image attention's parameters and `attend_img`, from
+/// `kernels/attention.wgsl`'s text, renamed (`AttParams`, `pa`).
+fn attention(att: &str) -> String {
+    let params = item(att, "struct Params {").replacen("struct Params", "struct AttParams", 1);
+    let head = item(att, "struct HeadOut {");
+    let attend = act_as_vec4(&rename_params(item(att, "fn attend_img(")));
+    let neg = att
+        .lines()
+        .find(|l| l.starts_with("const NEG:"))
+        .expect("chain_gen: NEG");
+    format!("{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{attend}")
+}
+
+/// `text` with every `p.` that does not end a longer name turned into `pa.`.
+fn rename_params(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut prev: Option<char> = None;
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        let starts_name = !prev.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        if ch == 'p' && starts_name && chars.peek() == Some(&'.') {
+            out.push_str("pa");
+        } else {
+            out.push(ch);
+        }
+        prev = Some(ch);
+    }
+    out
+}
+
+/// A loader `fn <fn_name>(o: u32) -> <ty>` of the struct from `md[o ..]`.
+fn loader(out: &mut String, fn_name: &str, ty: &str, fields: &[(String, bool)]) {
+    assert!(
+        fields.len() + 4 <= STEP_WORDS as usize,
+        "chain_gen: {ty} too long"
+    );
+    writeln!(out, "fn {fn_name}(o: u32) -> {ty} {{").unwrap();
+    writeln!(out, "    var v: {ty};").unwrap();
+    for (i, (name, f)) in fields.iter().enumerate() {
+        if *f {
+            writeln!(out, "    v.{name} = bitcast<f32>(md[o + {i}u]);").unwrap();
+        } else {
+            writeln!(out, "    v.{name} = md[o + {i}u];").unwrap();
+        }
+    }
+    out.push_str("    return v;\n}\n\n");
+}
+
+/// The chain module: `qmatmul` is `qmatmul_gen::generate()`'s text, `att`
+/// `kernels/attention.wgsl`'s.
+pub fn generate(qmatmul: &str, att: &str) -> String {
+    let mut out = String::with_capacity(qmatmul.len() / 2);
+    out.push_str(HEADER);
+    out.push_str(&products(qmatmul));
+    out.push('\n');
+    out.push_str(&attention(att));
+    out.push('\n');
+    loader(
+        &mut out,
+        "step_params",
+        "Params",
+        &struct_fields(qmatmul, "Params"),
+    );
+    loader(
+        &mut out,
+        "step_att_params",
+        "AttParams",
+        &struct_fields(att, "Params"),
+    );
+    let mut cases = String::new();
+    for (i, name) in PRODUCTS.iter().enumerate() {
+        writeln!(
+            cases,
+            "        if (kind == {}u) {{\n            for (var w = g.x; w < total; w += nw.x) {{\n                {name}(vec3<u32>(w % gx, w / gx, 0u), li, sl);\n            }}\n        }}",
+            i + 1
+        )
+        .unwrap();
+    }
+    let mut polls = String::new();
+    for _ in 0..POLLS {
+        polls.push_str(
+            "            if (atomicAdd(&sync[c.sync_off], 0u) >= goal) { ok = 1u; break; }\n",
+        );
+    }
+    out.push_str(
+        &ENTRY
+            .replace("//CASES\n", &cases)
+            .replace("//POLLS\n", &polls)
+            .replace("POLLS", &POLLS.to_string())
+            .replace("STEP_WORDS", &format!("{STEP_WORDS}u")),
+    );
+    out
+}
+
+const HEADER: &str = "\
+// chain.wgsl: generated by crates/vk/build/chain_gen.rs (see there); the
+// entry point is `chain_r1` at the end.
+";
+
+const ENTRY: &str = r#"
+// The windows of the dispatched forms, read from the buffers they cover
+// (vec4 index i of the activations / of the weights; the same vec4 loads).
+fn xv(i: u32) -> vec4<f32> {
+    return act[i];
+}
+
+fn wv(i: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(wbuf[i]);
+}
+
+// Push constants: the steps' records at md[prog_off ..] (STEP_WORDS words
+// each), their count, the counter and abort flag at sync[sync_off],
+// sync[sync_off + 1] (zeroed before the dispatch), how many rounds of POLLS
+// polls a workgroup may wait at the chain's grid barriers in all, and the
+// grid's width (the host's copy; the shader reads `num_workgroups`).
+struct Chain { prog_off: u32, n_steps: u32, sync_off: u32, spin_rounds: u32, workgroups: u32 }
+var<immediate> c: Chain;
+
+@group(0) @binding(4) var<storage, read_write> sync: array<atomic<u32>>;
+
+var<workgroup> chain_ok: u32;
+// Rounds of polls this workgroup's invocation has made in the chain, all
+// barriers together (lane 0; private variables start at 0).
+var<private> polled: u32;
+
+// Grid barrier `k` (0-based) of `n` workgroups: each arrives once (after its
+// stores, which the read-modify-writes order before the arrival), then polls
+// the counter until all `n` have arrived `k + 1` times. The polls are
+// read-modify-writes (`atomicAdd(.., 0)`): llvmpipe compiles `atomicLoad`
+// to a plain load that the compiler may hoist out of the loop. llvmpipe
+// also ends every loop of a workgroup's invocation once the loops of that
+// invocation have gone round 65535 times in all (one budget for the whole
+// shader, see `chain.rs`), so the polls come POLLS to a round, unrolled,
+// and the chain's rounds are counted: `spin_rounds` is what the host left
+// of that budget after the steps' loops. A workgroup whose rounds run out
+// (or that sees the abort flag) sets the flag and returns false: every workgroup then stops, and the host
+// reruns the iteration dispatched (a device whose threads are fewer than
+// the chain's workgroups would otherwise wait for ever).
+fn grid_barrier(k: u32, n: u32, li: u32) -> bool {
+    storageBarrier();
+    if (li == 0u) {
+        atomicAdd(&sync[c.sync_off], 1u);
+        let goal = (k + 1u) * n;
+        var ok = 0u;
+        loop {
+            if (polled >= c.spin_rounds) {
+                break;
+            }
+            polled++;
+//POLLS
+            if (atomicAdd(&sync[c.sync_off + 1u], 0u) != 0u) {
+                break;
+            }
+        }
+        if (ok == 0u) {
+            atomicStore(&sync[c.sync_off + 1u], 1u);
+        }
+        chain_ok = ok;
+    }
+    return workgroupUniformLoad(&chain_ok) == 1u;
+}
+
+// Kind 0: `attention_img`'s invocation `idx` (64 of them a workgroup there,
+// 8 here).
+fn chain_attention(idx: u32) {
+    if (idx >= pa.n_rows * pa.n_heads) {
+        return;
+    }
+    let o = attend_img(idx);
+    let out_base = pa.out_off + o.r * pa.dim + o.h * pa.head_size;
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= pa.head_size / 4u) { break; }
+        // out_base is a multiple of 4 (dim and head_size are).
+        act[out_base / 4u + i] = o.acc[i];
+    }
+}
+
+// The chain: step s's record is md[prog_off + s * STEP_WORDS ..]: kind,
+// grid (gx, gy) of the dispatched form (attention: gx = ceil(invocations /
+// 8)), 0, then its parameters. Workgroup w of the chain runs the step's
+// workgroups w, w + n, w + 2n, ... (x fastest), then waits at the grid
+// barrier. Grid: (n, 1, 1), n no more than the device runs at once.
+@compute @workgroup_size(8)
+fn chain_r1(
+    @builtin(workgroup_id) g: vec3<u32>,
+    @builtin(num_workgroups) nw: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_invocation_id) sl: u32,
+) {
+    for (var s = 0u; s < c.n_steps; s++) {
+        let o = c.prog_off + s * STEP_WORDS;
+        let kind = md[o];
+        let gx = md[o + 1u];
+        let total = gx * md[o + 2u];
+        if (kind == 0u) {
+            pa = step_att_params(o + 4u);
+        } else {
+            p = step_params(o + 4u);
+        }
+        // One loop a kind, not a switch in one loop: llvmpipe runs every
+        // branch of a switch or if with the lanes masked off, so a kind not
+        // taken costs one masked turn of its loop here, not a masked copy of
+        // its body in every turn.
+        if (kind == 0u) {
+            for (var w = g.x; w < total; w += nw.x) {
+                chain_attention(w * 8u + li);
+            }
+        }
+//CASES
+        if (s + 1u < c.n_steps) {
+            if (!grid_barrier(s, nw.x, li)) {
+                break;
+            }
+        }
+    }
+}
+"#;
