@@ -104,6 +104,14 @@ fn main() {
         writeln!(table, "    {entry:?},").unwrap();
     }
     table.push_str("];\n");
+    table.push_str(
+        "/// The persistent chain's entry points, one a tile (`chain_r<T>`).\n\
+         pub const CHAIN_ENTRIES: &[&str] = &[\n",
+    );
+    for entry in chain_gen::chain_entries() {
+        writeln!(table, "    {entry:?},").unwrap();
+    }
+    table.push_str("];\n");
     writeln!(
         table,
         "/// Words of one chain step's record in the metadata buffer.\npub const CHAIN_STEP_WORDS: u32 = {};",

@@ -295,11 +295,17 @@ fn form_of(variant: Variant, m: usize, n: usize, r8: bool) -> &'static str {
 pub(super) fn cases(v: &mut Vec<Spec>) {
     // The persistent chain (`chain_r1`, CPU devices): two dependent one-row
     // products as one dispatch against the same two dispatched.
-    v.push(spec(
-        "xtc.kernels.chain.q4_1_r1.plain_then_norm_glu".into(),
-        &[xtc_decode::model::vulkan::chain::KERNEL, "qmm_q41_r1"],
-        chain_case,
-    ));
+    for (m, entry, product) in [
+        (1, "chain_r1", "qmm_q41_r1"),
+        (2, "chain_r2", "qmm_q41_r2"),
+        (4, "chain_r4", "qmm_q41_r4"),
+    ] {
+        v.push(spec(
+            format!("xtc.kernels.chain.q4_1_r{m}.plain_then_norm_glu"),
+            &[entry, product],
+            move |ctx| chain_case(ctx, m, product),
+        ));
+    }
     let types = [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32];
     // (variant, r8, m, n, k, mode): the real model's shapes (q: 576x576,
     // gate/up: 1536x576, down: 576x1536) in every form, awkward ones (a
@@ -559,13 +565,13 @@ fn qmm(
     ))
 }
 
-/// `chain_case`: y = W1 . x (Q4_1, 1 row, 576 -> 256), then h =
+/// `chain_case`: y = W1 . x (Q4_1, `m` rows, 576 -> 256), then h =
 /// SwiGLU(rmsnorm(y) . W2) (gate|up interleaved, 256 -> 2 x 96): recorded
 /// as two dispatches with a barrier, then as one persistent chain of two
 /// steps (`chain::ChainStep::product`) over the same inputs; both outputs
 /// bit for bit, h against the reference, the chain's counter at one arrival
 /// per workgroup and no abort, and the guards.
-fn chain_case(ctx: &mut Ctx) -> CaseResult {
+fn chain_case(ctx: &mut Ctx, m: usize, product: &'static str) -> CaseResult {
     use xtc_decode::model::vulkan::chain::{self, Chain, ChainStep};
     let dev = ctx.device()?;
     let Some(workgroups) = chain::workgroups(&dev) else {
@@ -587,19 +593,21 @@ fn chain_case(ctx: &mut Ctx) -> CaseResult {
     let t1 = s.push(&w1)?;
     let t2 = s.push_interleaved(&gate, &up)?;
     let g: Vec<f32> = (0..n).map(|_| 0.5 + rng.f32()).collect();
-    let x = rand_vec(&mut rng, k, 1.0);
-    let y_off = (X_OFF + k).next_multiple_of(4);
-    let h_off = y_off + n;
-    let act = h_off + hid + 64;
+    let x = rand_vec(&mut rng, m * k, 1.0);
+    let y_off = (X_OFF + m * k).next_multiple_of(4);
+    let h_off = y_off + m * n;
+    let out_len = m * (n + hid);
+    let act = h_off + m * hid + 64;
     // A KV image too: the chain's kernel uses binding 7 (its attention and
     // `_rkv` kinds), so it must be bound.
     let mut b = QBench::new(ctx, &s, &g, act, 4, Some([16, 1, 2]), Variant::Cpu)?;
     b.put(1, X_OFF, &x)?;
-    b.output(1, y_off, n + hid);
+    b.output(1, y_off, out_len);
     let eps = 1e-5f32;
+    let rows = m as u32;
     let ops = [
-        QMatmul::plain(&t1, 1, X_OFF as u32, y_off as u32, false),
-        QMatmul::glu(&t2, 1, y_off as u32, h_off as u32).with_norm(b.f32_base as u32, eps),
+        QMatmul::plain(&t1, rows, X_OFF as u32, y_off as u32, false),
+        QMatmul::glu(&t2, rows, y_off as u32, h_off as u32).with_norm(b.f32_base as u32, eps),
     ];
     let win = b.set.windows();
     let steps = ops
@@ -607,12 +615,17 @@ fn chain_case(ctx: &mut Ctx) -> CaseResult {
         .map(|o| ChainStep::product(o, &win))
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| CaseError::Fail("a product has no chain step".into()))?;
+    let entry = chain::entry(steps[0].tile);
+    let want = format!("chain_r{m}");
+    ensure(entry == Some(want.as_str()), || {
+        format!("the chain runs {entry:?}, not {want}")
+    })?;
     let ran: Vec<_> = ops
         .iter()
         .flat_map(|o| entries_of(o, Variant::Cpu, &b.set))
         .collect();
-    ensure(ran == ["qmm_q41_r1", "qmm_q41_r1"], || {
-        format!("dispatched {ran:?}, not qmm_q41_r1 twice")
+    ensure(ran == [product, product], || {
+        format!("dispatched {ran:?}, not {product} twice")
     })?;
     b.run(|o, _, _, rec| {
         o.run(rec, &ops[0])?;
@@ -620,10 +633,10 @@ fn chain_case(ctx: &mut Ctx) -> CaseResult {
         o.run(rec, &ops[1])?;
         Ok(())
     })?;
-    let dispatched: Vec<f32> = b.get(1, y_off, n + hid)?;
+    let dispatched: Vec<f32> = b.get(1, y_off, out_len)?;
     // The chain's program at metadata word 0, its counter at tokens word 0.
     // The outputs poisoned first, so the chain must write them all.
-    b.put(1, y_off, &vec![f32::NAN; n + hid])?;
+    b.put(1, y_off, &vec![f32::NAN; out_len])?;
     let words: Vec<u32> = steps.iter().flat_map(|s| s.words()).collect();
     b.put(3, 0, &words)?;
     let work: u32 = steps.iter().map(|s| s.cost(workgroups) + 1).sum();
@@ -633,12 +646,13 @@ fn chain_case(ctx: &mut Ctx) -> CaseResult {
         sync_off: 0,
         spin_rounds: Chain::rounds_left(work),
         workgroups,
+        tile: steps[0].tile,
     };
     // The counter and abort flag zeroed from the host (the model records a
     // fill; nothing is in flight here).
     b.put(4, 0, &[0u32; 2])?;
     b.run(|o, _, _, rec| Ok(o.run(rec, &c)?))?;
-    let chained: Vec<f32> = b.get(1, y_off, n + hid)?;
+    let chained: Vec<f32> = b.get(1, y_off, out_len)?;
     let same = dispatched
         .iter()
         .zip(&chained)
@@ -650,13 +664,15 @@ fn chain_case(ctx: &mut Ctx) -> CaseResult {
     ensure(sync == [workgroups, 0], || {
         format!("counter and abort flag {sync:?}, expected [{workgroups}, 0]")
     })?;
-    let y = reference_matmul(&w1, &x, 1);
-    let mut yn = vec![0f32; n];
-    xtc_decode::model::cpu::math::rmsnorm(&mut yn, &y, &g, eps);
-    let want = reference_glu(&gate, &up, &yn, 1);
-    let nmse = check::close("h", &chained[n..], &want, NMSE_Q)?;
+    let y = reference_matmul(&w1, &x, m);
+    let mut yn = vec![0f32; m * n];
+    for (o, r) in yn.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
+        xtc_decode::model::cpu::math::rmsnorm(o, r, &g, eps);
+    }
+    let want = reference_glu(&gate, &up, &yn, m);
+    let nmse = check::close("h", &chained[m * n..], &want, NMSE_Q)?;
     ok(format!(
-        "2 steps on {workgroups} workgroup(s): y and h bit for bit as dispatched, h NMSE {nmse:.2e}"
+        "2 steps of {m} row(s) on {workgroups} workgroup(s): y and h bit for bit as dispatched, h NMSE {nmse:.2e}"
     ))
 }
 

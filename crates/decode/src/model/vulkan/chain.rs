@@ -39,7 +39,7 @@
 //!   per chain) are zeroed by a fill before each chain dispatch.
 
 use bytemuck::{Pod, Zeroable};
-use xtc_vk::kernels::{CHAIN_KINDS, CHAIN_STEP_WORDS};
+use xtc_vk::kernels::{CHAIN_ENTRIES, CHAIN_KINDS, CHAIN_STEP_WORDS};
 use xtc_vk::{
     Buffer, CommandPool, Device, DeviceKind, Kernels, VkError, VkResult, WINDOWS, Window,
 };
@@ -47,8 +47,17 @@ use xtc_vk::{
 use super::ops::{Attention, AttentionImage, Op, Variant};
 use super::qops::{QMatmul, QMatmulRopeKv};
 
-/// The chain's entry point.
+/// The chain's entry point for one-row iterations (and the probe's); tiles 2
+/// and 4 (iterations of 2 and 3-4 rows) have `chain_r2` and `chain_r4`
+/// ([`entry`]).
 pub const KERNEL: &str = "chain_r1";
+
+/// The chain entry point of `tile` token rows per invocation (1, 2 or 4),
+/// or `None`.
+pub fn entry(tile: u32) -> Option<&'static str> {
+    let name = format!("chain_r{tile}");
+    CHAIN_ENTRIES.iter().copied().find(|e| *e == name)
+}
 
 /// llvmpipe's loop budget: the loops of one workgroup's invocation of a
 /// kernel go round at most 65535 times IN ALL (one counter for the whole
@@ -75,7 +84,7 @@ const MARGIN: u32 = 256;
 const NOT_TAKEN: u32 = 24;
 
 /// Polls a round (`build/chain_gen.rs`'s `POLLS`).
-pub const POLLS_A_ROUND: u32 = 128;
+pub const POLLS_A_ROUND: u32 = 256;
 
 /// The most chains an iteration records (each needs its own two words of
 /// the tokens buffer); runs past these stay dispatches.
@@ -103,6 +112,9 @@ pub struct Chain {
     pub spin_rounds: u32,
     /// Workgroups of the dispatch (the shader reads `num_workgroups`).
     pub workgroups: u32,
+    /// Token rows per invocation of its products: picks the entry point
+    /// ([`entry`]).
+    pub tile: u32,
 }
 
 impl Chain {
@@ -118,7 +130,13 @@ impl Op for Chain {
     fn grid(&self) -> [u32; 3] {
         [self.workgroups.max(1), 1, 1]
     }
+    fn dispatch(&self, _variant: Variant) -> (&'static str, [u32; 3]) {
+        (entry(self.tile).unwrap_or(NO_ENTRY), self.grid())
+    }
 }
+
+/// What [`Chain`] names for a tile without an entry point: no such kernel.
+const NO_ENTRY: &str = "chain_has_no_entry_point_for_this_tile";
 
 /// One dispatch group as a record of the chain's program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +150,9 @@ pub struct ChainStep {
     /// Loop turns one invocation of the step takes, at most (for one of the
     /// step's workgroups; see [`cost`](Self::cost)).
     pub turns: u32,
+    /// Token rows per invocation of a product (the chain entry point it
+    /// needs); 0 for the attention, which any chain runs.
+    pub tile: u32,
 }
 
 impl ChainStep {
@@ -158,7 +179,19 @@ impl ChainStep {
     }
 
     fn of_chunk(kernel: &str, grid: [u32; 3], push: &QMatmul) -> Option<ChainStep> {
-        let kind = CHAIN_KINDS.iter().position(|k| *k == kernel)?;
+        // `qmm_<ty>_r<T>[_rkv]`: the kind is tile 1's name's position.
+        let (tile, kind) = [1u32, 2, 4].into_iter().find_map(|t| {
+            let suffix = format!("_r{t}");
+            if !kernel.contains(&suffix) {
+                return None;
+            }
+            let one = kernel.replacen(&suffix, "_r1", 1);
+            CHAIN_KINDS
+                .iter()
+                .position(|k| *k == one)
+                .map(|kind| (t, kind))
+        })?;
+        entry(tile)?;
         let mut params = [0u32; 20];
         let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(push));
         params[..words.len()].copy_from_slice(words);
@@ -168,6 +201,7 @@ impl ChainStep {
             grid: [grid[0], grid[1]],
             params,
             turns: push.k / 32 + 4,
+            tile,
         })
     }
 
@@ -209,7 +243,8 @@ impl ChainStep {
     /// The attention over the KV image ([`AttentionImage`], where it fits).
     pub fn attention(op: &Attention) -> Option<ChainStep> {
         // The chain stores each head's output as vec4s.
-        if !AttentionImage(*op).fits() || !op.out_off.is_multiple_of(4) || !op.dim.is_multiple_of(4) {
+        if !AttentionImage(*op).fits() || !op.out_off.is_multiple_of(4) || !op.dim.is_multiple_of(4)
+        {
             return None;
         }
         let mut params = [0u32; 20];
@@ -226,6 +261,7 @@ impl ChainStep {
             grid: [(op.n_rows.checked_mul(op.n_heads)?).div_ceil(WG).max(1), 1],
             params,
             turns,
+            tile: 0,
         })
     }
 }
@@ -269,15 +305,16 @@ pub fn probe(
     workgroups: u32,
 ) -> VkResult<bool> {
     const STEPS: u32 = 64;
-    // 2048 rounds of 128 polls: milliseconds, plenty for workgroups that
+    // 4096 rounds of 256 polls: milliseconds, plenty for workgroups that
     // run at once, and a quick answer where they do not.
-    const PROBE_ROUNDS: u32 = 2048;
+    const PROBE_ROUNDS: u32 = 4096;
     // Kind past the table: the switch's default, no work.
     let empty = ChainStep {
         kind: u32::MAX,
         grid: [0, 1],
         params: [0; 20],
         turns: 0,
+        tile: 1,
     };
     let words: Vec<u32> = (0..STEPS).flat_map(|_| empty.words()).collect();
     meta.write(u64::from(prog_off) * 4, &words)?;
@@ -287,6 +324,7 @@ pub fn probe(
         sync_off,
         spin_rounds: PROBE_ROUNDS.min(Chain::rounds_left(STEPS)),
         workgroups,
+        tile: 1,
     };
     let k = kernels.get(KERNEL)?;
     let mut pool = CommandPool::new(dev)?;
