@@ -14,15 +14,19 @@
 //
 // The chain's code is the products' own: the text of `qmatmul_gen`'s f32
 // section with the chosen entry points turned into functions (the
-// `@compute` attributes and builtins dropped), the push constants `p` made a
-// private variable that the chain loads from the step's record in the
-// metadata buffer, and the two uniform windows read from the storage
-// buffers they cover (`xwin.v[i]` -> `xv(i)` over `act`, `wwin.v[i]` ->
-// `wv(i)` over the weights): the same values into the same arithmetic, so
-// a chained iteration computes the same bits as the dispatched one (the
-// host passes absolute offsets where the windows took relative ones). The
-// image attention is `kernels/attention.wgsl`'s `attend_img` with its
-// parameters renamed (`AttParams`, `pa`).
+// `@compute` attributes and builtins dropped) and the push constants `p`
+// made a private variable that the chain loads from the step's record in
+// the metadata buffer: the same arithmetic on the same values, so a
+// chained iteration computes the same bits as the dispatched one. The
+// products read x and the norm vector through the uniform windows as
+// dispatched (llvmpipe issues a storage-buffer load lane by lane: the first
+// chain, which read them from the storage buffers, computed about 1.5x
+// slower), so one placement of each window serves a whole chain: the host
+// lays a small iteration's activations out so its x, attention output and
+// h fit one window (`ActOffsets::compact`) and ends a chain where the next
+// norm vector falls outside the weights window. The image attention is
+// `kernels/attention.wgsl`'s `attend_img` with its parameters renamed
+// (`AttParams`, `pa`).
 //
 // Pure std, deterministic output (declared as a module of the build script).
 
@@ -108,57 +112,6 @@ fn item<'a>(text: &'a str, from: &str) -> &'a str {
     &rest[..end]
 }
 
-/// `text` with each `name[E]` (brackets matched) turned into `f(E)`.
-fn rewrite_index(text: &str, name: &str, f: impl Fn(&str) -> String) -> String {
-    let pat = format!("{name}[");
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(i) = rest.find(&pat) {
-        // Only the name itself, not the end of a longer one.
-        let before = rest[..i].chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
-            out.push_str(&rest[..i + pat.len()]);
-            rest = &rest[i + pat.len()..];
-            continue;
-        }
-        out.push_str(&rest[..i]);
-        let after = &rest[i + pat.len()..];
-        let mut depth = 1;
-        let mut close = None;
-        for (j, ch) in after.char_indices() {
-            match ch {
-                '[' => depth += 1,
-                ']' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = Some(j);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let j = close.expect("chain_gen: unmatched bracket");
-        out.push_str(&f(&after[..j]));
-        rest = &after[j + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// `text` with each `name[E]` turned into `func(E)`.
-fn index_to_call(text: &str, name: &str, func: &str) -> String {
-    rewrite_index(text, name, |e| format!("{func}({e})"))
-}
-
-/// `text`'s element accesses `act[E]` of the activations as f32 made
-/// accesses of the same element of the activations as vec4 (`act[(E) / 4u][(E) % 4u]`):
-/// the chain declares them `array<vec4<f32>>`, so the products' x loads
-/// (the window's vec4s in the dispatched form) stay one vec4 load each.
-fn act_as_vec4(text: &str) -> String {
-    rewrite_index(text, "act", |e| format!("act[({e}) / 4u][({e}) % 4u]"))
-}
-
 /// The products' module text (`qmatmul_gen::generate()`) made into the
 /// chain's: only [`PRODUCTS`]' entry points kept, as functions; `p`
 /// private; the windows read from storage.
@@ -192,21 +145,8 @@ fn products(qmatmul: &str) -> String {
         );
     }
     let out = out.replacen("var<immediate> p: Params;", "var<private> p: Params;", 1);
-    let out = out
-        .replacen("@group(0) @binding(5) var<uniform> wwin: Window;\n", "", 1)
-        .replacen("@group(0) @binding(6) var<uniform> xwin: Window;\n", "", 1);
-    let out = act_as_vec4(&out);
-    let out = out.replacen(
-        "var<storage, read_write> act: array<f32>;",
-        "var<storage, read_write> act: array<vec4<f32>>;",
-        1,
-    );
-    assert!(
-        out.contains("act: array<vec4<f32>>;"),
-        "chain_gen: act's declaration"
-    );
-    let out = index_to_call(&out, "xwin.v", "xv");
-    index_to_call(&out, "wwin.v", "wv")
+    assert!(out.contains("var<private> p: Params;"), "chain_gen: p");
+    out
 }
 
 /// The image attention's parameters and `attend_img`, from
@@ -214,7 +154,7 @@ fn products(qmatmul: &str) -> String {
 fn attention(att: &str) -> String {
     let params = item(att, "struct Params {").replacen("struct Params", "struct AttParams", 1);
     let head = item(att, "struct HeadOut {");
-    let attend = act_as_vec4(&rename_params(item(att, "fn attend_img(")));
+    let attend = rename_params(item(att, "fn attend_img("));
     let neg = att
         .lines()
         .find(|l| l.starts_with("const NEG:"))
@@ -316,23 +256,14 @@ const HEADER: &str = "\
 ";
 
 const ENTRY: &str = r#"
-// The windows of the dispatched forms, read from the buffers they cover
-// (vec4 index i of the activations / of the weights; the same vec4 loads).
-fn xv(i: u32) -> vec4<f32> {
-    return act[i];
-}
-
-fn wv(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(wbuf[i]);
-}
-
 // Push constants: the steps' records at md[prog_off ..] (STEP_WORDS words
 // each), their count, the counter and abort flag at sync[sync_off],
 // sync[sync_off + 1] (zeroed before the dispatch), how many rounds of POLLS
 // polls a workgroup may wait at the chain's grid barriers in all, and the
-// grid's width and the entry point's tile (the host's copies; the shader
-// reads `num_workgroups`).
-struct Chain { prog_off: u32, n_steps: u32, sync_off: u32, spin_rounds: u32, workgroups: u32, tile: u32 }
+// grid's width, the entry point's tile and the windows' placements (the
+// host's copies; the shader reads `num_workgroups`, and the windows are
+// bound where w_at and x_at say).
+struct Chain { prog_off: u32, n_steps: u32, sync_off: u32, spin_rounds: u32, workgroups: u32, tile: u32, w_at: u32, x_at: u32 }
 var<immediate> c: Chain;
 
 @group(0) @binding(4) var<storage, read_write> sync: array<atomic<u32>>;
@@ -389,8 +320,12 @@ fn chain_attention(idx: u32) {
     let out_base = pa.out_off + o.r * pa.dim + o.h * pa.head_size;
     for (var i = 0u; i < 16u; i++) {
         if (i >= pa.head_size / 4u) { break; }
-        // out_base is a multiple of 4 (dim and head_size are).
-        act[out_base / 4u + i] = o.acc[i];
+        let v = o.acc[i];
+        let at = out_base + 4u * i;
+        act[at] = v.x;
+        act[at + 1u] = v.y;
+        act[at + 2u] = v.z;
+        act[at + 3u] = v.w;
     }
 }
 

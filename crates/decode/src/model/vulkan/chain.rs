@@ -115,6 +115,10 @@ pub struct Chain {
     /// Token rows per invocation of its products: picks the entry point
     /// ([`entry`]).
     pub tile: u32,
+    /// Byte offset of the weights window (the norm vectors' placement).
+    pub w_at: u32,
+    /// Byte offset of the activations window (x, att and h).
+    pub x_at: u32,
 }
 
 impl Chain {
@@ -132,6 +136,22 @@ impl Op for Chain {
     }
     fn dispatch(&self, _variant: Variant) -> (&'static str, [u32; 3]) {
         (entry(self.tile).unwrap_or(NO_ENTRY), self.grid())
+    }
+    /// One dispatch with the windows at `w_at` and `x_at` (the steps'
+    /// offsets are relative to them); `None` where the recorder has no
+    /// windows (then [`Op::dispatch`]'s form records the chain without
+    /// them, which only a chain of attention steps may be).
+    fn windowed(
+        &self,
+        _variant: Variant,
+        _win: &[Window; WINDOWS as usize],
+    ) -> Option<Vec<super::ops::Windowed<Self>>> {
+        Some(vec![super::ops::Windowed {
+            kernel: entry(self.tile).unwrap_or(NO_ENTRY),
+            push: *self,
+            grid: self.grid(),
+            offsets: [u64::from(self.w_at), u64::from(self.x_at)],
+        }])
     }
 }
 
@@ -153,7 +173,18 @@ pub struct ChainStep {
     /// Token rows per invocation of a product (the chain entry point it
     /// needs); 0 for the attention, which any chain runs.
     pub tile: u32,
+    /// The bytes of the activations a product reads through the x window
+    /// (`[start, end)`), and of its norm vector in the weights buffer; its
+    /// `x_off` / `norm_off` are relative to the window placements the chain
+    /// picks ([`words`](Self::words)).
+    pub x_bytes: Option<(u64, u64)>,
+    /// As `x_bytes`, for the norm vector.
+    pub norm_bytes: Option<(u64, u64)>,
 }
+
+/// [`QMatmul`]'s words: `x_off` and `norm_off`.
+const X_OFF_WORD: usize = 3;
+const NORM_OFF_WORD: usize = 13;
 
 impl ChainStep {
     /// The loop turns one chain workgroup of `workgroups` takes for this
@@ -168,17 +199,41 @@ impl ChainStep {
             .saturating_add(NOT_TAKEN)
     }
 
-    /// The words of the record (`CHAIN_STEP_WORDS`).
-    pub fn words(&self) -> [u32; CHAIN_STEP_WORDS as usize] {
+    /// The words of the record (`CHAIN_STEP_WORDS`) for windows placed at
+    /// bytes `w_at` and `x_at` (a product's x and norm vector must lie in
+    /// them: [`in_windows`](Self::in_windows)).
+    pub fn words(&self, w_at: u64, x_at: u64) -> [u32; CHAIN_STEP_WORDS as usize] {
         let mut w = [0; CHAIN_STEP_WORDS as usize];
         w[0] = self.kind;
         w[1] = self.grid[0];
         w[2] = self.grid[1];
         w[4..24].copy_from_slice(&self.params);
+        if let Some((start, _)) = self.x_bytes {
+            w[4 + X_OFF_WORD] = ((start - x_at) / 4) as u32;
+        }
+        if let Some((start, _)) = self.norm_bytes {
+            w[4 + NORM_OFF_WORD] = ((start - w_at) / 4) as u32;
+        }
         w
     }
 
-    fn of_chunk(kernel: &str, grid: [u32; 3], push: &QMatmul) -> Option<ChainStep> {
+    /// Whether this step's x and norm vector lie in windows placed at
+    /// `w_at` / `x_at` covering `range` bytes (`None`: not placed yet,
+    /// anything fits).
+    pub fn in_windows(&self, w: Option<u64>, x: Option<u64>, range: u64) -> bool {
+        let inside = |r: Option<(u64, u64)>, at: Option<u64>| match (r, at) {
+            (Some((s, e)), Some(at)) => s >= at && e <= at + range,
+            _ => true,
+        };
+        inside(self.x_bytes, x) && inside(self.norm_bytes, w)
+    }
+
+    fn of_chunk(
+        kernel: &str,
+        grid: [u32; 3],
+        push: &QMatmul,
+        offsets: [u64; WINDOWS as usize],
+    ) -> Option<ChainStep> {
         // `qmm_<ty>_r<T>[_rkv]`: the kind is tile 1's name's position.
         let (tile, kind) = [1u32, 2, 4].into_iter().find_map(|t| {
             let suffix = format!("_r{t}");
@@ -195,6 +250,12 @@ impl ChainStep {
         let mut params = [0u32; 20];
         let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(push));
         params[..words.len()].copy_from_slice(words);
+        let x0 = offsets[1] + u64::from(push.x_off) * 4;
+        let x_bytes = Some((x0, x0 + u64::from(push.m) * u64::from(push.k) * 4));
+        let norm_bytes = (push.norm_off != super::qops::NO_NORM).then(|| {
+            let n0 = offsets[0] + u64::from(push.norm_off) * 4;
+            (n0, n0 + u64::from(push.k) * 4)
+        });
         // The products' one loop over K's blocks, and `partial`'s three.
         (grid[2] == 1).then_some(ChainStep {
             kind: kind as u32,
@@ -202,6 +263,8 @@ impl ChainStep {
             params,
             turns: push.k / 32 + 4,
             tile,
+            x_bytes,
+            norm_bytes,
         })
     }
 
@@ -214,12 +277,7 @@ impl ChainStep {
         let [c] = chunks.as_slice() else {
             return None;
         };
-        let push = QMatmul {
-            x_off: op.x_off.checked_add(c.push.m_base.checked_mul(op.k)?)?,
-            norm_off: op.norm_off,
-            ..c.push
-        };
-        ChainStep::of_chunk(c.kernel, c.grid, &push)
+        ChainStep::of_chunk(c.kernel, c.grid, &c.push, c.offsets)
     }
 
     /// As [`product`](Self::product) for the q|k|v product with RoPE and the
@@ -229,15 +287,7 @@ impl ChainStep {
         let [c] = chunks.as_slice() else {
             return None;
         };
-        let push = QMatmul {
-            x_off: op
-                .0
-                .x_off
-                .checked_add(c.push.0.m_base.checked_mul(op.0.k)?)?,
-            norm_off: op.0.norm_off,
-            ..c.push.0
-        };
-        ChainStep::of_chunk(c.kernel, c.grid, &push)
+        ChainStep::of_chunk(c.kernel, c.grid, &c.push.0, c.offsets)
     }
 
     /// The attention over the KV image ([`AttentionImage`], where it fits).
@@ -262,6 +312,8 @@ impl ChainStep {
             params,
             turns,
             tile: 0,
+            x_bytes: None,
+            norm_bytes: None,
         })
     }
 }
@@ -315,8 +367,10 @@ pub fn probe(
         params: [0; 20],
         turns: 0,
         tile: 1,
+        x_bytes: None,
+        norm_bytes: None,
     };
-    let words: Vec<u32> = (0..STEPS).flat_map(|_| empty.words()).collect();
+    let words: Vec<u32> = (0..STEPS).flat_map(|_| empty.words(0, 0)).collect();
     meta.write(u64::from(prog_off) * 4, &words)?;
     let chain = Chain {
         prog_off,
@@ -325,13 +379,15 @@ pub fn probe(
         spin_rounds: PROBE_ROUNDS.min(Chain::rounds_left(STEPS)),
         workgroups,
         tile: 1,
+        w_at: 0,
+        x_at: 0,
     };
     let k = kernels.get(KERNEL)?;
     let mut pool = CommandPool::new(dev)?;
     let mut rec = pool.record(kernels, set)?;
     rec.fill(tokens, u64::from(sync_off) * 4, 8, 0)?;
     rec.barrier();
-    rec.dispatch(k, &chain, chain.grid())?;
+    rec.dispatch_windowed(k, &chain, chain.grid(), [0, 0])?;
     rec.host_barrier();
     let cmd = rec.finish()?;
     if !pool.submit(vec![cmd])?.wait(None)? {

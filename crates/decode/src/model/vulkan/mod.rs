@@ -106,6 +106,44 @@ impl ActOffsets {
     }
 }
 
+impl ActOffsets {
+    /// As [`new`](Self::new) with the regions in another order: x, att
+    /// (the attention output) and h1 first, then xb, q, k, v, h3, sel and
+    /// logits, so a small iteration's product inputs (x, att, h1: `t *
+    /// (2 dim + hidden)` elements, 43 KB at 4 rows of SmolLM2) lie in one
+    /// placement of a 64 KiB uniform window, which a persistent chain needs
+    /// (`chain`).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub(crate) fn compact(c: &Config, t: usize, s: usize) -> Result<ActOffsets> {
+        let n = ActOffsets::new(c, t, s)?;
+        let (t, s) = (t as u64, s as u64);
+        let (d, kv, h) = (c.dim as u64, c.kv_dim() as u64, c.hidden_dim as u64);
+        let sizes = [t * d, t * h, t * d, t * d, t * kv, t * kv, t * h, s * d];
+        let mut at = t * d;
+        let mut offs = [0u32; 8];
+        for (o, n) in offs.iter_mut().zip(sizes) {
+            *o = u32_of(at)?;
+            at += n;
+        }
+        let [att, h1, xb, q, k, v, h3, sel] = offs;
+        Ok(ActOffsets {
+            x: 0,
+            att,
+            h1,
+            xb,
+            q,
+            k,
+            v,
+            h3,
+            sel,
+            logits: u32_of(at)?,
+            len: n.len,
+        })
+    }
+}
+
 /// One submitted iteration. Poll [`fence_fd`](Self::fence_fd) (readable when
 /// done), then hand it to [`GpuModel::finish`](f32_model::GpuModel::finish).
 #[derive(Debug)]

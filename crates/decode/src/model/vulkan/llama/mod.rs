@@ -451,9 +451,22 @@ impl GpuLlama {
             .map(|s| s.start_pos + s.tokens.len() - 1)
             .max()
             .unwrap_or(0) as u32;
+        let act8 = self.act8.filter(|_| n_rows as u32 >= self.int8_min_rows);
+        let chain = self
+            .chain_workgroups
+            .filter(|_| self.chain_on && self.ops.windows_on());
+        // An iteration the chain may hold (f32 products of at most 4 rows)
+        // lays its activations out so x, att and h fit one window.
+        let a = match (chain, act8) {
+            (Some(_), None) if n_rows <= 4 => {
+                ActOffsets::compact(&self.shape, n_rows, n_samples).unwrap_or(self.a)
+            }
+            _ => self.a,
+        };
         let rec_ctx = Recording {
             m: self,
-            act8: self.act8.filter(|_| n_rows as u32 >= self.int8_min_rows),
+            a,
+            act8,
             t: n_rows as u32,
             s: n_samples as u32,
             sample_list,
@@ -461,13 +474,11 @@ impl GpuLlama {
         };
         let mut plan_rec = rec_ctx.plan();
         let mut n_chains = 0;
-        if let Some(n) = self
-            .chain_workgroups
-            .filter(|_| self.chain_on && self.ops.windows_on())
-        {
+        if let Some(n) = chain {
             let sync_base = self.opts.max_seqs as u32;
             let win = self.set.windows();
-            (plan_rec, n_chains) = plan_rec.chained(&win, n, sync_base, &mut self.scratch);
+            let x_base = u64::from(a.x) * 4;
+            (plan_rec, n_chains) = plan_rec.chained(&win, x_base, n, sync_base, &mut self.scratch);
         }
         if (self.scratch.len() * 4) as u64 > self.meta.size() {
             return Err(Error::Range);
@@ -490,7 +501,7 @@ impl GpuLlama {
         if let Some(l) = &self.logits {
             let bytes = (n_samples * self.shape.vocab_size * 4) as u64;
             if bytes > 0 {
-                rec.copy(&self.act, u64::from(self.a.logits) * 4, l, 0, bytes)?;
+                rec.copy(&self.act, u64::from(a.logits) * 4, l, 0, bytes)?;
             }
         }
         rec.host_barrier();
@@ -603,6 +614,9 @@ type Timed = (Timestamps, Vec<&'static str>);
 /// be borrowed mutably while recording.
 struct Recording<'a> {
     m: &'a GpuLlama,
+    /// The iteration's activation layout: the model's, or for an iteration
+    /// a persistent chain may hold, [`ActOffsets::compact`].
+    a: ActOffsets,
     /// The model's int8 activations, where this iteration has the rows for
     /// them ([`GpuLlama::set_int8_min_rows`]).
     act8: Option<Act8>,
@@ -645,7 +659,7 @@ enum Step {
 impl Recording<'_> {
     fn plan(&self) -> PlanOps {
         let m = self.m;
-        let (c, a, t) = (&m.shape, &m.a, self.t);
+        let (c, a, t) = (&m.shape, &self.a, self.t);
         let (d, kvd, hs, h) = (
             c.dim as u32,
             c.kv_dim() as u32,
@@ -828,14 +842,14 @@ impl Recording<'_> {
     /// that adds into x without leaving its blocks leaves them stale.
     fn products(&self, p: &mut Vec<Step>, ops: &[QMatmul], blocks: &mut Blocks, out: Out) {
         let m = self.m;
-        let x = m.a.x;
+        let x = self.a.x;
         let adds_x = ops.iter().any(|o| o.y_off == x);
         let Some(first) = ops.first() else {
             return;
         };
         let reads_x = first.x_off == x;
-        let att = std::mem::take(&mut blocks.att) && first.x_off == m.a.att;
-        let half = std::mem::take(&mut blocks.half) && first.x_off == m.a.h1;
+        let att = std::mem::take(&mut blocks.att) && first.x_off == self.a.att;
+        let half = std::mem::take(&mut blocks.half) && first.x_off == self.a.h1;
         let int8 = self.act8.and_then(|a8| {
             let at = if reads_x { a8.xq_x } else { a8.xq };
             ops.iter()
@@ -949,7 +963,7 @@ impl Recording<'_> {
         let (Some(a8), [one]) = (self.act8, qkv) else {
             return false;
         };
-        if !m.fuse_rope_kv || !m.ops.windows_on() || one.x_off != m.a.x {
+        if !m.fuse_rope_kv || !m.ops.windows_on() || one.x_off != self.a.x {
             return false;
         }
         let fused = QMatmulRopeKv::new(*one, rk)
@@ -1060,13 +1074,41 @@ impl PlanOps {
     /// [`chain::MAX_CHAINS`]; their counters from word `sync_base` of the
     /// tokens buffer), the chains' programs appended to `meta` (the
     /// iteration's metadata words); and the number of chains.
+    ///
+    /// Each chain binds the two uniform windows once: the activations window
+    /// at `x_base` (bytes; the iteration's layout puts every product input
+    /// within one placement of it, [`ActOffsets::compact`]) and the weights
+    /// window over its first norm vector; a group whose input or norm
+    /// vector falls outside them starts the next chain.
     fn chained(
         self,
         win: &[xtc_vk::Window; xtc_vk::WINDOWS as usize],
+        x_base: u64,
         workgroups: u32,
         sync_base: u32,
         meta: &mut Vec<u32>,
     ) -> (PlanOps, u32) {
+        let Some((x_at, x_cov)) = win[1].place(x_base) else {
+            return (self, 0);
+        };
+        let x_end = x_base + x_cov;
+        // Whether `s` fits the windows (the weights window placed by the
+        // first norm vector, `w`): the new weights placement if it does.
+        let fits = |s: &ChainStep, w: Option<(u64, u64)>| -> Option<Option<(u64, u64)>> {
+            if let Some((a, b)) = s.x_bytes
+                && (a < x_at || b > x_end)
+            {
+                return None;
+            }
+            match (s.norm_bytes, w) {
+                (None, w) => Some(w),
+                (Some((a, b)), Some((at, end))) => (a >= at && b <= end).then_some(w),
+                (Some((a, b)), None) => {
+                    let (at, cov) = win[0].place(a)?;
+                    (b <= a + cov).then_some(Some((at, a + cov)))
+                }
+            }
+        };
         let mut groups: Vec<(Vec<Step>, &'static str)> = vec![];
         let mut cur = vec![];
         for s in self.steps {
@@ -1086,7 +1128,8 @@ impl PlanOps {
         let mut n_chains = 0;
         let mut groups = groups.into_iter().zip(chainable).peekable();
         while let Some(((g, label), cs)) = groups.next() {
-            let Some(first) = cs.filter(|_| n_chains < chain::MAX_CHAINS) else {
+            let first = cs.filter(|_| n_chains < chain::MAX_CHAINS);
+            let Some((first, mut w_win)) = first.and_then(|f| Some((f, fits(&f, None)?))) else {
                 steps.extend(g);
                 steps.push(Step::Barrier(label));
                 continue;
@@ -1106,6 +1149,10 @@ impl PlanOps {
                 {
                     break;
                 }
+                let Some(w) = fits(next, w_win) else {
+                    break;
+                };
+                w_win = w;
                 tile = tile.max(next.tile);
                 work += more;
                 run.push(*next);
@@ -1121,8 +1168,9 @@ impl PlanOps {
                 continue;
             }
             let prog_off = meta.len() as u32;
+            let w_at = w_win.map_or(0, |(at, _)| at);
             for s in &run {
-                meta.extend_from_slice(&s.words());
+                meta.extend_from_slice(&s.words(w_at, x_at));
             }
             steps.push(Step::Chain(Chain {
                 prog_off,
@@ -1131,6 +1179,8 @@ impl PlanOps {
                 spin_rounds: Chain::rounds_left(work),
                 workgroups,
                 tile: tile.max(1),
+                w_at: w_at as u32,
+                x_at: x_at as u32,
             }));
             steps.push(Step::Barrier("persistent chain"));
             n_chains += 1;
