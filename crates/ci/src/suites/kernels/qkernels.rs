@@ -637,7 +637,21 @@ fn chain_case(ctx: &mut Ctx, m: usize, product: &'static str) -> CaseResult {
     // The chain's program at metadata word 0, its counter at tokens word 0.
     // The outputs poisoned first, so the chain must write them all.
     b.put(1, y_off, &vec![f32::NAN; out_len])?;
-    let words: Vec<u32> = steps.iter().flat_map(|s| s.words()).collect();
+    // One placement of each window for both steps (as the model's chains):
+    // the activations window from x, the weights window over the norm.
+    let (x_at, x_cov) = win[1]
+        .place((X_OFF * 4) as u64)
+        .ok_or_else(|| CaseError::Fail("no activations window placement".into()))?;
+    let norm = steps[1].norm_bytes.map_or(0, |(a, _)| a);
+    let (w_at, w_cov) = win[0]
+        .place(norm)
+        .ok_or_else(|| CaseError::Fail("no weights window placement".into()))?;
+    let (w_win, x_win) = ((w_at, norm + w_cov), (x_at, (X_OFF * 4) as u64 + x_cov));
+    ensure(
+        steps.iter().all(|s| s.in_windows(Some(w_win), Some(x_win))),
+        || "the steps do not fit one placement of the windows".into(),
+    )?;
+    let words: Vec<u32> = steps.iter().flat_map(|s| s.words(w_at, x_at)).collect();
     b.put(3, 0, &words)?;
     let work: u32 = steps.iter().map(|s| s.cost(workgroups) + 1).sum();
     let c = Chain {
@@ -647,6 +661,8 @@ fn chain_case(ctx: &mut Ctx, m: usize, product: &'static str) -> CaseResult {
         spin_rounds: Chain::rounds_left(work),
         workgroups,
         tile: steps[0].tile,
+        w_at: w_at as u32,
+        x_at: x_at as u32,
     };
     // The counter and abort flag zeroed from the host (the model records a
     // fill; nothing is in flight here).

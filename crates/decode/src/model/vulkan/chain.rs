@@ -217,12 +217,12 @@ impl ChainStep {
         w
     }
 
-    /// Whether this step's x and norm vector lie in windows placed at
-    /// `w_at` / `x_at` covering `range` bytes (`None`: not placed yet,
-    /// anything fits).
-    pub fn in_windows(&self, w: Option<u64>, x: Option<u64>, range: u64) -> bool {
-        let inside = |r: Option<(u64, u64)>, at: Option<u64>| match (r, at) {
-            (Some((s, e)), Some(at)) => s >= at && e <= at + range,
+    /// Whether this step's x and norm vector lie in the weights window `w`
+    /// and the activations window `x` (each the bytes `[at, end)` it
+    /// covers; `None`: anything fits).
+    pub fn in_windows(&self, w: Option<(u64, u64)>, x: Option<(u64, u64)>) -> bool {
+        let inside = |r: Option<(u64, u64)>, win: Option<(u64, u64)>| match (r, win) {
+            (Some((s, e)), Some((at, end))) => s >= at && e <= end,
             _ => true,
         };
         inside(self.x_bytes, x) && inside(self.norm_bytes, w)

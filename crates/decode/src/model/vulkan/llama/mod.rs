@@ -1095,19 +1095,11 @@ impl PlanOps {
         // Whether `s` fits the windows (the weights window placed by the
         // first norm vector, `w`): the new weights placement if it does.
         let fits = |s: &ChainStep, w: Option<(u64, u64)>| -> Option<Option<(u64, u64)>> {
-            if let Some((a, b)) = s.x_bytes
-                && (a < x_at || b > x_end)
-            {
-                return None;
-            }
-            match (s.norm_bytes, w) {
-                (None, w) => Some(w),
-                (Some((a, b)), Some((at, end))) => (a >= at && b <= end).then_some(w),
-                (Some((a, b)), None) => {
-                    let (at, cov) = win[0].place(a)?;
-                    (b <= a + cov).then_some(Some((at, a + cov)))
-                }
-            }
+            let w = match (s.norm_bytes, w) {
+                (Some((a, _)), None) => win[0].place(a).map(|(at, cov)| (at, a + cov)),
+                (_, w) => w,
+            };
+            s.in_windows(w, Some((x_at, x_end))).then_some(w)
         };
         let mut groups: Vec<(Vec<Step>, &'static str)> = vec![];
         let mut cur = vec![];
