@@ -157,7 +157,8 @@ pub const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_
 /// The note for a CPU Vulkan device (lavapipe) when the file at `path`
 /// ([`HALT_POLL_NS`]) says idle vCPUs halt at once (`0`): each of
 /// lavapipe's thread hand-offs (its workers sleep between dispatches, about
-/// 150 dispatch groups a decoded token) then waits for a vCPU woken through
+/// 150 dispatch groups a decoded token of a large batch, a few with the
+/// persistent chain) then waits for a vCPU woken through
 /// the hypervisor. `None` when the file is missing, unreadable or not a
 /// number (not such a guest: nothing to say), or polling is on.
 pub fn idle_note(path: &std::path::Path) -> Option<String> {
@@ -165,9 +166,10 @@ pub fn idle_note(path: &std::path::Path) -> Option<String> {
     (ns == 0).then(|| {
         format!(
             "this virtual machine's idle vCPUs halt at once ({} is 0), so lavapipe's \
-             thread hand-offs, about 150 a decoded token, each wait for a vCPU woken through \
+             thread hand-offs (about 150 a decoded token of a large batch, a few where the \
+             persistent chain holds an iteration of up to 4 rows) each wait for a vCPU woken through \
              the hypervisor; as root, `echo 200000 > {}` (the kernel's own default) made one
-             stream decode 1.4-1.8x faster on a 2-core guest (README, \"Beside llama.cpp\")",
+             stream decode 1.4-1.8x faster on a 2-core guest before the chain (README, \"Beside llama.cpp\")",
             path.display(),
             path.display()
         )

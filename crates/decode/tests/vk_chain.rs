@@ -80,6 +80,18 @@ fn models() -> Option<Models> {
     Some((guard, chained, apart, t))
 }
 
+/// No validation-layer message so far in this process (the layer runs
+/// where `XTC_VK_VALIDATION` asks for it; CI runs these tests with
+/// synchronization validation).
+fn no_validation_errors() {
+    assert_eq!(
+        xtc_vk::validation_errors(),
+        0,
+        "the last: {}",
+        xtc_vk::last_validation_error().unwrap_or_default()
+    );
+}
+
 /// Greedy tokens and logits of one iteration of `m`.
 fn run(m: &mut GpuLlama, plan: &BatchPlan) -> (Vec<u32>, Vec<Vec<f32>>) {
     let f = m.submit(plan).unwrap();
@@ -190,6 +202,7 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
         completed > 0,
         "chained iterations ran ({completed} completed, {aborted} aborted and rerun)"
     );
+    no_validation_errors();
 }
 
 #[test]
@@ -246,6 +259,7 @@ fn a_long_context_splits_the_layers_over_chains_within_the_loop_budget() {
         last = c[0];
         pos += 1;
     }
+    no_validation_errors();
 }
 
 #[test]
@@ -303,4 +317,5 @@ fn a_chain_wider_than_the_device_aborts_the_iteration_reruns_dispatched_and_thre
     };
     let (_, times) = chained.profile(&plan).unwrap();
     assert!(times.iter().all(|(l, _)| *l != "persistent chain"));
+    no_validation_errors();
 }

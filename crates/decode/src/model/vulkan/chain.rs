@@ -15,12 +15,14 @@
 //! # What it owns
 //! - [`ChainStep`]: one dispatch group as a record of the chain's program in
 //!   the metadata buffer (`CHAIN_STEP_WORDS` words: kind, the dispatched
-//!   form's grid, the group's push constants with the windows' relative
-//!   offsets made absolute), made by [`ChainStep::product`],
+//!   form's grid, the group's push constants with x's and the norm vector's
+//!   offsets relative to the chain's one placement of each uniform window),
+//!   made by [`ChainStep::product`],
 //!   [`ChainStep::product_rkv`] and [`ChainStep::attention`] for exactly the
 //!   dispatches the plan would record (`None` otherwise: that group stays a
 //!   dispatch).
-//! - [`Chain`]: the chain dispatch's push constants and grid.
+//! - [`Chain`]: the chain dispatch's push constants, grid, entry point (one
+//!   a tile: `chain_r1`, `chain_r2`, `chain_r4`) and window placements.
 //! - [`workgroups`]: how many workgroups a chain may have (the driver's
 //!   threads), and [`probe`]: whether the device runs them at once.
 //!
@@ -28,7 +30,8 @@
 //! - A chained group computes the same bits as the dispatched one: the same
 //!   code, parameters and per-workgroup work; only which thread runs which
 //!   workgroup, and how the groups are separated, differ
-//!   (`tests/vk_chain.rs` compares whole iterations bit for bit).
+//!   (`crates/decode/tests/vk_chain.rs` compares whole iterations bit for
+//!   bit).
 //! - The chain's workgroups are no more than the device runs at once, or the
 //!   first grid barrier waits for a workgroup that never starts. The shader
 //!   gives up after [`Chain::spin_rounds`] rounds of polls and raises the abort
@@ -89,6 +92,10 @@ pub const POLLS_A_ROUND: u32 = 256;
 /// The most chains an iteration records (each needs its own two words of
 /// the tokens buffer); runs past these stay dispatches.
 pub const MAX_CHAINS: u32 = 64;
+
+/// Steps of [`probe`]'s chain (its program takes `PROBE_STEPS *
+/// CHAIN_STEP_WORDS` metadata words).
+pub const PROBE_STEPS: u32 = 64;
 
 /// Workgroups of the chain's dispatched forms: 8 invocations (the CPU
 /// form's), so a step's workgroup `w` is invocations `8w .. 8w + 7`.
@@ -270,8 +277,9 @@ impl ChainStep {
 
     /// `op` as [`Ops::run`](super::ops::Ops::run) records it on a CPU device
     /// with windows `win`, if that is one dispatch of a product the chain
-    /// runs: its push constants with x's offset and the norm vector's made
-    /// absolute (the chain reads them from the buffers, not the windows).
+    /// runs: its push constants, and the bytes of x and of the norm vector
+    /// it reads through the windows ([`words`](Self::words) makes their
+    /// offsets relative to the chain's placements).
     pub fn product(op: &QMatmul, win: &[Window; WINDOWS as usize]) -> Option<ChainStep> {
         let chunks = op.windowed(Variant::Cpu, win)?;
         let [c] = chunks.as_slice() else {
@@ -340,8 +348,12 @@ pub fn workgroups(dev: &Device) -> Option<u32> {
 /// polls bounded by `spin_rounds`, through `kernels` and `set` (whose
 /// metadata buffer `meta`, binding 3, and tokens buffer `tokens`, binding 4,
 /// are written: metadata words from `prog_off`, tokens words `sync_off`,
-/// `sync_off + 1`). Returns whether it completed with every workgroup at
-/// every barrier (the counter at `(steps - 1) * workgroups`, no abort).
+/// `sync_off + 1`). `kv_image`: the set's KV image where it is still in
+/// layout `UNDEFINED` (a model's before its first iteration): the probe's
+/// command buffer moves it to `GENERAL` first (the chain's kernel uses its
+/// binding), and the caller counts it initialised. Returns whether it
+/// completed with every workgroup at every barrier (the counter at
+/// `(steps - 1) * workgroups`, no abort).
 ///
 /// # Errors
 /// Device errors; `Inval` when the kernel is missing from `kernels`.
@@ -352,11 +364,12 @@ pub fn probe(
     set: &xtc_vk::BindingSet,
     meta: &mut Buffer,
     tokens: &Buffer,
+    kv_image: Option<&xtc_vk::StorageImage>,
     prog_off: u32,
     sync_off: u32,
     workgroups: u32,
 ) -> VkResult<bool> {
-    const STEPS: u32 = 64;
+    const STEPS: u32 = PROBE_STEPS;
     // 4096 rounds of 256 polls: milliseconds, plenty for workgroups that
     // run at once, and a quick answer where they do not.
     const PROBE_ROUNDS: u32 = 4096;
@@ -385,6 +398,9 @@ pub fn probe(
     let k = kernels.get(KERNEL)?;
     let mut pool = CommandPool::new(dev)?;
     let mut rec = pool.record(kernels, set)?;
+    if let Some(img) = kv_image {
+        rec.init_image(img);
+    }
     rec.fill(tokens, u64::from(sync_off) * 4, 8, 0)?;
     rec.barrier();
     rec.dispatch_windowed(k, &chain, chain.grid(), [0, 0])?;

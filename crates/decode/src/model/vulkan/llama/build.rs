@@ -395,9 +395,10 @@ pub(super) fn allocate(
     let per_seq = shape.seq_len.div_ceil(opts.kv.block_size) as u64 + 1;
     // Row records, block tables, the sampled rows' list, then room for the
     // persistent chains' programs (at most every dispatch group of an
-    // iteration: six a layer and a few more).
+    // iteration: six a layer and a few more; at least the load-time probe's
+    // steps, which it writes from word 0).
     let chain_words = mul(
-        6 * shape.n_layers as u64 + 8,
+        (6 * shape.n_layers as u64 + 8).max(u64::from(chain::PROBE_STEPS)),
         u64::from(xtc_vk::kernels::CHAIN_STEP_WORDS),
     )?;
     let meta_len = mul(4, opts.max_tokens as u64)?

@@ -31,6 +31,10 @@
 //! between dependent ones (lavapipe pays for each dispatch, see
 //! `docs/arch/vk.md`). The CPU-device products split into one dispatch per
 //! window of activation rows (64 KiB: 28 rows at K = 576, 10 at K = 1536).
+//! On a CPU device an f32 iteration of at most 4 rows runs its layers as a
+//! few persistent chains ([`chain`]: a run of dispatch groups as one
+//! dispatch with grid barriers; [`GpuLlama::set_chain`]), its activations
+//! laid out so one window placement serves a chain.
 //!
 //! With int8 activations ([`Activations`]) each product input is quantized
 //! to Q8_1 blocks before its products read them: by a `quant_q81` dispatch
@@ -209,17 +213,27 @@ impl GpuLlama {
         let b = build::allocate(dev, &shape, &opts, variant, form.is_some())?;
         let set = build::bind(dev, &kernels, &up, &b)?;
         let mut meta = b.meta;
+        let mut kv_image = b.kv_image;
         // The chain's kernel uses the KV image's binding: only with the image.
         let chain_workgroups = match (variant, chain::workgroups(dev)) {
-            (Variant::Cpu, Some(n))
-                if b.kv_image.is_some() && kernels.get(chain::KERNEL).is_ok() =>
-            {
+            (Variant::Cpu, Some(n)) if kv_image.is_some() && kernels.get(chain::KERNEL).is_ok() => {
                 // Up to three tries: a probe on a machine busy with other
                 // work can miss its bound without anything being wrong.
                 let sync_off = opts.max_seqs as u32;
                 let mut ok = false;
                 for _ in 0..3 {
-                    ok = chain::probe(dev, &kernels, &set, &mut meta, &b.tokens, 0, sync_off, n)?;
+                    // The first probe moves the KV image to GENERAL (the
+                    // chain's kernel uses its binding).
+                    let init = match &mut kv_image {
+                        Some((img, ready @ false)) => {
+                            *ready = true;
+                            Some(&*img)
+                        }
+                        _ => None,
+                    };
+                    ok = chain::probe(
+                        dev, &kernels, &set, &mut meta, &b.tokens, init, 0, sync_off, n,
+                    )?;
                     if ok {
                         break;
                     }
@@ -235,7 +249,7 @@ impl GpuLlama {
             wimg: up.wimg,
             act: b.act,
             kv: b.kv,
-            kv_image: b.kv_image,
+            kv_image,
             meta,
             tokens: b.tokens,
             logits: b.logits,
