@@ -25,8 +25,8 @@
 // lays a small iteration's activations out so its x, attention output and
 // h fit one window (`ActOffsets::compact`) and ends a chain where the next
 // norm vector falls outside the weights window. The image attention is
-// `kernels/attention.wgsl`'s `attend_img` with its parameters renamed
-// (`AttParams`, `pa`).
+// `kernels/attention.wgsl`'s `attend_img` and `attention_img`'s body with their
+// parameters renamed (`AttParams`, `pa`).
 //
 // Pure std, deterministic output (declared as a module of the build script).
 
@@ -159,7 +159,17 @@ fn attention(att: &str) -> String {
         .lines()
         .find(|l| l.starts_with("const NEG:"))
         .expect("chain_gen: NEG");
-    format!("{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{attend}")
+    // Kind 0 runs `attention_img`'s own body for invocation `idx` (64 a
+    // workgroup there, 8 here).
+    let entry = item(att, "fn attention_img(");
+    let sig =
+        "fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {\n    let idx = gid.x;\n";
+    assert!(
+        entry.starts_with(sig),
+        "chain_gen: attention_img's first lines"
+    );
+    let body = rename_params(&entry.replacen(sig, "fn chain_attention(idx: u32) {\n", 1));
+    format!("{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{attend}\n{body}")
 }
 
 /// `text` with every `p.` that does not end a longer name turned into `pa.`.
@@ -308,25 +318,6 @@ fn grid_barrier(k: u32, n: u32, li: u32) -> bool {
         chain_ok = ok;
     }
     return workgroupUniformLoad(&chain_ok) == 1u;
-}
-
-// Kind 0: `attention_img`'s invocation `idx` (64 of them a workgroup there,
-// 8 here).
-fn chain_attention(idx: u32) {
-    if (idx >= pa.n_rows * pa.n_heads) {
-        return;
-    }
-    let o = attend_img(idx);
-    let out_base = pa.out_off + o.r * pa.dim + o.h * pa.head_size;
-    for (var i = 0u; i < 16u; i++) {
-        if (i >= pa.head_size / 4u) { break; }
-        let v = o.acc[i];
-        let at = out_base + 4u * i;
-        act[at] = v.x;
-        act[at + 1u] = v.y;
-        act[at + 2u] = v.z;
-        act[at + 3u] = v.w;
-    }
 }
 
 "#;

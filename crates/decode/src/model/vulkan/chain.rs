@@ -300,9 +300,7 @@ impl ChainStep {
 
     /// The attention over the KV image ([`AttentionImage`], where it fits).
     pub fn attention(op: &Attention) -> Option<ChainStep> {
-        // The chain stores each head's output as vec4s.
-        if !AttentionImage(*op).fits() || !op.out_off.is_multiple_of(4) || !op.dim.is_multiple_of(4)
-        {
+        if !AttentionImage(*op).fits() {
             return None;
         }
         let mut params = [0u32; 20];
@@ -310,7 +308,7 @@ impl ChainStep {
         params[..words.len()].copy_from_slice(words);
         // `attend_img`: a loop over q's texels, then per position one over
         // K's and one over V's (16 turns at most each, left at head_size /
-        // 4), then one over the output; the chain's store loop.
+        // 4), then one over the output; `attention_img`'s store loop.
         let turns = (op.max_pos.checked_add(1)?)
             .checked_mul(33)?
             .checked_add(48)?;
