@@ -150,7 +150,8 @@ def handoff_ceiling(xtc, peer_tg):
     takes at least the fastest group's device time (its fixed cost: the
     hand-off to lavapipe's workers and back, plus that group's own small
     work), so groups x fastest group bounds a token's time from below
-    whatever the kernels do. None without such a profile."""
+    whatever the kernels do (loose where the profile has persistent chains,
+    each one group holding many: `chained`). None without such a profile."""
     if not xtc:
         return None
     for side in xtc.get("sides", []):
@@ -159,7 +160,8 @@ def handoff_ceiling(xtc, peer_tg):
                 floor_ms = p["groups_per_iteration"] * p["fastest_group_us"] / 1e3
                 tps = 1e3 / floor_ms
                 return {"groups": p["groups_per_iteration"], "fastest_group_us": p["fastest_group_us"],
-                        "floor_ms": floor_ms, "tokens_per_s": tps, "ratio": tps / peer_tg}
+                        "floor_ms": floor_ms, "tokens_per_s": tps, "ratio": tps / peer_tg,
+                        "chained": bool(p.get("chained"))}
     return None
 
 
@@ -279,7 +281,9 @@ def measure(a):
         print(f"one stream, ceiling from dispatch groups alone: {ceil['groups']} groups x fastest group "
               f"{ceil['fastest_group_us']:.1f} us = {ceil['floor_ms']:.2f} ms a token -> at most "
               f"{ceil['tokens_per_s']:.1f} tokens/s, {ceil['ratio']:.2f}x llama.cpp's tg128 "
-              "(every group takes at least the fastest one's time, whatever its kernels do)")
+              "(every group takes at least the fastest one's time, whatever its kernels do"
+              + ("; persistent chains count as one group each, so this bound is loose)" if ceil["chained"]
+                 else ")"))
     if "roofline" in report:
         r = report["roofline"]
         print(f"roofline ({r.get('path', '?')}): triad {r['triad_gbs']:.1f} GB/s, f32 FMA "

@@ -88,7 +88,8 @@ fn run_py_checks_halt_poll_and_records_the_idle_state() {
 /// one-member profile of `--bench llama`'s JSON, groups x fastest group
 /// bounds a token's device time from below (154 x 82.6 us = 12.72 ms, at most
 /// 78.6 tokens/s, 0.654x of a 120.2 tokens/s tg128); no ceiling without a
-/// one-member profile (the CPU reference's side, `--skip-xtc`).
+/// one-member profile (the CPU reference's side, `--skip-xtc`); a profile
+/// with persistent chains marks it `chained` (a loose bound).
 #[test]
 fn run_py_one_stream_ceiling_from_the_profile() {
     let code = r#"
@@ -100,8 +101,11 @@ x = {"sides": [{"side": "cpu-reference", "rows": []},
                {"side": "vulkan", "profiles": [
                    {"members": 32, "groups_per_iteration": 154, "fastest_group_us": 146.4},
                    {"members": 1, "groups_per_iteration": 154, "fastest_group_us": 82.6}]}]}
+chained = {"sides": [{"side": "vulkan", "profiles": [
+    {"members": 1, "groups_per_iteration": 7, "fastest_group_us": 66.5, "chained": True}]}]}
 print(json.dumps([run.handoff_ceiling(x, 120.2), run.handoff_ceiling(None, 120.2),
-                  run.handoff_ceiling({"sides": [x["sides"][0]]}, 120.2)]))
+                  run.handoff_ceiling({"sides": [x["sides"][0]]}, 120.2),
+                  run.handoff_ceiling(chained, 140.4)]))
 "#;
     let out = Command::new("python3")
         .args(["-c", code])
@@ -128,5 +132,9 @@ print(json.dumps([run.handoff_ceiling(x, 120.2), run.handoff_ceiling(None, 120.2
         "{c}"
     );
     assert!((c["ratio"].as_f64().unwrap() - 0.654).abs() < 1e-3, "{c}");
+    assert_eq!(c["chained"], false, "{c}");
     assert!(v[1].is_null() && v[2].is_null(), "{v}");
+    // A profile with persistent chains: the bound is marked loose.
+    assert_eq!(v[3]["groups"], 7);
+    assert_eq!(v[3]["chained"], true, "{v}");
 }
