@@ -290,12 +290,14 @@ impl GpuLlama {
     /// Turns the persistent chain on (the default; `XTC_CHAIN=0` in the
     /// environment makes it off) or off. On a CPU device that runs it
     /// ([`chain_workgroups`](Self::chain_workgroups)), each run of two or
-    /// more dispatch groups the chain can hold (the one-row f32 products,
-    /// with or without RoPE and the KV append fused, and the attention over
-    /// the KV image) is recorded as ONE dispatch whose workgroups meet at a
-    /// grid barrier between the groups ([`chain`]): a one-member iteration
-    /// of SmolLM2-135M is 5 dispatch groups instead of 154, with the same
-    /// results bit for bit. Off: every group its own dispatch.
+    /// more dispatch groups the chain can hold (the f32 products of an
+    /// iteration of at most 4 rows, with or without RoPE and the KV append
+    /// fused, and the attention over the KV image) is recorded as ONE
+    /// dispatch whose workgroups meet at a grid barrier between the groups
+    /// ([`chain`]), as long as its loop turns fit llvmpipe's budget: a
+    /// one-member iteration of SmolLM2-135M is 7 dispatch groups (three
+    /// chains on two threads) instead of 154, with the same results bit for
+    /// bit. Off: every group its own dispatch.
     pub fn set_chain(&mut self, on: bool) {
         self.chain_on = on;
     }
