@@ -114,6 +114,12 @@ fn main() {
     table.push_str("];\n");
     writeln!(
         table,
+        "/// Polls of the chain's grid-barrier counter a round (unrolled).\npub const CHAIN_POLLS: u32 = {};",
+        chain_gen::POLLS
+    )
+    .unwrap();
+    writeln!(
+        table,
         "/// Words of one chain step's record in the metadata buffer.\npub const CHAIN_STEP_WORDS: u32 = {};",
         chain_gen::STEP_WORDS
     )

@@ -86,8 +86,8 @@ const MARGIN: u32 = 256;
 /// inside, at most 8 for the attention, 3 for a product, in 4 other kinds).
 const NOT_TAKEN: u32 = 24;
 
-/// Polls a round (`build/chain_gen.rs`'s `POLLS`).
-pub const POLLS_A_ROUND: u32 = 256;
+/// Polls a round (`build/chain_gen.rs`'s `POLLS`, as the build exports it).
+pub const POLLS_A_ROUND: u32 = xtc_vk::kernels::CHAIN_POLLS;
 
 /// The most chains an iteration records (each needs its own two words of
 /// the tokens buffer); runs past these stay dispatches.
