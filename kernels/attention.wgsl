@@ -15,7 +15,7 @@
 // loops of the invocation), so the host only picks `attention_lane` when
 // head_size <= 64 and (max_pos + 1) * (2 * head_size + 2) + 2 * head_size stays
 // under 60000.
-// Four entry points, same parameters and results:
+// Six entry points, same parameters (results: see each):
 // - `attention` (GPUs): one workgroup of 64 per (head, row), positions 64 at a
 //   time: the chunk's K, then its V, staged through workgroup memory 64 dims at
 //   a time (invocation li loads dim li of every position, so consecutive
@@ -56,6 +56,13 @@
 //   another order, so a consumer may use these blocks only without a fused norm
 //   (the o product's input). head_size % 32 == 0 and dim % 32 == 0; one loop of
 //   head_size / 4 iterations more in the loop budget.
+//
+// - `attention_img_split` (CPU devices, iterations of few rows at enough cached
+//   positions: the host's cost model, `AttentionImageSplit::pays`): `attention_img`
+//   with each (row, head)'s positions split over the 8 lanes of a workgroup, the
+//   lanes' softmaxes merged with subgroup operations (see the entry point). Not the
+//   same bits as `attention_img` (another summation order). Workgroup 8; grid
+//   (n_rows * n_heads, 1).
 struct Params {
     n_rows: u32, n_heads: u32, n_kv_heads: u32, head_size: u32,
     block_size: u32, rows_off: u32, q_off: u32, out_off: u32,
@@ -331,7 +338,32 @@ struct HeadOut {
     h: u32,
 }
 
-fn attend_img(idx: u32) -> HeadOut {
+// A share of one (row, head) of the image attention: its positions t0, t0 + dt,
+// .. up to the row's position, under a softmax of their own: the unnormalised
+// output `acc` (head_size / 4 vec4 used), the running max `m` (NEG where the share
+// has no position) and sum `l` of the exponentials. `attention_img` takes every
+// position (t0 0, dt 1), `attention_img_split` one lane's in 8. Each of the
+// `attend_img*` functions, `head_q` and their structs are copied into
+// chain.wgsl by `crates/vk/build/chain_gen.rs`.
+struct HeadPart {
+    acc: array<vec4<f32>, 16>,
+    m: f32,
+    l: f32,
+    r: u32,
+    h: u32,
+}
+
+// Elements 4i .. 4i + 3 of (row, head) idx's query, scaled by 1 / sqrt(head_size).
+fn head_q(idx: u32, i: u32) -> vec4<f32> {
+    let r = idx / p.n_heads;
+    let h = idx % p.n_heads;
+    let scale = 1.0 / sqrt(f32(p.head_size));
+    let b = p.q_off + r * p.dim + h * p.head_size + 4u * i;
+    return vec4<f32>(act[b] * scale, act[b + 1u] * scale, act[b + 2u] * scale, act[b + 3u] * scale);
+}
+
+// `q`: (row, head) idx's query by `head_q` (head_size / 4 vec4 used).
+fn attend_img_part(idx: u32, q: array<vec4<f32>, 16>, t0: u32, dt: u32) -> HeadPart {
     let r = idx / p.n_heads;
     let h = idx % p.n_heads;
     let pos = md[p.rows_off + r * 4u + 2u];
@@ -340,19 +372,10 @@ fn attend_img(idx: u32) -> HeadOut {
     let d4 = hs / 4u;
     let kv4 = p.kv_dim / 4u;
     let head4 = (h / (p.n_heads / p.n_kv_heads)) * d4;
-    let scale = 1.0 / sqrt(f32(hs));
-    var q: array<vec4<f32>, 16>;
-    var acc: array<vec4<f32>, 16>;
-    let q_base = p.q_off + r * p.dim + h * hs;
-    for (var i = 0u; i < 16u; i++) {
-        if (i >= d4) { break; }
-        let b = q_base + 4u * i;
-        q[i] = vec4<f32>(act[b] * scale, act[b + 1u] * scale, act[b + 2u] * scale, act[b + 3u] * scale);
-        acc[i] = vec4<f32>(0.0);
-    }
+    var acc: array<vec4<f32>, 16>; // zeros
     var m = NEG;
     var l = 0.0;
-    for (var t = 0u; t <= pos; t++) {
+    for (var t = t0; t <= pos; t += dt) {
         let at = vec2<u32>((t % p.block_size) * kv4 + head4, md[bt + t / p.block_size]);
         var s = 0.0;
         for (var i = 0u; i < 16u; i++) {
@@ -375,12 +398,29 @@ fn attend_img(idx: u32) -> HeadOut {
         }
         m = m_new;
     }
-    var out: HeadOut;
+    var out: HeadPart;
+    out.acc = acc;
+    out.m = m;
+    out.l = l;
     out.r = r;
     out.h = h;
+    return out;
+}
+
+
+fn attend_img(idx: u32) -> HeadOut {
+    var q: array<vec4<f32>, 16>;
     for (var i = 0u; i < 16u; i++) {
-        if (i >= d4) { break; }
-        out.acc[i] = acc[i] / l;
+        if (i >= p.head_size / 4u) { break; }
+        q[i] = head_q(idx, i);
+    }
+    let part = attend_img_part(idx, q, 0u, 1u);
+    var out: HeadOut;
+    out.r = part.r;
+    out.h = part.h;
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= p.head_size / 4u) { break; }
+        out.acc[i] = part.acc[i] / part.l;
     }
     return out;
 }
@@ -401,6 +441,63 @@ fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {
         act[at + 1u] = v.y;
         act[at + 2u] = v.z;
         act[at + 3u] = v.w;
+    }
+}
+
+// `attention_img_split`: one workgroup of 8 lanes (one subgroup) per (row, head),
+// lane l taking positions l, l + 8, .. (`attend_img_part`), then the 8 shares'
+// softmaxes merged: the largest max, each share's sum and output rescaled to it
+// and summed across the lanes (flash-decoding's split over the positions). The
+// host runs it for iterations of few rows, where `attention_img`'s one invocation a
+// (row, head) leaves the threads idle: at one row a model with 9 heads is 9
+// workgroups of 8 lanes instead of one workgroup with 9 live lanes. Same
+// conditions and loop budget as `attention_img`; needs subgroups. Grid
+// (n_rows * n_heads, 1, 1).
+@compute @workgroup_size(8)
+fn attention_img_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {
+    let idx = wg.x;
+    // Lane l loads the query's vec4 l and l + 8, then the lanes share them.
+    let d4 = p.head_size / 4u;
+    var mine0 = vec4<f32>(0.0);
+    var mine1 = vec4<f32>(0.0);
+    if (sl < d4) {
+        mine0 = head_q(idx, sl);
+    }
+    if (sl + 8u < d4) {
+        mine1 = head_q(idx, sl + 8u);
+    }
+    var q: array<vec4<f32>, 16>;
+    q[0] = subgroupBroadcast(mine0, 0u);
+    q[1] = subgroupBroadcast(mine0, 1u);
+    q[2] = subgroupBroadcast(mine0, 2u);
+    q[3] = subgroupBroadcast(mine0, 3u);
+    q[4] = subgroupBroadcast(mine0, 4u);
+    q[5] = subgroupBroadcast(mine0, 5u);
+    q[6] = subgroupBroadcast(mine0, 6u);
+    q[7] = subgroupBroadcast(mine0, 7u);
+    q[8] = subgroupBroadcast(mine1, 0u);
+    q[9] = subgroupBroadcast(mine1, 1u);
+    q[10] = subgroupBroadcast(mine1, 2u);
+    q[11] = subgroupBroadcast(mine1, 3u);
+    q[12] = subgroupBroadcast(mine1, 4u);
+    q[13] = subgroupBroadcast(mine1, 5u);
+    q[14] = subgroupBroadcast(mine1, 6u);
+    q[15] = subgroupBroadcast(mine1, 7u);
+    let part = attend_img_part(idx, q, sl, 8u);
+    let m = subgroupMax(part.m);
+    let f = exp(part.m - m);
+    let l = subgroupAdd(part.l * f);
+    let out_base = p.out_off + part.r * p.dim + part.h * p.head_size;
+    for (var i = 0u; i < 16u; i++) {
+        if (i >= p.head_size / 4u) { break; }
+        let v = subgroupAdd(part.acc[i] * f) / l;
+        if (i % 8u == sl) {
+            let at = out_base + 4u * i;
+            act[at] = v.x;
+            act[at + 1u] = v.y;
+            act[at + 2u] = v.z;
+            act[at + 3u] = v.w;
+        }
     }
 }
 

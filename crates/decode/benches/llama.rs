@@ -567,6 +567,17 @@ fn vulkan_side(
             chain.push(chain_ab(&mut gpu, &mut ms, reps, pos));
         }
     }
+    let mut split = vec![];
+    if dev.info().kind == DeviceKind::Cpu {
+        let reps = if quick { 8 } else { 16 };
+        // Up to 960 cached positions (max_context 1024): 64 blocks of 16
+        // (24 for 256 positions and 16 decode steps).
+        for (n, pos) in [(1usize, 32usize), (1, 256), (1, 960), (4, 256), (8, 256)] {
+            let mut ms = members(n, if pos > 300 { 64 } else { 24 });
+            prefill(&mut gpu, &mut ms, &prompt(pos), max_tokens);
+            split.push(split_ab(&mut gpu, &mut ms, reps, pos));
+        }
+    }
     let (mut fusion, mut acts) = (vec![], vec![]);
     if gpu.int8_dot().is_some() {
         let reps = if quick { 8 } else { 16 };
@@ -590,8 +601,30 @@ fn vulkan_side(
         }
     }
     json!({"side": "vulkan", "device": dev.info().name, "rows": rows, "profiles": profiles,
-           "chain_vs_dispatched": chain,
+           "chain_vs_dispatched": chain, "split_vs_unsplit_attention": split,
            "int8_quantizers_fused_vs_apart": fusion, "int8_vs_f32": acts})
+}
+
+/// Decode iterations of all of `ms` with a switch of `gpu` on and off
+/// (`set`), alternating, `reps` of each, the switch left on: (medians of on,
+/// off; fastest of on, off) in ms of wall time.
+fn alternate(
+    gpu: &mut GpuLlama,
+    ms: &mut [Member],
+    reps: usize,
+    set: fn(&mut GpuLlama, bool),
+) -> (f64, f64, f64, f64) {
+    let (mut on, mut off) = (vec![], vec![]);
+    for _ in 0..reps {
+        set(gpu, true);
+        on.push(decode(gpu, ms, 1) * 1e3);
+        set(gpu, false);
+        off.push(decode(gpu, ms, 1) * 1e3);
+    }
+    set(gpu, true);
+    on.sort_by(f64::total_cmp);
+    off.sort_by(f64::total_cmp);
+    (on[on.len() / 2], off[off.len() / 2], on[0], off[0])
 }
 
 /// One member decoding after a `pos`-token prompt, its iterations with the
@@ -599,27 +632,31 @@ fn vulkan_side(
 /// of each; prints both sides' median and fastest wall time and the ratio
 /// of the medians (dispatched / chained: above 1 the chain is faster).
 fn chain_ab(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, pos: usize) -> Value {
-    let (mut on, mut off) = (vec![], vec![]);
-    for _ in 0..reps {
-        gpu.set_chain(true);
-        on.push(decode(gpu, ms, 1) * 1e3);
-        gpu.set_chain(false);
-        off.push(decode(gpu, ms, 1) * 1e3);
-    }
-    gpu.set_chain(true);
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (mon, moff) = (median(&mut on), median(&mut off));
+    let (mon, moff, on0, off0) = alternate(gpu, ms, reps, GpuLlama::set_chain);
     println!(
         "1 member at position {pos}, one decode iteration (wall, median / fastest of {reps}, alternating): persistent chain {mon:.2} / {:.2} ms, dispatched {moff:.2} / {:.2} ms: dispatched / chained {:.3}x",
-        on[0],
-        off[0],
+        on0,
+        off0,
         moff / mon
     );
     json!({"members": 1, "position": pos, "chained_median_ms": mon, "dispatched_median_ms": moff,
-           "chained_min_ms": on[0], "dispatched_min_ms": off[0], "ratio": moff / mon})
+           "chained_min_ms": on0, "dispatched_min_ms": off0, "ratio": moff / mon})
+}
+
+/// `n` members decoding after a `pos`-token prompt, their iterations with the
+/// split attention (`GpuLlama::set_split_attention`) and without,
+/// alternating, `reps` of each; prints both sides' median and fastest wall
+/// time and the ratio of the medians (unsplit / split: above 1 the split is
+/// faster).
+fn split_ab(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, pos: usize) -> Value {
+    let (mon, moff, on0, off0) = alternate(gpu, ms, reps, GpuLlama::set_split_attention);
+    println!(
+        "{} member(s) at position {pos}, one decode iteration (wall, median / fastest of {reps}, alternating): attention split {mon:.2} / {on0:.2} ms, unsplit {moff:.2} / {off0:.2} ms: unsplit / split {:.3}x",
+        ms.len(),
+        moff / mon
+    );
+    json!({"members": ms.len(), "position": pos, "split_median_ms": mon, "unsplit_median_ms": moff,
+           "split_min_ms": on0, "unsplit_min_ms": off0, "ratio": moff / mon})
 }
 
 /// Decode iterations of `n` members on the int8 model `int8` (int8 at every
@@ -661,28 +698,16 @@ fn activations_ab(
 /// fastest wall time and the ratio of the medians (apart / fused: above 1
 /// the fused outputs are faster).
 fn fusion_ab(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize) -> Value {
-    let (mut on, mut off) = (vec![], vec![]);
-    for _ in 0..reps {
-        gpu.set_fuse_quantizers(true);
-        on.push(decode(gpu, ms, 1) * 1e3);
-        gpu.set_fuse_quantizers(false);
-        off.push(decode(gpu, ms, 1) * 1e3);
-    }
-    gpu.set_fuse_quantizers(true);
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (mon, moff) = (median(&mut on), median(&mut off));
+    let (mon, moff, on0, off0) = alternate(gpu, ms, reps, GpuLlama::set_fuse_quantizers);
     println!(
         "int8, {} members, one decode iteration (wall, median / fastest of {reps}, alternating): quantizers fused {mon:.2} / {:.2} ms, apart {moff:.2} / {:.2} ms: apart / fused {:.3}x",
         ms.len(),
-        on[0],
-        off[0],
+        on0,
+        off0,
         moff / mon
     );
     json!({"members": ms.len(), "fused_median_ms": mon, "apart_median_ms": moff,
-           "fused_min_ms": on[0], "apart_min_ms": off[0], "ratio": moff / mon})
+           "fused_min_ms": on0, "apart_min_ms": off0, "ratio": moff / mon})
 }
 
 /// The Vulkan side's rates: pp512, one stream and 8/16/32 members (one

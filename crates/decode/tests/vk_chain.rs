@@ -6,7 +6,8 @@
 //! joins and leaves; a one-member iteration is a few dispatch groups
 //! instead of 154; chains split where llvmpipe's loop budget needs it; and a chain with
 //! more workgroups than the device runs at once aborts, the model reruns the
-//! iteration as dispatches and, after three aborts, leaves the chain off. Needs the model file
+//! iteration as dispatches and, after three aborts, leaves the chain off; and
+//! the split attention agrees with the unsplit one to rounding. Needs the model file
 //! and lavapipe (CI installs both).
 
 mod model_support;
@@ -317,5 +318,66 @@ fn a_chain_wider_than_the_device_aborts_the_iteration_reruns_dispatched_and_thre
     };
     let (_, times) = chained.profile(&plan).unwrap();
     assert!(times.iter().all(|(l, _)| *l != "persistent chain"));
+    no_validation_errors();
+}
+
+/// The split attention (`attention_img_split`, positions over the lanes)
+/// against the unsplit one at about 200 cached positions, where its cost
+/// model picks it for one row: the chained model splits (its chains run the
+/// split kind), the other runs every group dispatched with the split off.
+/// The logits agree to rounding (another summation order), not bit for bit
+/// (which they would if the split had not run), and the greedy tokens are
+/// the same.
+#[test]
+fn the_split_attention_agrees_with_the_unsplit_one_to_rounding() {
+    let Some((_one, mut split, mut unsplit, t)) = models() else {
+        return;
+    };
+    unsplit.set_split_attention(false);
+    let prompt: Vec<u32> = t.encode("Once upon a time, in a land far away,").repeat(20);
+    let prompt = &prompt[..200];
+    let mut pos = 0;
+    let mut last = 0;
+    for chunk in prompt.chunks(50) {
+        let plan = BatchPlan {
+            seqs: vec![SeqWork {
+                sample: pos + chunk.len() == prompt.len(),
+                ..decode(chunk.to_vec(), pos, 0)
+            }],
+        };
+        run(&mut unsplit, &plan);
+        let (c, _) = run(&mut split, &plan);
+        if let Some(&x) = c.first() {
+            last = x;
+        }
+        pos += chunk.len();
+    }
+    let mut differing = 0;
+    for i in 0..8 {
+        let plan = BatchPlan {
+            seqs: vec![decode(vec![last], pos, 0)],
+        };
+        let (a, al) = run(&mut unsplit, &plan);
+        let (c, cl) = run(&mut split, &plan);
+        assert_eq!(a, c, "decode {i} at position {pos}: tokens");
+        let worst = al[0]
+            .iter()
+            .zip(&cl[0])
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-3,
+            "decode {i} at position {pos}: logits differ by {worst}"
+        );
+        if !same_bits(&al, &cl) {
+            differing += 1;
+        }
+        last = c[0];
+        pos += 1;
+    }
+    assert!(
+        differing > 0,
+        "every iteration's logits are the unsplit ones bit for bit: the split did not run"
+    );
     no_validation_errors();
 }

@@ -26,15 +26,16 @@
 // h fit one window (`ActOffsets::compact`) and ends a chain where the next
 // norm vector falls outside the weights window. The image attention is
 // `kernels/attention.wgsl`'s `attend_img` and `attention_img`'s body with their
-// parameters renamed (`AttParams`, `pa`).
+// parameters renamed (`AttParams`, `pa`); its split form (positions over the
+// lanes, for few rows) `attention_img_split`'s body.
 //
 // Pure std, deterministic output (declared as a module of the build script).
 
 use std::fmt::Write as _;
 
 /// The product entry points the chain runs, in kind order (kind `1 + i`;
-/// kind 0 is the image attention). `chain_kinds()` gives the host the
-/// same table.
+/// kind 0 is the image attention, the kind after them its split form).
+/// `chain_kinds()` gives the host the same table.
 const PRODUCTS: [&str; 4] = [
     "qmm_q41_r1",
     "qmm_q41_r1_rkv",
@@ -69,12 +70,19 @@ pub const POLLS: u32 = 256;
 /// words).
 pub const STEP_WORDS: u32 = 24;
 
-/// The chain's kinds in order: `"attention_img"` then [`PRODUCTS`] (tile
-/// 1's names; tile t runs their `_r<t>` twins under the same kinds).
+/// The chain's kinds in order: `"attention_img"`, then [`PRODUCTS`] (tile
+/// 1's names; tile t runs their `_r<t>` twins under the same kinds), then
+/// `"attention_img_split"`.
 pub fn chain_kinds() -> Vec<&'static str> {
     let mut v = vec!["attention_img"];
     v.extend(PRODUCTS);
+    v.push("attention_img_split");
     v
+}
+
+/// The kind of the split attention (`attention_img_split`): the last.
+fn split_kind() -> usize {
+    PRODUCTS.len() + 1
 }
 
 /// The fields `(name, is_f32)` of the struct `name` in `text`.
@@ -154,6 +162,9 @@ fn products(qmatmul: &str) -> String {
 fn attention(att: &str) -> String {
     let params = item(att, "struct Params {").replacen("struct Params", "struct AttParams", 1);
     let head = item(att, "struct HeadOut {");
+    let part = item(att, "struct HeadPart {");
+    let head_q = rename_params(item(att, "fn head_q("));
+    let attend_part = rename_params(item(att, "fn attend_img_part("));
     let attend = rename_params(item(att, "fn attend_img("));
     let neg = att
         .lines()
@@ -169,7 +180,22 @@ fn attention(att: &str) -> String {
         "chain_gen: attention_img's first lines"
     );
     let body = rename_params(&entry.replacen(sig, "fn chain_attention(idx: u32) {\n", 1));
-    format!("{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{attend}\n{body}")
+    // The split kind runs `attention_img_split`'s body for workgroup `idx`
+    // (one a (row, head) there too) on lane `sl`.
+    let split = item(att, "fn attention_img_split(");
+    let split_sig = "fn attention_img_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {\n    let idx = wg.x;\n";
+    assert!(
+        split.starts_with(split_sig),
+        "chain_gen: attention_img_split's first lines"
+    );
+    let split_body = rename_params(&split.replacen(
+        split_sig,
+        "fn chain_attention_split(idx: u32, sl: u32) {\n",
+        1,
+    ));
+    format!(
+        "{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{part}\n{head_q}\n{attend_part}\n{attend}\n{body}\n{split_body}"
+    )
 }
 
 /// `text` with every `p.` that does not end a longer name turned into `pa.`.
@@ -254,6 +280,7 @@ pub fn generate(qmatmul: &str, att: &str) -> String {
             &ENTRY_FN
                 .replace("//CASES\n", &cases)
                 .replace("TILE", &t.to_string())
+                .replace("SPLIT_KIND", &split_kind().to_string())
                 .replace("STEP_WORDS", &format!("{STEP_WORDS}u")),
         );
     }
@@ -326,7 +353,8 @@ fn grid_barrier(k: u32, n: u32, li: u32) -> bool {
 const ENTRY_FN: &str = r#"
 // The chain: step s's record is md[prog_off + s * STEP_WORDS ..]: kind,
 // grid (gx, gy) of the dispatched form (attention: gx = ceil(invocations /
-// 8)), 0, then its parameters. Workgroup w of the chain runs the step's
+// 8); the split attention: a workgroup a (row, head)), 0, then its
+// parameters. Workgroup w of the chain runs the step's
 // workgroups w, w + n, w + 2n, ... (x fastest), then waits at the grid
 // barrier. Grid: (n, 1, 1), n no more than the device runs at once.
 @compute @workgroup_size(8)
@@ -341,7 +369,7 @@ fn chain_rTILE(
         let kind = md[o];
         let gx = md[o + 1u];
         let total = gx * md[o + 2u];
-        if (kind == 0u) {
+        if (kind == 0u || kind == SPLIT_KINDu) {
             pa = step_att_params(o + 4u);
         } else {
             p = step_params(o + 4u);
@@ -356,6 +384,11 @@ fn chain_rTILE(
             }
         }
 //CASES
+        if (kind == SPLIT_KINDu) {
+            for (var w = g.x; w < total; w += nw.x) {
+                chain_attention_split(w, sl);
+            }
+        }
         if (s + 1u < c.n_steps) {
             if (!grid_barrier(s, nw.x, li)) {
                 break;

@@ -6,8 +6,8 @@ use crate::case::{CaseError, CaseResult, Ctx, ensure};
 use crate::check;
 use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
 use xtc_decode::model::vulkan::ops::{
-    Attention, AttentionImage, AttentionImageQ81, KvAppend, KvAppendImage, KvImage, Variant,
-    pack_metadata,
+    Attention, AttentionImage, AttentionImageQ81, AttentionImageSplit, KvAppend, KvAppendImage,
+    KvImage, Variant, pack_metadata,
 };
 use xtc_decode::model::vulkan::qops8::{Q81_WORDS, q81_len, reference_quantize_q81};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
@@ -28,6 +28,9 @@ enum AttForm {
     /// `kv_append_img` + `attention_img_q81` (the image form that also
     /// quantizes its output for the int8 products).
     ImageQ81,
+    /// `kv_append_img` + `attention_img_split` (the image form with each
+    /// (row, head)'s positions split over 8 lanes).
+    ImageSplit,
 }
 
 pub(super) fn attention_cases(v: &mut Vec<Spec>) {
@@ -48,6 +51,9 @@ pub(super) fn attention_cases(v: &mut Vec<Spec>) {
         (AttForm::Image, 9, 3, 64, 16),
         (AttForm::ImageQ81, 4, 2, 32, 16),
         (AttForm::ImageQ81, 9, 3, 64, 16),
+        (AttForm::ImageSplit, 4, 2, 32, 16),
+        (AttForm::ImageSplit, 1, 1, 4, 3),
+        (AttForm::ImageSplit, 9, 3, 64, 16),
     ];
     for &(form, h, kv, hs, bs) in shapes {
         let (op, fname, entries): (&str, &str, &[&'static str]) = match form {
@@ -59,6 +65,11 @@ pub(super) fn attention_cases(v: &mut Vec<Spec>) {
                 "attention",
                 "f32_img_q81",
                 &["kv_append_img", "attention_img_q81"],
+            ),
+            AttForm::ImageSplit => (
+                "attention",
+                "f32_img_split",
+                &["kv_append_img", "attention_img_split"],
             ),
         };
         v.push(spec(
@@ -159,7 +170,10 @@ fn attention(
     pack_metadata(&plan, bs, &mut md);
     let (kc, vc) = cache.raw();
     let (kc, vc) = (kc.to_vec(), vc.to_vec());
-    let image = matches!(form, AttForm::Image | AttForm::ImageQ81);
+    let image = matches!(
+        form,
+        AttForm::Image | AttForm::ImageQ81 | AttForm::ImageSplit
+    );
     let variant = if form == AttForm::Gpu {
         Variant::Gpu
     } else {
@@ -286,6 +300,17 @@ fn attention(
                 Ok(())
             })?;
             blocks = Some(b.get::<u32>(1, blocks_at, blocks_len)?);
+        } else if form == AttForm::ImageSplit {
+            // Every (row, head) of the ready vector as its own workgroup,
+            // whatever the count (the model picks this form for few pairs).
+            let split = AttentionImageSplit(att);
+            b.expect(&split, "attention_img_split")?;
+            b.run(|ops, rec| {
+                ops.run(rec, &app)?;
+                rec.barrier();
+                ops.run(rec, &split)?;
+                Ok(())
+            })?;
         } else {
             b.expect(&img_att, "attention_img")?;
             b.run(|ops, rec| {

@@ -83,8 +83,9 @@ const MARGIN: u32 = 256;
 
 /// Loop turns a step costs in the kinds it is not (llvmpipe runs each kind's
 /// loop once with every lane masked off: a turn of it and of each loop
-/// inside, at most 8 for the attention, 3 for a product, in 4 other kinds).
-const NOT_TAKEN: u32 = 24;
+/// inside, at most 8 for either attention, 3 for a product, in 5 other
+/// kinds).
+const NOT_TAKEN: u32 = 32;
 
 /// Polls a round (`build/chain_gen.rs`'s `POLLS`, as the build exports it).
 pub const POLLS_A_ROUND: u32 = xtc_vk::kernels::CHAIN_POLLS;
@@ -298,7 +299,8 @@ impl ChainStep {
         ChainStep::of_chunk(c.kernel, c.grid, &c.push.0, c.offsets)
     }
 
-    /// The attention over the KV image ([`AttentionImage`], where it fits).
+    /// The attention over the KV image ([`AttentionImage`], kind 0, where it
+    /// fits).
     pub fn attention(op: &Attention) -> Option<ChainStep> {
         if !AttentionImage(*op).fits() {
             return None;
@@ -306,6 +308,7 @@ impl ChainStep {
         let mut params = [0u32; 20];
         let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(op));
         params[..words.len()].copy_from_slice(words);
+        let pairs = op.n_rows.checked_mul(op.n_heads)?;
         // `attend_img`: a loop over q's texels, then per position one over
         // K's and one over V's (16 turns at most each, left at head_size /
         // 4), then one over the output; `attention_img`'s store loop.
@@ -314,13 +317,29 @@ impl ChainStep {
             .checked_add(48)?;
         Some(ChainStep {
             kind: 0,
-            grid: [(op.n_rows.checked_mul(op.n_heads)?).div_ceil(WG).max(1), 1],
+            grid: [pairs.div_ceil(WG).max(1), 1],
             params,
             turns,
             tile: 0,
             x_bytes: None,
             norm_bytes: None,
         })
+    }
+
+    /// The attention over the KV image with each (row, head)'s positions
+    /// split over the lanes ([`AttentionImageSplit`](super::ops::AttentionImageSplit), kind
+    /// `attention_img_split`, where it fits): one chain workgroup turn a
+    /// (row, head).
+    pub fn attention_split(op: &Attention) -> Option<ChainStep> {
+        let mut step = ChainStep::attention(op)?;
+        step.kind = CHAIN_KINDS
+            .iter()
+            .position(|k| *k == "attention_img_split")? as u32;
+        step.grid = [op.n_rows.checked_mul(op.n_heads)?.max(1), 1];
+        // A lane's positions (every 8th), each a loop over K's texels and
+        // one over V's, then the merge's loop over the output.
+        step.turns = (op.max_pos / WG + 1).checked_mul(33)?.checked_add(40)?;
+        Some(step)
     }
 }
 

@@ -598,6 +598,67 @@ impl Op for AttentionImage {
     }
 }
 
+/// `attention_img_split` (`attention.wgsl`): [`AttentionImage`] with each
+/// (row, head)'s positions split over the 8 lanes of a workgroup (lane `l`
+/// takes positions `l, l + 8, ..` under a softmax of its own; subgroup
+/// operations merge the 8 shares: the largest max, each share rescaled to
+/// it, the sums added; flash-decoding's split). One workgroup of 8 a (row,
+/// head), grid `(n_rows * n_heads, 1, 1)`. For iterations of few rows on
+/// CPU devices, at enough positions ([`AttentionImageSplit::pays`]): `attention_img`'s
+/// 64-invocation workgroups hold up to 64 (row, head) pairs each, so at one
+/// row SmolLM2's 9 heads are one workgroup on one thread, 8 lanes looping
+/// over every position; split, they are 9 workgroups spread over the
+/// threads, each lane looping over an eighth of the positions. The same
+/// conditions and loop budget as [`AttentionImage::fits`]; needs subgroups
+/// of at least 8 lanes (the CPU form's). The results differ from
+/// `attention_img`'s in the last bits (another summation order).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct AttentionImageSplit(pub Attention);
+
+impl AttentionImageSplit {
+    /// Whether the split form runs the op faster than `attention_img` on a
+    /// CPU device of `threads` threads (`chained`: the unsplit form would
+    /// run in a persistent chain, 8 invocations a chain turn, instead of
+    /// dispatched, 64 a workgroup), by a cost model in loop turns of one
+    /// 8-lane vector per thread, fitted on a 2-vCPU Xeon guest
+    /// (`docs/arch/vk.md`, "The split attention"):
+    /// - unsplit: the (row, head) pairs are `ceil(pairs / 8)` vectors, each
+    ///   looping over all `max_pos + 1` positions; chained they spread over
+    ///   the threads, dispatched each workgroup's 8 vectors run on one
+    ///   thread;
+    /// - split: `pairs` workgroups spread over the threads, each looping over
+    ///   an eighth of the positions at 1.3 times an unsplit turn (each lane
+    ///   fetches another position's texels), plus 4 turns for the query's
+    ///   loads and the merge.
+    ///
+    /// Also requires [`AttentionImage::fits`].
+    pub fn pays(op: &Attention, threads: u32, chained: bool) -> bool {
+        if !AttentionImage(*op).fits() {
+            return false;
+        }
+        let t = u64::from(threads.max(1));
+        let pairs = u64::from(op.n_rows) * u64::from(op.n_heads);
+        let positions = u64::from(op.max_pos) + 1;
+        let vectors = pairs.div_ceil(8);
+        let per_thread = if chained {
+            vectors.div_ceil(t)
+        } else {
+            vectors.div_ceil(t).max(vectors.min(8))
+        };
+        let unsplit = per_thread * positions * 10;
+        let split = pairs.div_ceil(t) * (positions.div_ceil(8) * 13 + 40);
+        split < unsplit
+    }
+}
+
+impl Op for AttentionImageSplit {
+    const KERNEL: &'static str = "attention_img_split";
+    fn grid(&self) -> [u32; 3] {
+        [self.0.n_rows * self.0.n_heads, 1, 1]
+    }
+}
+
 /// `attention_img_q81` (`attention.wgsl`): [`AttentionImage`] that also
 /// leaves its output `[n_rows, dim]` as the int8 products' Q8_1 blocks at
 /// `q_out` (absolute, in the activations; `q81_len(n_rows, dim)` elements,
@@ -803,5 +864,57 @@ impl Ops {
         }
         let (name, grid) = op.dispatch(self.variant);
         rec.dispatch(self.kernel(name)?, op, grid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2's attention (9 heads, 3 KV heads, head size 64) over
+    /// `rows` rows, the longest at position `max_pos`.
+    fn smollm2(rows: u32, max_pos: u32) -> Attention {
+        Attention {
+            n_rows: rows,
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_size: 64,
+            block_size: 16,
+            rows_off: 0,
+            q_off: 0,
+            out_off: 0,
+            kc_off: 0,
+            vc_off: 1,
+            kv_dim: 192,
+            dim: 576,
+            max_pos,
+        }
+    }
+
+    /// The split attention's cost model on two threads picks what the
+    /// side-by-side runs measured (`docs/arch/vk.md`, "The split
+    /// attention"): one row gains from a few hundred positions, not at 32;
+    /// four chained rows do not gain; eight dispatched rows (one 64-lane
+    /// workgroup on one thread unsplit) do; sixteen do not.
+    #[test]
+    fn the_split_attention_pays_where_threads_would_idle() {
+        assert!(!AttentionImageSplit::pays(&smollm2(1, 32), 2, true));
+        assert!(AttentionImageSplit::pays(&smollm2(1, 256), 2, true));
+        assert!(AttentionImageSplit::pays(&smollm2(1, 960), 2, true));
+        assert!(!AttentionImageSplit::pays(&smollm2(4, 256), 2, true));
+        assert!(AttentionImageSplit::pays(&smollm2(8, 256), 2, false));
+        assert!(!AttentionImageSplit::pays(&smollm2(16, 256), 2, false));
+        // More threads: four chained rows are 5 vectors for 16 threads.
+        assert!(AttentionImageSplit::pays(&smollm2(4, 256), 16, true));
+        // Beyond the image form's conditions: never.
+        let wide = Attention {
+            head_size: 128,
+            dim: 1152,
+            ..smollm2(1, 960)
+        };
+        assert!(!AttentionImageSplit::pays(&wide, 2, true));
+        let long = smollm2(1, 4000);
+        assert!(!AttentionImage(long).fits());
+        assert!(!AttentionImageSplit::pays(&long, 2, true));
     }
 }

@@ -62,8 +62,8 @@ use crate::model::vulkan::{ActOffsets, InFlight};
 use crate::model::vulkan::act_probe;
 use crate::model::vulkan::chain::{self, Chain, ChainStep};
 use crate::model::vulkan::ops::{
-    Attention, AttentionImage, AttentionImageQ81, Ops, RmsNorm, Rope, SwiGlu, Variant,
-    pack_metadata,
+    Attention, AttentionImage, AttentionImageQ81, AttentionImageSplit, Ops, RmsNorm, Rope, SwiGlu,
+    Variant, pack_metadata,
 };
 use crate::model::vulkan::qops::{
     ArgmaxPart, NO_NORM, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
@@ -137,6 +137,13 @@ pub struct GpuLlama {
     /// Record runs of dispatch groups as persistent chains where
     /// `chain_workgroups` allows ([`GpuLlama::set_chain`]); on by default.
     chain_on: bool,
+    /// Split the image attention's positions over the lanes where an
+    /// iteration has few (row, head) pairs ([`GpuLlama::set_split_attention`]);
+    /// on by default.
+    split_attention: bool,
+    /// The threads lavapipe computes on ([`chain::workgroups`]) on a CPU
+    /// device, else `None`.
+    cpu_threads: Option<u32>,
     /// The plan of the iteration in flight and its chains' count, where it
     /// runs any: rerun as dispatches if a chain aborted.
     chained: Option<(BatchPlan, u32)>,
@@ -282,6 +289,8 @@ impl GpuLlama {
             half_blocks: true,
             chain_workgroups,
             chain_on: std::env::var("XTC_CHAIN").map_or(true, |v| v != "0"),
+            split_attention: std::env::var("XTC_SPLIT_ATTENTION").map_or(true, |v| v != "0"),
+            cpu_threads: chain::workgroups(dev),
             chained: None,
             chain_stats: (0, 0),
         })
@@ -300,6 +309,21 @@ impl GpuLlama {
     /// bit. Off: every group its own dispatch.
     pub fn set_chain(&mut self, on: bool) {
         self.chain_on = on;
+    }
+
+    /// Turns the split attention on (the default; `XTC_SPLIT_ATTENTION=0`
+    /// in the environment makes it off) or off. On, an iteration whose
+    /// attention over the KV image the split form runs faster by its cost
+    /// model ([`AttentionImageSplit::pays`]: few (row, head) pairs for the
+    /// device's threads, enough cached positions) in the CPU form runs
+    /// `attention_img_split` (dispatched, or as the chain's split kind):
+    /// each (row, head) a workgroup of 8 lanes that share its positions and
+    /// merge their softmaxes, instead of `attention_img`'s one invocation a
+    /// (row, head), which leaves one thread looping over every position of
+    /// every head at one row. The logits differ from the unsplit form's in
+    /// the last bits (another summation order). Off: `attention_img`.
+    pub fn set_split_attention(&mut self, on: bool) {
+        self.split_attention = on;
     }
 
     /// Makes the persistent chain `workgroups` wide without the probe (for
@@ -660,6 +684,9 @@ enum Step {
     MmRkv(QMatmulRopeKv),
     RopeKv(RopeKv),
     Attend(Attention, bool),
+    /// The attention over the KV image, each (row, head)'s positions split
+    /// over 8 lanes (iterations of few rows).
+    AttendSplit(AttentionImageSplit),
     /// The attention over the KV image, its output also quantized for the
     /// int8 `o` product after it.
     AttendQ81(AttentionImageQ81),
@@ -771,6 +798,9 @@ impl Recording<'_> {
                 Some(f) => {
                     p.push(Step::AttendQ81(f));
                     x_blocks.att = true;
+                }
+                None if img && self.split_pays(&att) => {
+                    p.push(Step::AttendSplit(AttentionImageSplit(att)))
                 }
                 None => p.push(Step::Attend(att, img)),
             }
@@ -914,6 +944,23 @@ impl Recording<'_> {
         if adds_x {
             blocks.x_norm = made;
         }
+    }
+
+    /// Whether this iteration's attention over the KV image runs split
+    /// ([`GpuLlama::set_split_attention`], [`AttentionImageSplit::pays`]
+    /// with the device's threads, costed as chained where the iteration is
+    /// one the persistent chain holds: f32 products of at most 4 rows over
+    /// the windows). By the iteration's shape alone, not by whether the
+    /// chain is on or ran: a chained iteration, its dispatched rerun and
+    /// the same iteration with the chain off run the same attention, so
+    /// their logits are the same bits.
+    fn split_pays(&self, att: &Attention) -> bool {
+        let m = self.m;
+        let Some(threads) = m.cpu_threads.filter(|_| m.split_attention) else {
+            return false;
+        };
+        let chained = m.ops.windows_on() && self.act8.is_none() && self.t <= 4;
+        m.ops.variant() == Variant::Cpu && AttentionImageSplit::pays(att, threads, chained)
     }
 
     /// Whether `op` runs in the CPU form over the model's windows.
@@ -1063,6 +1110,7 @@ impl PlanOps {
                 Step::MmRkv(o) => ops.run(rec, o)?,
                 Step::RopeKv(o) => ops.run(rec, o)?,
                 Step::Attend(o, true) => ops.run(rec, &AttentionImage(*o))?,
+                Step::AttendSplit(o) => ops.run(rec, o)?,
                 Step::Attend(o, false) => ops.run(rec, o)?,
                 Step::AttendQ81(o) => ops.run(rec, o)?,
                 Step::Glu(o) => ops.run(rec, o)?,
@@ -1129,6 +1177,7 @@ impl PlanOps {
             [Step::Mm(o)] => ChainStep::product(o, win),
             [Step::MmRkv(o)] => ChainStep::product_rkv(o, win),
             [Step::Attend(a, true)] => ChainStep::attention(a),
+            [Step::AttendSplit(a)] => ChainStep::attention_split(&a.0),
             _ => None,
         };
         let chainable: Vec<Option<ChainStep>> = groups.iter().map(|(g, _)| step_of(g)).collect();
