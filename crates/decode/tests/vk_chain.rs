@@ -206,16 +206,15 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
     no_validation_errors();
 }
 
-#[test]
-fn a_long_context_splits_the_layers_over_chains_within_the_loop_budget() {
-    let Some((_one, mut chained, mut apart, t)) = models() else {
-        return;
-    };
-    // Position about 200: each attention step costs (pos + 1) * 33 loop
-    // turns for its workgroup, so 30 layers need several chains.
+/// Member 0 of both models prefilled with 200 prompt tokens in chunks of
+/// 50 (about 200 cached positions, where each unsplit attention step costs
+/// 33 loop turns a position); returns the next position and the second
+/// model's greedy token.
+fn prefill_200(t: &Bpe, models: [&mut GpuLlama; 2]) -> (usize, u32) {
     let prompt: Vec<u32> = t.encode("Once upon a time, in a land far away,").repeat(20);
     let prompt = &prompt[..200];
-    let mut pos = 0;
+    let (mut pos, mut last) = (0, 0);
+    let [a, b] = models;
     for chunk in prompt.chunks(50) {
         let plan = BatchPlan {
             seqs: vec![SeqWork {
@@ -223,12 +222,27 @@ fn a_long_context_splits_the_layers_over_chains_within_the_loop_budget() {
                 ..decode(chunk.to_vec(), pos, 0)
             }],
         };
-        run(&mut apart, &plan);
-        run(&mut chained, &plan);
+        run(a, &plan);
+        if let Some(&x) = run(b, &plan).0.first() {
+            last = x;
+        }
         pos += chunk.len();
     }
+    (pos, last)
+}
+
+#[test]
+fn a_long_context_splits_the_layers_over_chains_within_the_loop_budget() {
+    let Some((_one, mut chained, mut apart, t)) = models() else {
+        return;
+    };
+    // Position about 200: each attention step costs its workgroups 33 loop
+    // turns a position (an eighth of the positions each where it runs
+    // split, as here), so 30 layers need several chains.
+    let start = prefill_200(t, [&mut apart, &mut chained]).0;
     let mut last = 0;
     for i in 0..8 {
+        let pos = start + i;
         let plan = BatchPlan {
             seqs: vec![decode(vec![last], pos, 0)],
         };
@@ -258,7 +272,6 @@ fn a_long_context_splits_the_layers_over_chains_within_the_loop_budget() {
             );
         }
         last = c[0];
-        pos += 1;
     }
     no_validation_errors();
 }
@@ -334,24 +347,7 @@ fn the_split_attention_agrees_with_the_unsplit_one_to_rounding() {
         return;
     };
     unsplit.set_split_attention(false);
-    let prompt: Vec<u32> = t.encode("Once upon a time, in a land far away,").repeat(20);
-    let prompt = &prompt[..200];
-    let mut pos = 0;
-    let mut last = 0;
-    for chunk in prompt.chunks(50) {
-        let plan = BatchPlan {
-            seqs: vec![SeqWork {
-                sample: pos + chunk.len() == prompt.len(),
-                ..decode(chunk.to_vec(), pos, 0)
-            }],
-        };
-        run(&mut unsplit, &plan);
-        let (c, _) = run(&mut split, &plan);
-        if let Some(&x) = c.first() {
-            last = x;
-        }
-        pos += chunk.len();
-    }
+    let (mut pos, mut last) = prefill_200(t, [&mut unsplit, &mut split]);
     let mut differing = 0;
     for i in 0..8 {
         let plan = BatchPlan {

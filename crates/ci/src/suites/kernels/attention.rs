@@ -7,7 +7,7 @@ use crate::check;
 use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
 use xtc_decode::model::vulkan::ops::{
     Attention, AttentionImage, AttentionImageQ81, AttentionImageSplit, KvAppend, KvAppendImage,
-    KvImage, Variant, pack_metadata,
+    KvImage, Op, Variant, pack_metadata,
 };
 use xtc_decode::model::vulkan::qops8::{Q81_WORDS, q81_len, reference_quantize_q81};
 use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
@@ -291,34 +291,20 @@ fn attention(
             ensure(q81.fits(), || {
                 "attention_img_q81 does not fit this shape".into()
             })?;
-            b.expect(&q81, "attention_img_q81")?;
             b.output(1, blocks_at, blocks_len);
-            b.run(|ops, rec| {
-                ops.run(rec, &app)?;
-                rec.barrier();
-                ops.run(rec, &q81)?;
-                Ok(())
-            })?;
+            after_append(&mut b, &app, &q81, "attention_img_q81")?;
             blocks = Some(b.get::<u32>(1, blocks_at, blocks_len)?);
         } else if form == AttForm::ImageSplit {
             // Every (row, head) of the ready vector as its own workgroup,
             // whatever the count (the model picks this form for few pairs).
-            let split = AttentionImageSplit(att);
-            b.expect(&split, "attention_img_split")?;
-            b.run(|ops, rec| {
-                ops.run(rec, &app)?;
-                rec.barrier();
-                ops.run(rec, &split)?;
-                Ok(())
-            })?;
+            after_append(
+                &mut b,
+                &app,
+                &AttentionImageSplit(att),
+                "attention_img_split",
+            )?;
         } else {
-            b.expect(&img_att, "attention_img")?;
-            b.run(|ops, rec| {
-                ops.run(rec, &app)?;
-                rec.barrier();
-                ops.run(rec, &img_att)?;
-                Ok(())
-            })?;
+            after_append(&mut b, &app, &img_att, "attention_img")?;
         }
     } else {
         b.put(3, 0, &md)?;
@@ -414,4 +400,21 @@ fn attention(
         ));
     }
     ok(format!("{rows} rows, NMSE {e:.2e}"))
+}
+
+/// `op` (which must dispatch `entry`) after `app`, the rows' KV append into
+/// the image, a barrier between, in one command buffer.
+fn after_append<O: Op>(
+    b: &mut Bench,
+    app: &KvAppendImage,
+    op: &O,
+    entry: &str,
+) -> Result<(), CaseError> {
+    b.expect(op, entry)?;
+    b.run(|ops, rec| {
+        ops.run(rec, app)?;
+        rec.barrier();
+        ops.run(rec, op)?;
+        Ok(())
+    })
 }
