@@ -137,9 +137,8 @@ pub struct GpuLlama {
     /// Record runs of dispatch groups as persistent chains where
     /// `chain_workgroups` allows ([`GpuLlama::set_chain`]); on by default.
     chain_on: bool,
-    /// Split the image attention's positions over the lanes where an
-    /// iteration has few (row, head) pairs ([`GpuLlama::set_split_attention`]);
-    /// on by default.
+    /// Split the image attention's positions over the lanes where its cost
+    /// model says it pays ([`GpuLlama::set_split_attention`]); on by default.
     split_attention: bool,
     /// The threads lavapipe computes on ([`chain::workgroups`]) on a CPU
     /// device, else `None`.
