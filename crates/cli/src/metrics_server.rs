@@ -12,9 +12,11 @@ use prometheus_client::registry::Registry;
 
 use xtc_decode::serve::metrics::{CONTENT_TYPE, encode};
 
-/// The registry the server shows: the run in progress (`None` before the
-/// first run).
-type Current = Arc<Mutex<Option<Arc<Registry>>>>;
+/// The registry the server shows: the run in progress, or before the first
+/// run the registry given to [`MetricsServer::start`] (every family at zero:
+/// a scrape never sees an exposition without families, which strict
+/// OpenMetrics parsers reject).
+type Current = Arc<Mutex<Arc<Registry>>>;
 
 /// A running `/metrics` server (see the module doc); stopped by
 /// [`MetricsServer::stop`] or when dropped.
@@ -36,11 +38,12 @@ impl std::fmt::Debug for MetricsServer {
 
 impl MetricsServer {
     /// Listens on `addr` (port 0: any free port; [`MetricsServer::addr`]
-    /// says which).
+    /// says which) and shows `initial` until [`MetricsServer::show`] is
+    /// called (give it the families of a run, at zero).
     ///
     /// # Errors
     /// The address cannot be bound (in use, not local, no permission).
-    pub fn start(addr: SocketAddr) -> Result<Self, String> {
+    pub fn start(addr: SocketAddr, initial: Arc<Registry>) -> Result<Self, String> {
         let server = tiny_http::Server::http(addr)
             .map_err(|e| format!("--metrics-addr {addr}: cannot listen: {e}"))?;
         let bound = server
@@ -48,7 +51,7 @@ impl MetricsServer {
             .to_ip()
             .ok_or_else(|| format!("--metrics-addr {addr}: not an IP socket"))?;
         let server = Arc::new(server);
-        let current: Current = Arc::new(Mutex::new(None));
+        let current: Current = Arc::new(Mutex::new(initial));
         let stopping = Arc::new(AtomicBool::new(false));
         let (s, c, st) = (server.clone(), current.clone(), stopping.clone());
         let thread = std::thread::Builder::new()
@@ -71,7 +74,7 @@ impl MetricsServer {
 
     /// Shows `registry` from now on (the next run's metrics).
     pub fn show(&self, registry: Arc<Registry>) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(registry);
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = registry;
     }
 
     /// Stops serving: requests in progress finish, new connections are
@@ -111,7 +114,7 @@ fn serve(server: &tiny_http::Server, current: &Current, stopping: &AtomicBool) {
         let resp = match (req.method(), path) {
             (tiny_http::Method::Get, "/metrics") => {
                 let reg = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let body = reg.map_or_else(|| "# EOF\n".to_string(), |r| encode(&r));
+                let body = encode(&reg);
                 let ct = tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE)
                     .expect("a valid header");
                 tiny_http::Response::from_string(body).with_header(ct)

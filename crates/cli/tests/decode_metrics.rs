@@ -256,6 +256,39 @@ fn metrics_addr_serves_metrics_while_the_run_lasts() {
     );
 }
 
+/// Regression: a scrape before the first run used to get a bare `# EOF`,
+/// which the parser rejects (a clean-clone CI run scraped during the model
+/// load and failed). The server now shows the run's families at zero.
+#[test]
+fn a_scrape_before_the_first_run_sees_the_families_at_zero() {
+    use xtc_cli::metrics_server::MetricsServer;
+    use xtc_decode::serve::metrics::DecodeMetrics;
+    let initial = DecodeMetrics::new(64).registry();
+    let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), initial).unwrap();
+    let url = format!("http://{}/metrics", server.addr());
+    let body = ureq::get(&url)
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let x = parse(&body);
+    assert_eq!(value(&x, "xtc:batch_iterations", &[]), 0.0);
+    assert_eq!(value(&x, "xtc:generation_tokens", &[]), 0.0);
+    assert_eq!(value(&x, "xtc:time_to_first_token_seconds", &[]), 0.0);
+    // A run's registry replaces it.
+    let run = DecodeMetrics::new(64);
+    server.show(run.registry());
+    let again = ureq::get(&url)
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    parse(&again);
+    server.stop();
+}
+
 #[test]
 fn a_bad_metrics_addr_is_a_usage_error_and_a_taken_one_fails_before_the_run() {
     assert_eq!(xtc(&["--device", "toy", "--metrics-addr", "nowhere"]).0, 2);

@@ -32,7 +32,11 @@ impl Observe {
     /// # Errors
     /// The address cannot be bound.
     pub fn start(args: &DecodeArgs, max_len: usize) -> Result<Self, String> {
-        let server = args.metrics_addr.map(MetricsServer::start).transpose()?;
+        // Before the first run the server shows the families at zero.
+        let server = args
+            .metrics_addr
+            .map(|a| MetricsServer::start(a, DecodeMetrics::new(max_len).registry()))
+            .transpose()?;
         if let Some(s) = &server {
             eprintln!(
                 "xtc decode: serving metrics on http://{}/metrics while the run lasts",
