@@ -192,8 +192,8 @@ fn spaced_trace(dir: &std::path::Path, n: usize, gap_s: u64) -> std::path::PathB
 #[test]
 fn metrics_addr_serves_metrics_while_the_run_lasts() {
     let dir = tempfile::tempdir().unwrap();
-    // Four requests 1 s apart: the run lasts about 3 s of replay.
-    let t = spaced_trace(dir.path(), 4, 1);
+    // Eight requests 1 s apart: the run lasts about 7 s of replay.
+    let t = spaced_trace(dir.path(), 8, 1);
     let mut child = Command::new(env!("CARGO_BIN_EXE_xtc"))
         .args(["decode", "--device", "toy", "--time-scale", "1", "--trace"])
         .arg(&t)
@@ -216,7 +216,8 @@ fn metrics_addr_serves_metrics_while_the_run_lasts() {
     // Scrape until a scrape shows the run under way (the first request is
     // decoded at once; later ones arrive a second apart).
     let mut seen = None;
-    for _ in 0..200 {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_secs(60) {
         let mut resp = ureq::get(&url)
             .call()
             .expect("the server answers during the run");

@@ -217,6 +217,10 @@ fn a_stuck_peer_on_real_threads_ends_the_run_with_a_drain_stall() {
     let r = s.run_threads(&g, opts).unwrap();
     assert_stalled_on(&r, 1, "real threads");
     // The device and the scheduler are fine for the next run.
-    let r = s.run_threads(&g, RunOpts::default()).unwrap();
+    let patient = RunOpts {
+        watchdog_ns: 60_000_000_000,
+        ..RunOpts::default()
+    };
+    let r = s.run_threads(&g, patient).unwrap();
     assert!(r.fault.is_none() && r.outputs_exact() && r.drain_stall.is_none());
 }

@@ -14,12 +14,21 @@ fn profile() -> DeviceProfile {
     }
 }
 
+/// Options for runs on real threads on a shared machine: a watchdog a
+/// thread descheduled for seconds does not trip.
+fn patient() -> RunOpts {
+    RunOpts {
+        watchdog_ns: 60_000_000_000,
+        ..RunOpts::default()
+    }
+}
+
 fn run(mode: PublishMode) -> RunReport {
     let s = Scheduler::new(profile()).unwrap();
     let g = decode_waves(6, 8, 20_000);
     let opts = RunOpts {
         publish: mode,
-        ..RunOpts::default()
+        ..patient()
     };
     s.run_threads(&g, opts).unwrap()
 }
@@ -55,7 +64,7 @@ fn stress_scene_on_real_threads() {
     let s = Scheduler::new(profile()).unwrap();
     for round in 0..3 {
         let r = s
-            .run_threads(&sync_start_stress(6, round), RunOpts::default())
+            .run_threads(&sync_start_stress(6, round), patient())
             .unwrap();
         assert!(r.fault.is_none() && r.outputs_exact(), "round {round}");
         for p in r.pops.iter().filter(|p| p.sync) {

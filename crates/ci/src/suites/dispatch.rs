@@ -69,7 +69,13 @@ fn threads(_: &mut Ctx) -> Result<Outcome, CaseError> {
     let s = Scheduler::new(DeviceProfile::small())?;
     for round in 0..3u64 {
         let g = sync_start_stress(s.profile().clusters, round);
-        let r = s.run_threads(&g, RunOpts::default())?;
+        // Real threads on a shared CI machine: a watchdog that a thread
+        // descheduled for seconds does not trip (its own cases test it).
+        let opts = RunOpts {
+            watchdog_ns: 60_000_000_000,
+            ..RunOpts::default()
+        };
+        let r = s.run_threads(&g, opts)?;
         sound(&r, &format!("round {round}"))?;
     }
     Ok(Outcome::pass_with("3 rounds on real threads"))

@@ -94,9 +94,25 @@ impl Server {
             .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
     }
 
-    /// Waits until `metric(name) == want` (panics after 5 s).
+    /// Waits until `metric(name) == want` (panics after 120 s: the cancels
+    /// and admissions waited for take milliseconds, but CI machines are
+    /// shared and a second server may be decoding on the same cores).
     pub fn wait_metric(&self, name: &str, want: f64) {
-        self.wait_metric_for(name, want, Duration::from_secs(5));
+        self.wait_metric_for(name, want, Duration::from_secs(120));
+    }
+
+    /// Waits until `ok(metric(name))` (panics after 120 s, as
+    /// [`wait_metric`](Self::wait_metric)); returns the value.
+    pub fn wait_metric_until(&self, name: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        let t0 = Instant::now();
+        loop {
+            let v = self.metric(name);
+            if ok(v) {
+                return v;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(120), "{name} = {v}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Waits until `metric(name) == want` (panics after `limit`).

@@ -443,9 +443,11 @@ fn complete(sh: &Rc<RefCell<EngineState>>, _h: Handle, mut job: Job, outcome: xt
         let new = if old == 0 { e2e } else { (old * 7 + e2e) / 8 };
         sh.gauges.mean_e2e_us.store(new, Ordering::Relaxed);
     }
+    // The gauges first, then the reply: a client that reads /metrics after
+    // its reply sees its request gone (its KV blocks back, not outstanding).
+    sh.gauges.outstanding.fetch_sub(1, Ordering::SeqCst);
+    sh.sample();
     if let Some(p) = job.done.take() {
         p.set(value);
     }
-    sh.gauges.outstanding.fetch_sub(1, Ordering::SeqCst);
-    sh.sample();
 }
