@@ -38,12 +38,11 @@ fn main() {
     println!("cargo:rerun-if-env-changed=XTC_WRITE_WGSL");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let generated = out_dir.join("qmatmul.wgsl");
-    let f32_products = qmatmul_gen::generate();
-    let wgsl = f32_products.clone() + &qmatmul8_gen::generate();
+    let wgsl = qmatmul_gen::generate() + &qmatmul8_gen::generate();
     std::fs::write(&generated, &wgsl).expect("write qmatmul.wgsl");
     let att = std::fs::read_to_string(Path::new(KERNELS_DIR).join("attention.wgsl"))
         .expect("read kernels/attention.wgsl");
-    let chain = chain_gen::generate(&f32_products, &att);
+    let chain = chain_gen::generate(&wgsl, &att);
     let chain_path = out_dir.join("chain.wgsl");
     std::fs::write(&chain_path, &chain).expect("write chain.wgsl");
     if let Some(dir) = std::env::var_os("XTC_WRITE_WGSL") {

@@ -20,7 +20,9 @@
 //! `XTC_BENCH_KERNELS=gpu|cpu` forces the Vulkan side's kernel form (default:
 //! the device's, by capability and the barrier probe), so the GPU form's
 //! profile can be read on lavapipe too; `XTC_BENCH_ONLY=profile` measures
-//! only the per-group profile (the GPU form's rates take minutes there).
+//! only the per-group profile (the GPU form's rates take minutes there);
+//! `XTC_BENCH_ONLY=acts` only the int8-against-f32 lines (with
+//! `XTC_ACTIVATIONS=int8` or `auto`).
 //! `XTC_BENCH_QUICK=1` runs shorter loops. `XTC_FUSE_ROPE_KV=0` records the
 //! q|k|v product and `rope_kv_img` apart (`GpuLlama::set_fuse_rope_kv`), for
 //! the fused op's side-by-side figure; `XTC_FUSE_QUANT=0` gives every int8
@@ -518,7 +520,8 @@ fn vulkan_side(
         keep_logits: false,
         variant,
     };
-    let profile_only = std::env::var("XTC_BENCH_ONLY").is_ok_and(|v| v == "profile");
+    let only = std::env::var("XTC_BENCH_ONLY").unwrap_or_default();
+    let (profile_only, acts_only) = (only == "profile", only == "acts");
     let t0 = Instant::now();
     let mut gpu = GpuLlama::new(dev, model, opts).unwrap();
     if std::env::var("XTC_FUSE_ROPE_KV").is_ok_and(|v| v == "0") {
@@ -542,12 +545,13 @@ fn vulkan_side(
         dev.info().kind == DeviceKind::Cpu,
     );
     let mut rows = vec![];
-    if !profile_only {
+    if !profile_only && !acts_only {
         rates(&mut gpu, t, quick, prompt, max_tokens, &mut rows);
     }
     let roof = roofline();
     let mut profiles = vec![];
-    for n in [1usize, 8, 32] {
+    let sizes: &[usize] = if acts_only { &[] } else { &[1, 8, 32] };
+    for &n in sizes {
         // Room for the prompt, the profiled and the timed iterations.
         let mut ms = members(n, 4);
         prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
@@ -559,7 +563,7 @@ fn vulkan_side(
         ));
     }
     let mut chain = vec![];
-    if gpu.chain_workgroups().is_some() {
+    if gpu.chain_workgroups().is_some() && !acts_only {
         let reps = if quick { 8 } else { 16 };
         for pos in [32usize, 256] {
             let mut ms = members(1, 24);
@@ -568,7 +572,7 @@ fn vulkan_side(
         }
     }
     let mut split = vec![];
-    if dev.info().kind == DeviceKind::Cpu {
+    if dev.info().kind == DeviceKind::Cpu && !acts_only {
         let reps = if quick { 8 } else { 16 };
         // Up to 960 cached positions (max_context 1024): 64 blocks of 16
         // (24 for 256 positions and 16 decode steps).
@@ -581,7 +585,8 @@ fn vulkan_side(
     let (mut fusion, mut acts) = (vec![], vec![]);
     if gpu.int8_dot().is_some() {
         let reps = if quick { 8 } else { 16 };
-        for n in [8usize, 32] {
+        let sizes: &[usize] = if acts_only { &[] } else { &[8, 32] };
+        for &n in sizes {
             let mut ms = members(n, 4);
             prefill(&mut gpu, &mut ms, &prompt(32), max_tokens);
             fusion.push(fusion_ab(&mut gpu, &mut ms, reps));

@@ -17,7 +17,7 @@ mod vk_support;
 use xtc_decode::model::text::bpe::Bpe;
 use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 use xtc_decode::model::vulkan::ops::Variant;
-use xtc_decode::model::vulkan::qops8::Activations;
+use xtc_decode::model::vulkan::qops8::{Activations, DotForm};
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
 
 const BLOCK: usize = 16;
@@ -56,6 +56,11 @@ type Models = (
 
 /// Both models, or `None` (skipped outside CI) without the model or lavapipe.
 fn models() -> Option<Models> {
+    models_with(Activations::F32)
+}
+
+/// As [`models`], both with activations `acts`.
+fn models_with(acts: Activations) -> Option<Models> {
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (m, t) = model_support::model()?;
     let dev = vk_support::device()?;
@@ -67,16 +72,20 @@ fn models() -> Option<Models> {
         eprintln!("skipping: the chain is for CPU devices");
         return None;
     }
-    let mut chained = GpuLlama::with_activations(&dev, m, options(), Activations::F32).unwrap();
-    let mut apart = GpuLlama::with_activations(&dev, m, options(), Activations::F32).unwrap();
+    let mut chained = GpuLlama::with_activations(&dev, m, options(), acts).unwrap();
+    let mut apart = GpuLlama::with_activations(&dev, m, options(), acts).unwrap();
     apart.set_chain(false);
     // The probe passes on a quiet lavapipe; on a machine busy with other
     // work it may not (a timing, not a fault): the chain as the probe would
     // have set it, so these tests run it either way.
-    if chained.chain_workgroups().is_none() {
-        eprintln!("the chain's probe missed its bound (a busy machine?): forcing the chain");
-        let n = xtc_decode::model::vulkan::chain::workgroups(&dev).expect("a CPU device");
-        chained.force_chain_workgroups(n);
+    // The model with the chain off too: its plan follows the device (the
+    // int8 chain's iterations), not the switch.
+    let n = xtc_decode::model::vulkan::chain::workgroups(&dev).expect("a CPU device");
+    for m in [&mut chained, &mut apart] {
+        if m.chain_workgroups().is_none() {
+            eprintln!("the chain's probe missed its bound (a busy machine?): forcing the chain");
+            m.force_chain_workgroups(n);
+        }
     }
     Some((guard, chained, apart, t))
 }
@@ -199,31 +208,143 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
         last = c[0];
         pos += 1;
     }
-    // On a machine busy with other work every chain so far may have
-    // aborted (its barrier's polling bound is a timing; three aborts leave
-    // the chain off): force it on again and decode on, still bit for bit,
-    // until one completes (within the context of 256 positions).
-    for _ in 0..150 {
-        if chained.chain_stats().0 > 0 {
-            break;
-        }
+    until_a_chain_completes(&mut chained, &mut apart, workgroups, last, pos);
+    let (completed, aborted) = chained.chain_stats();
+    assert!(
+        completed > 0,
+        "chained iterations ran ({completed} completed, {aborted} aborted and rerun)"
+    );
+    no_validation_errors();
+}
+
+/// On a machine busy with other work every chain so far may have aborted
+/// (its barrier's polling bound is a timing; three aborts leave the chain
+/// off): forces it on again (`workgroups` wide) and decodes member 0 on
+/// from `last` at `pos`, still bit for bit, until one completes (within
+/// the context of 256 positions).
+fn until_a_chain_completes(
+    chained: &mut GpuLlama,
+    apart: &mut GpuLlama,
+    workgroups: u32,
+    mut last: u32,
+    mut pos: usize,
+) {
+    while chained.chain_stats().0 == 0 && pos + 1 < BLOCK * BLOCKS_PER {
         if chained.chain_workgroups().is_none() {
             chained.force_chain_workgroups(workgroups);
         }
         let plan = BatchPlan {
             seqs: vec![decode(vec![last], pos, 0)],
         };
-        let (a, al) = run(&mut apart, &plan);
-        let (c, cl) = run(&mut chained, &plan);
+        let (a, al) = run(apart, &plan);
+        let (c, cl) = run(chained, &plan);
         assert_eq!(a, c, "decode at {pos}: tokens");
         assert!(same_bits(&al, &cl), "decode at {pos}: logits differ");
         last = c[0];
         pos += 1;
     }
+}
+
+/// int8 activations (the packed pairs, lavapipe's int8 form): iterations
+/// of at most 4 rows chain as the f32 ones do (`qmm8_q41_r<T>_swar*` and
+/// `attention_img_q81` as chain kinds, the blocks of x after the other
+/// inputs' first rows), with the dispatched iteration's tokens and logits
+/// bit for bit: a prompt in 4-row chunks (`chain_r4`), decode steps alone
+/// (`chain_r1`) and with a second member (`chain_r2`); a one-member
+/// iteration is qembed, the first layer's quantizer, a few chains, then
+/// the sampled rows' norm, LM head and argmax.
+#[test]
+fn int8_iterations_chain_with_the_dispatched_bits() {
+    let Some((_one, mut chained, mut apart, t)) = models_with(Activations::Int8) else {
+        return;
+    };
+    assert!(
+        matches!(chained.int8_dot(), Some(DotForm::Swar { .. })),
+        "lavapipe's int8 form is the packed pairs: {:?}",
+        chained.int8_dot()
+    );
+    let workgroups = chained.chain_workgroups().expect("models() sets the chain");
+    let prompt = t.encode("The three primary colors are");
+    let mut pos = 0;
+    let mut last = 0;
+    while pos < prompt.len() {
+        let end = (pos + 4).min(prompt.len());
+        let plan = BatchPlan {
+            seqs: vec![SeqWork {
+                sample: end == prompt.len(),
+                ..decode(prompt[pos..end].to_vec(), pos, 0)
+            }],
+        };
+        let (a, al) = run(&mut apart, &plan);
+        let (c, cl) = run(&mut chained, &plan);
+        assert_eq!(a, c);
+        assert!(same_bits(&al, &cl), "prefill at {pos}: logits differ");
+        if let Some(&x) = c.first() {
+            last = x;
+        }
+        pos = end;
+    }
+    let plan = BatchPlan {
+        seqs: vec![decode(vec![last], pos, 0)],
+    };
+    let (at, atimes) = apart.profile(&plan).unwrap();
+    let (ct, ctimes) = chained.profile(&plan).unwrap();
+    assert_eq!(at, ct);
+    let labels: Vec<&str> = ctimes.iter().map(|(l, _)| *l).collect();
+    assert!(
+        labels.len() < atimes.len() / 10,
+        "chained {labels:?}, dispatched {} groups",
+        atimes.len()
+    );
+    // The LM head runs the f32 product (no quantizer of the sampled rows).
+    let chains = labels.len() - 5;
+    assert!((1..=4).contains(&chains), "{labels:?}");
+    assert_eq!(labels[..2], ["qembed", "quant_q81"], "{labels:?}");
+    assert!(
+        labels[2..2 + chains]
+            .iter()
+            .all(|l| *l == "persistent chain"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels[2 + chains..],
+        [
+            "rmsnorm (sampled rows)",
+            "qmm LM head (+argmax partials)",
+            "argmax_part"
+        ]
+    );
+    pos += 1;
+    last = ct[0];
+    let mut other = (t.encode("Name a planet."), 0usize, 0u32);
+    for i in 0..24 {
+        let mut seqs = vec![decode(vec![last], pos, 0)];
+        if (8..16).contains(&i) {
+            let (p, at, l) = &other;
+            let toks = if *at < p.len() {
+                vec![p[*at]]
+            } else {
+                vec![*l]
+            };
+            seqs.push(decode(toks, *at, 1));
+        }
+        let plan = BatchPlan { seqs };
+        let (a, al) = run(&mut apart, &plan);
+        let (c, cl) = run(&mut chained, &plan);
+        assert_eq!(a, c, "decode {i}: tokens");
+        assert!(same_bits(&al, &cl), "decode {i}: logits differ");
+        if plan.seqs.len() == 2 {
+            other.1 += 1;
+            other.2 = c[1];
+        }
+        last = c[0];
+        pos += 1;
+    }
+    until_a_chain_completes(&mut chained, &mut apart, workgroups, last, pos);
     let (completed, aborted) = chained.chain_stats();
     assert!(
         completed > 0,
-        "chained iterations ran ({completed} completed, {aborted} aborted and rerun)"
+        "chained int8 iterations ran ({completed} completed, {aborted} aborted and rerun)"
     );
     no_validation_errors();
 }

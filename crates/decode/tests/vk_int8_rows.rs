@@ -69,6 +69,9 @@ fn small_iterations_run_the_f32_products_and_large_ones_the_int8_products() {
     // below are the dispatched ones (`vk_chain` covers the chain).
     int8.set_chain(false);
     f32m.set_chain(false);
+    // The rows policy alone (the int8 chain's small iterations are
+    // `vk_chain`'s).
+    int8.set_int8_chain(false);
 
     let prompt = t.encode("The capital of France is");
     assert!(prompt.len() >= 4, "{prompt:?}");
@@ -138,6 +141,11 @@ fn fused_quantizers_give_the_same_logits_bit_for_bit_with_three_groups_fewer_a_l
     fused.set_half_blocks(false);
     let mut apart = GpuLlama::with_activations(&dev, m, options(), Activations::Int8).unwrap();
     apart.set_fuse_quantizers(false);
+    // Dispatched groups compared (the int8 chain's are `vk_chain`'s).
+    for g in [&mut fused, &mut apart] {
+        g.set_int8_chain(false);
+        g.set_chain(false);
+    }
     let layers = m.config().shape.n_layers;
     let mut prompt = t.encode(
         "It is a truth universally acknowledged, that a single man in possession of a good \

@@ -13,7 +13,9 @@
 // grid barrier costs about a microsecond (spinning on the counter).
 //
 // The chain's code is the products' own: the text of `qmatmul_gen`'s f32
-// section with the chosen entry points turned into functions (the
+// section and `qmatmul8_gen`'s int8 one (the packed pairs: an iteration with
+// int8 activations chains as an f32 one does) with the chosen entry points
+// turned into functions (the
 // `@compute` attributes and builtins dropped) and the push constants `p`
 // made a private variable that the chain loads from the step's record in
 // the metadata buffer: the same arithmetic on the same values, so a
@@ -27,21 +29,50 @@
 // norm vector falls outside the weights window. The image attention is
 // `kernels/attention.wgsl`'s `attend_img` and `attention_img`'s body with their
 // parameters renamed (`AttParams`, `pa`); its split form (positions over the
-// lanes, for few rows) `attention_img_split`'s body.
+// lanes, for few rows) `attention_img_split`'s body; its int8 form (the output
+// also quantized for the `o` product) `attention_img_q81`'s body.
 //
 // Pure std, deterministic output (declared as a module of the build script).
 
 use std::fmt::Write as _;
 
 /// The product entry points the chain runs, in kind order (kind `1 + i`;
-/// kind 0 is the image attention, the kind after them its split form).
-/// `chain_kinds()` gives the host the same table.
-const PRODUCTS: [&str; 4] = [
+/// kind 0 is the image attention, the kinds after them its split form and
+/// its int8 form). `chain_kinds()` gives the host the same table. The f32
+/// products (the first [`F32_PRODUCTS`]), then the packed pairs (int8
+/// activations on CPU devices: plain, with RoPE and the KV append, and
+/// reading the GLU's half blocks).
+const PRODUCTS: [&str; 7] = [
     "qmm_q41_r1",
     "qmm_q41_r1_rkv",
     "qmm_q80_r1",
     "qmm_q80_r1_rkv",
+    "qmm8_q41_r1_swar",
+    "qmm8_q41_r1_swar_rkv",
+    "qmm8_q41_r1_swar_h",
 ];
+
+/// [`PRODUCTS`]' f32 products (the rest take int8 activations).
+const F32_PRODUCTS: usize = 4;
+
+/// The chain's two families of entry points: `chain_r<T>` runs an f32
+/// iteration's kinds (the image attention, the f32 products, the split
+/// attention), `chain8_r<T>` an int8 one's (the packed pairs, the int8
+/// attention). An iteration is one or the other, and llvmpipe pays a masked
+/// turn of every kind's loop a step, so neither family carries the other's.
+pub const FAMILIES: [&str; 2] = ["chain", "chain8"];
+
+/// The kinds family `f` ([`FAMILIES`]) runs.
+fn family_kinds(f: usize) -> Vec<usize> {
+    let products = 1..=PRODUCTS.len();
+    match f {
+        0 => std::iter::once(0)
+            .chain(products.take(F32_PRODUCTS))
+            .chain([split_kind()])
+            .collect(),
+        _ => products.skip(F32_PRODUCTS).chain([q81_kind()]).collect(),
+    }
+}
 
 /// Token rows per invocation of the chain's entry points (`chain_r<T>`):
 /// each runs [`PRODUCTS`]' `_r<T>` twins (the CPU form's tiles with an
@@ -56,9 +87,13 @@ fn products_of(t: u32) -> Vec<String> {
         .collect()
 }
 
-/// The chain's entry points, one a tile.
+/// The chain's entry points, one a family and tile (`chain_r1`, ...,
+/// `chain8_r1`, ...).
 pub fn chain_entries() -> Vec<String> {
-    TILES.iter().map(|t| format!("chain_r{t}")).collect()
+    FAMILIES
+        .iter()
+        .flat_map(|f| TILES.iter().map(move |t| format!("{f}_r{t}")))
+        .collect()
 }
 
 /// Polls of the grid barrier's counter a round (unrolled: a round is one
@@ -72,17 +107,23 @@ pub const STEP_WORDS: u32 = 24;
 
 /// The chain's kinds in order: `"attention_img"`, then [`PRODUCTS`] (tile
 /// 1's names; tile t runs their `_r<t>` twins under the same kinds), then
-/// `"attention_img_split"`.
+/// `"attention_img_split"` and `"attention_img_q81"`.
 pub fn chain_kinds() -> Vec<&'static str> {
     let mut v = vec!["attention_img"];
     v.extend(PRODUCTS);
     v.push("attention_img_split");
+    v.push("attention_img_q81");
     v
 }
 
-/// The kind of the split attention (`attention_img_split`): the last.
+/// The kind of the split attention (`attention_img_split`).
 fn split_kind() -> usize {
     PRODUCTS.len() + 1
+}
+
+/// The kind of the int8 attention (`attention_img_q81`): the last.
+fn q81_kind() -> usize {
+    PRODUCTS.len() + 2
 }
 
 /// The fields `(name, is_f32)` of the struct `name` in `text`.
@@ -180,6 +221,14 @@ fn attention(att: &str) -> String {
         "chain_gen: attention_img's first lines"
     );
     let body = rename_params(&entry.replacen(sig, "fn chain_attention(idx: u32) {\n", 1));
+    // The int8 kind runs `attention_img_q81`'s body for invocation `idx`.
+    let q81 = item(att, "fn attention_img_q81(");
+    let q81_sig = "fn attention_img_q81(@builtin(global_invocation_id) gid: vec3<u32>) {\n    let idx = gid.x;\n";
+    assert!(
+        q81.starts_with(q81_sig),
+        "chain_gen: attention_img_q81's first lines"
+    );
+    let q81_body = rename_params(&q81.replacen(q81_sig, "fn chain_attention_q81(idx: u32) {\n", 1));
     // The split kind runs `attention_img_split`'s body for workgroup `idx`
     // (one a (row, head) there too) on lane `sl`.
     let split = item(att, "fn attention_img_split(");
@@ -194,7 +243,7 @@ fn attention(att: &str) -> String {
         1,
     ));
     format!(
-        "{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{part}\n{head_q}\n{attend_part}\n{attend}\n{body}\n{split_body}"
+        "{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{part}\n{head_q}\n{attend_part}\n{attend}\n{body}\n{split_body}\n{q81_body}"
     )
 }
 
@@ -233,8 +282,8 @@ fn loader(out: &mut String, fn_name: &str, ty: &str, fields: &[(String, bool)]) 
     out.push_str("    return v;\n}\n\n");
 }
 
-/// The chain module: `qmatmul` is `qmatmul_gen::generate()`'s text, `att`
-/// `kernels/attention.wgsl`'s.
+/// The chain module: `qmatmul` is `qmatmul_gen::generate()`'s text followed
+/// by `qmatmul8_gen::generate()`'s, `att` `kernels/attention.wgsl`'s.
 pub fn generate(qmatmul: &str, att: &str) -> String {
     let mut out = String::with_capacity(qmatmul.len() / 2);
     out.push_str(HEADER);
@@ -266,30 +315,44 @@ pub fn generate(qmatmul: &str, att: &str) -> String {
             .replace("POLLS", &POLLS.to_string())
             .replace("STEP_WORDS", &format!("{STEP_WORDS}u")),
     );
-    for t in TILES {
-        let mut cases = String::new();
-        for (i, name) in products_of(t).iter().enumerate() {
-            writeln!(
-                cases,
-                "        if (kind == {}u) {{\n            for (var w = g.x; w < total; w += nw.x) {{\n                {name}(vec3<u32>(w % gx, w / gx, 0u), li, sl);\n            }}\n        }}",
-                i + 1
-            )
-            .unwrap();
+    for (f, family) in FAMILIES.iter().enumerate() {
+        for t in TILES {
+            let products = products_of(t);
+            let mut cases = String::new();
+            for kind in family_kinds(f) {
+                let call = match kind {
+                    0 => "chain_attention(w * 8u + li);".to_string(),
+                    k if k == split_kind() => "chain_attention_split(w, sl);".to_string(),
+                    k if k == q81_kind() => "chain_attention_q81(w * 8u + li);".to_string(),
+                    k => format!(
+                        "{}(vec3<u32>(w % gx, w / gx, 0u), li, sl);",
+                        products[k - 1]
+                    ),
+                };
+                writeln!(
+                    cases,
+                    "        if (kind == {kind}u) {{\n            for (var w = g.x; w < total; w += nw.x) {{\n                {call}\n            }}\n        }}"
+                )
+                .unwrap();
+            }
+            out.push_str(
+                &ENTRY_FN
+                    .replace("//CASES\n", &cases)
+                    .replace("FAMILY", family)
+                    .replace("TILE", &t.to_string())
+                    .replace("SPLIT_KIND", &split_kind().to_string())
+                    .replace("Q81_KIND", &q81_kind().to_string())
+                    .replace("STEP_WORDS", &format!("{STEP_WORDS}u")),
+            );
         }
-        out.push_str(
-            &ENTRY_FN
-                .replace("//CASES\n", &cases)
-                .replace("TILE", &t.to_string())
-                .replace("SPLIT_KIND", &split_kind().to_string())
-                .replace("STEP_WORDS", &format!("{STEP_WORDS}u")),
-        );
     }
     out
 }
 
 const HEADER: &str = "\
 // chain.wgsl: generated by crates/vk/build/chain_gen.rs (see there); the
-// entry points are `chain_r1`, `chain_r2` and `chain_r4` at the end.
+// entry points are `chain_r1`, `chain_r2` and `chain_r4` (f32 iterations) and
+// `chain8_r1`, `chain8_r2` and `chain8_r4` (int8 ones) at the end.
 ";
 
 const ENTRY: &str = r#"
@@ -297,10 +360,10 @@ const ENTRY: &str = r#"
 // each), their count, the counter and abort flag at sync[sync_off],
 // sync[sync_off + 1] (zeroed before the dispatch), how many rounds of POLLS
 // polls a workgroup may wait at the chain's grid barriers in all, and the
-// grid's width, the entry point's tile and the windows' placements (the
-// host's copies; the shader reads `num_workgroups`, and the windows are
-// bound where w_at and x_at say).
-struct Chain { prog_off: u32, n_steps: u32, sync_off: u32, spin_rounds: u32, workgroups: u32, tile: u32, w_at: u32, x_at: u32 }
+// grid's width, the entry point's tile, the windows' placements and the
+// entry point's family (the host's copies; the shader reads
+// `num_workgroups`, and the windows are bound where w_at and x_at say).
+struct Chain { prog_off: u32, n_steps: u32, sync_off: u32, spin_rounds: u32, workgroups: u32, tile: u32, w_at: u32, x_at: u32, family: u32 }
 var<immediate> c: Chain;
 
 @group(0) @binding(4) var<storage, read_write> sync: array<atomic<u32>>;
@@ -349,16 +412,16 @@ fn grid_barrier(k: u32, n: u32, li: u32) -> bool {
 
 "#;
 
-/// The entry point `chain_rTILE` (TILE, //CASES filled in).
+/// The entry point `FAMILY_rTILE` (FAMILY, TILE, //CASES filled in).
 const ENTRY_FN: &str = r#"
-// The chain: step s's record is md[prog_off + s * STEP_WORDS ..]: kind,
+// The chain (FAMILY: the kinds below): step s's record is md[prog_off + s * STEP_WORDS ..]: kind,
 // grid (gx, gy) of the dispatched form (attention: gx = ceil(invocations /
 // 8); the split attention: a workgroup a (row, head)), 0, then its
 // parameters. Workgroup w of the chain runs the step's
 // workgroups w, w + n, w + 2n, ... (x fastest), then waits at the grid
 // barrier. Grid: (n, 1, 1), n no more than the device runs at once.
 @compute @workgroup_size(8)
-fn chain_rTILE(
+fn FAMILY_rTILE(
     @builtin(workgroup_id) g: vec3<u32>,
     @builtin(num_workgroups) nw: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
@@ -369,7 +432,7 @@ fn chain_rTILE(
         let kind = md[o];
         let gx = md[o + 1u];
         let total = gx * md[o + 2u];
-        if (kind == 0u || kind == SPLIT_KINDu) {
+        if (kind == 0u || kind == SPLIT_KINDu || kind == Q81_KINDu) {
             pa = step_att_params(o + 4u);
         } else {
             p = step_params(o + 4u);
@@ -377,18 +440,8 @@ fn chain_rTILE(
         // One loop a kind, not a switch in one loop: llvmpipe runs every
         // branch of a switch or if with the lanes masked off, so a kind not
         // taken costs one masked turn of its loop here, not a masked copy of
-        // its body in every turn.
-        if (kind == 0u) {
-            for (var w = g.x; w < total; w += nw.x) {
-                chain_attention(w * 8u + li);
-            }
-        }
+        // its body in every turn (and this family's kinds only).
 //CASES
-        if (kind == SPLIT_KINDu) {
-            for (var w = g.x; w < total; w += nw.x) {
-                chain_attention_split(w, sl);
-            }
-        }
         if (s + 1u < c.n_steps) {
             if (!grid_barrier(s, nw.x, li)) {
                 break;

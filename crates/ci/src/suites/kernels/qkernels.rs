@@ -616,7 +616,7 @@ fn chain_case(ctx: &mut Ctx, m: usize, product: &'static str) -> CaseResult {
         .map(|o| ChainStep::product(o, &win))
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| CaseError::Fail("a product has no chain step".into()))?;
-    let entry = chain::entry(steps[0].tile);
+    let entry = chain::entry(chain::F32, steps[0].tile);
     let want = format!("chain_r{m}");
     ensure(entry == Some(want.as_str()), || {
         format!("the chain runs {entry:?}, not {want}")
@@ -664,6 +664,7 @@ fn chain_case(ctx: &mut Ctx, m: usize, product: &'static str) -> CaseResult {
         tile: steps[0].tile,
         w_at: w_at as u32,
         x_at: x_at as u32,
+        family: chain::F32,
     };
     // The counter and abort flag zeroed from the host (the model records a
     // fill; nothing is in flight here).

@@ -18,9 +18,12 @@
 //!   form's grid, the group's push constants with x's and the norm vector's
 //!   offsets relative to the chain's one placement of each uniform window),
 //!   made by [`ChainStep::product`],
-//!   [`ChainStep::product_rkv`] and [`ChainStep::attention`] for exactly the
-//!   dispatches the plan would record (`None` otherwise: that group stays a
-//!   dispatch).
+//!   [`ChainStep::product_rkv`] and [`ChainStep::attention`] (f32
+//!   activations), [`ChainStep::attention_split`], and
+//!   [`ChainStep::product8`], [`ChainStep::product8_rkv`] and
+//!   [`ChainStep::attention_q81`] (int8 activations, the packed pairs) for
+//!   exactly the dispatches the plan would record (`None` otherwise: that
+//!   group stays a dispatch).
 //! - [`Chain`]: the chain dispatch's push constants, grid, entry point (one
 //!   a tile: `chain_r1`, `chain_r2`, `chain_r4`) and window placements.
 //! - [`workgroups`]: how many workgroups a chain may have (the driver's
@@ -47,19 +50,41 @@ use xtc_vk::{
     Buffer, CommandPool, Device, DeviceKind, Kernels, VkError, VkResult, WINDOWS, Window,
 };
 
-use super::ops::{Attention, AttentionImage, Op, Variant};
+use super::ops::{Attention, AttentionImage, AttentionImageQ81, Op, Variant};
 use super::qops::{QMatmul, QMatmulRopeKv};
+use super::qops8::{QMatmul8, QMatmul8RopeKv, QOUT_BIT, q81_len};
 
 /// The chain's entry point for one-row iterations (and the probe's); tiles 2
 /// and 4 (iterations of 2 and 3-4 rows) have `chain_r2` and `chain_r4`
 /// ([`entry`]).
 pub const KERNEL: &str = "chain_r1";
 
-/// The chain entry point of `tile` token rows per invocation (1, 2 or 4),
-/// or `None`.
-pub fn entry(tile: u32) -> Option<&'static str> {
-    let name = format!("chain_r{tile}");
+/// The f32 family of entry points (`chain_r<T>`: the image attention, the
+/// f32 products, the split attention).
+pub const F32: u32 = 0;
+/// The int8 family (`chain8_r<T>`: the packed pairs, the int8 attention).
+pub const INT8: u32 = 1;
+
+/// The chain entry point of `family` ([`F32`] or [`INT8`]) for `tile` token
+/// rows per invocation (1, 2 or 4), or `None`.
+pub fn entry(family: u32, tile: u32) -> Option<&'static str> {
+    let prefix = match family {
+        F32 => "chain",
+        INT8 => "chain8",
+        _ => return None,
+    };
+    let name = format!("{prefix}_r{tile}");
     CHAIN_ENTRIES.iter().copied().find(|e| *e == name)
+}
+
+/// The family whose entry points run chain kind `kind`
+/// (`xtc_vk::kernels::CHAIN_KINDS`): [`INT8`] for the int8 products and
+/// attention, else [`F32`].
+pub fn family_of(kind: u32) -> u32 {
+    match CHAIN_KINDS.get(kind as usize) {
+        Some(k) if k.starts_with("qmm8_") || *k == "attention_img_q81" => INT8,
+        _ => F32,
+    }
 }
 
 /// llvmpipe's loop budget: the loops of one workgroup's invocation of a
@@ -83,8 +108,9 @@ const MARGIN: u32 = 256;
 
 /// Loop turns a step costs in the kinds it is not (llvmpipe runs each kind's
 /// loop once with every lane masked off: a turn of it and of each loop
-/// inside, at most 8 for either attention, 3 for a product, in 5 other
-/// kinds).
+/// inside, at most 8 for the f32 and split attentions, 12 for the int8 one,
+/// 4 for a product; in the f32 family's 5 other kinds 28 at most, in the
+/// int8 family's 3 at most 20).
 const NOT_TAKEN: u32 = 32;
 
 /// Polls a round (`build/chain_gen.rs`'s `POLLS`, as the build exports it).
@@ -125,8 +151,12 @@ pub struct Chain {
     pub tile: u32,
     /// Byte offset of the weights window (the norm vectors' placement).
     pub w_at: u32,
-    /// Byte offset of the activations window (x, att and h).
+    /// Byte offset of the activations window (x, att and h, or their
+    /// blocks).
     pub x_at: u32,
+    /// The entry point's family ([`F32`] or [`INT8`]): every step's kind is
+    /// one of its kinds ([`family_of`]).
+    pub family: u32,
 }
 
 impl Chain {
@@ -143,7 +173,10 @@ impl Op for Chain {
         [self.workgroups.max(1), 1, 1]
     }
     fn dispatch(&self, _variant: Variant) -> (&'static str, [u32; 3]) {
-        (entry(self.tile).unwrap_or(NO_ENTRY), self.grid())
+        (
+            entry(self.family, self.tile).unwrap_or(NO_ENTRY),
+            self.grid(),
+        )
     }
     /// One dispatch with the windows at `w_at` and `x_at` (the steps'
     /// offsets are relative to them); `None` where the recorder has no
@@ -155,7 +188,7 @@ impl Op for Chain {
         _win: &[Window; WINDOWS as usize],
     ) -> Option<Vec<super::ops::Windowed<Self>>> {
         Some(vec![super::ops::Windowed {
-            kernel: entry(self.tile).unwrap_or(NO_ENTRY),
+            kernel: entry(self.family, self.tile).unwrap_or(NO_ENTRY),
             push: *self,
             grid: self.grid(),
             offsets: [u64::from(self.w_at), u64::from(self.x_at)],
@@ -188,10 +221,16 @@ pub struct ChainStep {
     pub x_bytes: Option<(u64, u64)>,
     /// As `x_bytes`, for the norm vector.
     pub norm_bytes: Option<(u64, u64)>,
+    /// The parameter word that holds the norm vector's offset: `norm_off`
+    /// for the f32 products, `y3_off` for the int8 ones (whose input
+    /// blocks carry no norm; their quantized output's norm vector is read
+    /// through the weights window).
+    pub norm_word: usize,
 }
 
-/// [`QMatmul`]'s words: `x_off` and `norm_off`.
+/// [`QMatmul`]'s words: `x_off`, `y3_off` and `norm_off`.
 const X_OFF_WORD: usize = 3;
+const Y3_OFF_WORD: usize = 11;
 const NORM_OFF_WORD: usize = 13;
 
 impl ChainStep {
@@ -220,7 +259,7 @@ impl ChainStep {
             w[4 + X_OFF_WORD] = ((start - x_at) / 4) as u32;
         }
         if let Some((start, _)) = self.norm_bytes {
-            w[4 + NORM_OFF_WORD] = ((start - w_at) / 4) as u32;
+            w[4 + self.norm_word] = ((start - w_at) / 4) as u32;
         }
         w
     }
@@ -254,15 +293,28 @@ impl ChainStep {
                 .position(|k| *k == one)
                 .map(|kind| (t, kind))
         })?;
-        entry(tile)?;
+        entry(family_of(kind as u32), tile)?;
         let mut params = [0u32; 20];
         let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(push));
         params[..words.len()].copy_from_slice(words);
         let x0 = offsets[1] + u64::from(push.x_off) * 4;
-        let x_bytes = Some((x0, x0 + u64::from(push.m) * u64::from(push.k) * 4));
-        let norm_bytes = (push.norm_off != super::qops::NO_NORM).then(|| {
-            let n0 = offsets[0] + u64::from(push.norm_off) * 4;
-            (n0, n0 + u64::from(push.k) * 4)
+        // The int8 products (the packed pairs) read Q8_1 blocks, and the
+        // norm vector of their quantized output (`q81_out`, `y3_off`) when
+        // they make one; the f32 products read f32 rows and their own norm.
+        let int8 = kernel.starts_with("qmm8_");
+        let x_len = match int8 {
+            true => u64::from(q81_len(push.m, push.k)) * 4,
+            false => u64::from(push.m) * u64::from(push.k) * 4,
+        };
+        let x_bytes = Some((x0, x0 + x_len));
+        let (norm_word, norm_off, norm_len) = match int8 {
+            true if push.mode & QOUT_BIT != 0 => (Y3_OFF_WORD, push.y3_off, push.n),
+            true => (Y3_OFF_WORD, super::qops::NO_NORM, 0),
+            false => (NORM_OFF_WORD, push.norm_off, push.k),
+        };
+        let norm_bytes = (norm_off != super::qops::NO_NORM).then(|| {
+            let n0 = offsets[0] + u64::from(norm_off) * 4;
+            (n0, n0 + u64::from(norm_len) * 4)
         });
         // The products' one loop over K's blocks, and `partial`'s three.
         (grid[2] == 1).then_some(ChainStep {
@@ -273,6 +325,7 @@ impl ChainStep {
             tile,
             x_bytes,
             norm_bytes,
+            norm_word,
         })
     }
 
@@ -292,6 +345,30 @@ impl ChainStep {
     /// As [`product`](Self::product) for the q|k|v product with RoPE and the
     /// KV append in its stores.
     pub fn product_rkv(op: &QMatmulRopeKv, win: &[Window; WINDOWS as usize]) -> Option<ChainStep> {
+        let chunks = op.windowed(Variant::Cpu, win)?;
+        let [c] = chunks.as_slice() else {
+            return None;
+        };
+        ChainStep::of_chunk(c.kernel, c.grid, &c.push.0, c.offsets)
+    }
+
+    /// As [`product`](Self::product) for a product against int8 activations
+    /// (the packed pairs, `qmm8_q41_r<T>_swar` and its `_h` twin; the other
+    /// int8 forms stay dispatched).
+    pub fn product8(op: &QMatmul8, win: &[Window; WINDOWS as usize]) -> Option<ChainStep> {
+        let chunks = op.windowed(Variant::Cpu, win)?;
+        let [c] = chunks.as_slice() else {
+            return None;
+        };
+        ChainStep::of_chunk(c.kernel, c.grid, &c.push.0, c.offsets)
+    }
+
+    /// As [`product8`](Self::product8) for the int8 q|k|v product with RoPE
+    /// and the KV append in its stores (`qmm8_q41_r<T>_swar_rkv`).
+    pub fn product8_rkv(
+        op: &QMatmul8RopeKv,
+        win: &[Window; WINDOWS as usize],
+    ) -> Option<ChainStep> {
         let chunks = op.windowed(Variant::Cpu, win)?;
         let [c] = chunks.as_slice() else {
             return None;
@@ -323,7 +400,28 @@ impl ChainStep {
             tile: 0,
             x_bytes: None,
             norm_bytes: None,
+            norm_word: NORM_OFF_WORD,
         })
+    }
+
+    /// The attention over the KV image with its output also quantized for
+    /// the int8 `o` product ([`AttentionImageQ81`], kind
+    /// `attention_img_q81`, where it fits).
+    pub fn attention_q81(op: &AttentionImageQ81) -> Option<ChainStep> {
+        if !op.fits() {
+            return None;
+        }
+        let mut step = ChainStep::attention(&op.att)?;
+        step.kind = CHAIN_KINDS.iter().position(|k| *k == "attention_img_q81")? as u32;
+        let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(op));
+        step.params = [0; 20];
+        step.params[..words.len()].copy_from_slice(words);
+        // `attend_img`'s loops as the f32 kind's, then the stores' loop,
+        // the two blocks' scales and the codes' loop (52 turns at most).
+        step.turns = (op.att.max_pos.checked_add(1)?)
+            .checked_mul(33)?
+            .checked_add(64)?;
+        Some(step)
     }
 
     /// The attention over the KV image with each (row, head)'s positions
@@ -399,6 +497,7 @@ pub fn probe(
         tile: 1,
         x_bytes: None,
         norm_bytes: None,
+        norm_word: NORM_OFF_WORD,
     };
     let words: Vec<u32> = (0..STEPS).flat_map(|_| empty.words(0, 0)).collect();
     meta.write(u64::from(prog_off) * 4, &words)?;
@@ -411,6 +510,7 @@ pub fn probe(
         tile: 1,
         w_at: 0,
         x_at: 0,
+        family: F32,
     };
     let k = kernels.get(KERNEL)?;
     let mut pool = CommandPool::new(dev)?;

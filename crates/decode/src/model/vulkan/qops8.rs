@@ -239,7 +239,7 @@ const POLY_BIT: u32 = 1 << 16;
 const SWAR_BIT: u32 = 1 << 17;
 /// The kernels' `QOUT` (read on the device, unlike bits 16 and 17): see
 /// [`QMatmul8::with_quantized_out`].
-const QOUT_BIT: u32 = 1 << 18;
+pub(crate) const QOUT_BIT: u32 = 1 << 18;
 /// Host side: the `_h` twins ([`QMatmul8::with_half_blocks`]).
 const HALF_BIT: u32 = 1 << 19;
 

@@ -68,7 +68,9 @@ use crate::model::vulkan::ops::{
 use crate::model::vulkan::qops::{
     ArgmaxPart, NO_NORM, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
 };
-use crate::model::vulkan::qops8::{Activations, DotForm, QMatmul8, QMatmul8RopeKv, QuantizeQ81};
+use crate::model::vulkan::qops8::{
+    Activations, DotForm, QMatmul8, QMatmul8RopeKv, QuantizeQ81, q81_len,
+};
 use crate::model::vulkan::qweights::QTensor;
 use crate::model::{BatchPlan, Config};
 use xtc::{Error, Result};
@@ -140,6 +142,10 @@ pub struct GpuLlama {
     /// Split the image attention's positions over the lanes where its cost
     /// model says it pays ([`GpuLlama::set_split_attention`]); on by default.
     split_attention: bool,
+    /// With `act8` in the packed pairs' form: iterations the persistent
+    /// chain holds take the int8 products whatever `int8_min_rows` says
+    /// ([`GpuLlama::set_int8_chain`]).
+    int8_chain: bool,
     /// The threads lavapipe computes on ([`chain::workgroups`]) on a CPU
     /// device, else `None`.
     cpu_threads: Option<u32>,
@@ -289,6 +295,7 @@ impl GpuLlama {
             chain_workgroups,
             chain_on: std::env::var("XTC_CHAIN").map_or(true, |v| v != "0"),
             split_attention: std::env::var("XTC_SPLIT_ATTENTION").map_or(true, |v| v != "0"),
+            int8_chain: std::env::var("XTC_INT8_CHAIN").map_or(true, |v| v != "0"),
             cpu_threads: chain::workgroups(dev),
             chained: None,
             chain_stats: (0, 0),
@@ -323,6 +330,29 @@ impl GpuLlama {
     /// the last bits (another summation order). Off: `attention_img`.
     pub fn set_split_attention(&mut self, on: bool) {
         self.split_attention = on;
+    }
+
+    /// Turns the int8 chain on (the default; `XTC_INT8_CHAIN=0` in the
+    /// environment makes it off) or off. It matters only where the model
+    /// has int8 activations in the packed pairs' form (lavapipe with
+    /// `XTC_ACTIVATIONS=auto` when the probe took int8, or `int8`) and
+    /// the persistent chain runs: on, an iteration of at most 4 rows takes
+    /// the int8 products whatever [`int8_min_rows`](Self::int8_min_rows)
+    /// says, and the chain holds them (the packed pairs, the int8 q|k|v
+    /// product with RoPE and the KV append, the attention that quantizes
+    /// its output: `qmm8_q41_r<T>_swar*` and `attention_img_q81` as chain
+    /// kinds), so such an iteration is as few dispatch groups as an f32
+    /// one, with the int8 products' smaller arithmetic. Its logits are the
+    /// int8 path's (within the int8 accuracy bounds of the f32 ones, not
+    /// the same bits); the dispatched rerun of an aborted chain runs the
+    /// same int8 plan, and so does the iteration with the chain turned off
+    /// ([`set_chain`](Self::set_chain)), left off after
+    /// [`MAX_CHAIN_ABORTS`] aborts or missing after a failed probe: the
+    /// plan follows the device's kind (a CPU device) and the iteration's
+    /// rows, never a timing, so its bits do not depend on the machine's
+    /// load. Off: `int8_min_rows` alone decides.
+    pub fn set_int8_chain(&mut self, on: bool) {
+        self.int8_chain = on;
     }
 
     /// Makes the persistent chain `workgroups` wide without the probe (for
@@ -490,10 +520,33 @@ impl GpuLlama {
             .map(|s| s.start_pos + s.tokens.len() - 1)
             .max()
             .unwrap_or(0) as u32;
-        let act8 = self.act8.filter(|_| n_rows as u32 >= self.int8_min_rows);
         let chain = self
             .chain_workgroups
             .filter(|_| self.chain_on && self.ops.windows_on());
+        // int8 from `int8_min_rows` rows, or in an iteration of at most 4
+        // rows on a CPU device where the int8 chain is on; then the blocks
+        // of x follow the first rows' of the other inputs, so one window
+        // placement covers both. By the iteration's shape and the device's
+        // kind, not by whether the chain is on, passed its probe or ran:
+        // chained, its dispatched rerun and the chain off, the same plan
+        // and bits.
+        let small = self.cpu_threads.is_some() && self.ops.windows_on() && n_rows <= 4;
+        let widest = self.shape.dim.max(self.shape.hidden_dim) as u32;
+        let int8_chain = small
+            && self.int8_chain
+            && self
+                .act8
+                .is_some_and(|a8| matches!(a8.form, DotForm::Swar { .. }));
+        let act8 = self.act8.and_then(|a8| {
+            if int8_chain {
+                Some(Act8 {
+                    xq_x: a8.xq + q81_len(n_rows as u32, widest),
+                    ..a8
+                })
+            } else {
+                (n_rows as u32 >= self.int8_min_rows).then_some(a8)
+            }
+        });
         // An iteration the chain may hold (f32 products of at most 4 rows)
         // lays its activations out so x, att and h fit one window.
         let a = match (chain, act8) {
@@ -506,6 +559,7 @@ impl GpuLlama {
             m: self,
             a,
             act8,
+            head_f32: int8_chain,
             t: n_rows as u32,
             s: n_samples as u32,
             sample_list,
@@ -516,7 +570,8 @@ impl GpuLlama {
         if let Some(n) = chain {
             let sync_base = self.opts.max_seqs as u32;
             let win = self.set.windows();
-            let x_base = u64::from(a.x) * 4;
+            // The products' inputs: x, att and h (f32), or their blocks.
+            let x_base = u64::from(act8.map_or(a.x, |a8| a8.xq)) * 4;
             (plan_rec, n_chains) = plan_rec.chained(&win, x_base, n, sync_base, &mut self.scratch);
         }
         if (self.scratch.len() * 4) as u64 > self.meta.size() {
@@ -657,8 +712,14 @@ struct Recording<'a> {
     /// a persistent chain may hold, [`ActOffsets::compact`].
     a: ActOffsets,
     /// The model's int8 activations, where this iteration has the rows for
-    /// them ([`GpuLlama::set_int8_min_rows`]).
+    /// them ([`GpuLlama::set_int8_min_rows`]) or is one the int8 chain
+    /// holds ([`GpuLlama::set_int8_chain`]).
     act8: Option<Act8>,
+    /// The LM head runs the f32 product even with `act8` (an iteration the
+    /// int8 chain holds: at a few rows the head's int8 form, `OpSDot` or
+    /// its polyfill for Q8_0, and its quantizer's group cost more than
+    /// they save).
+    head_f32: bool,
     t: u32,
     s: u32,
     sample_list: u32,
@@ -850,7 +911,10 @@ impl Recording<'_> {
             p.push(Step::Barrier("rmsnorm (sampled rows)"));
             let v = c.vocab_size as u32;
             let head = QMatmul::logits_argmax(&m.head, self.s, a.sel, a.logits, m.part_off);
-            self.products(&mut p, &[head], &mut x_blocks, Out::Stores);
+            match self.head_f32 {
+                true => p.push(Step::Mm(head)),
+                false => self.products(&mut p, &[head], &mut x_blocks, Out::Stores),
+            }
             p.push(Step::Barrier("qmm LM head (+argmax partials)"));
             p.push(Step::Argmax(ArgmaxPart {
                 n_rows: self.s,
@@ -1177,6 +1241,9 @@ impl PlanOps {
             [Step::MmRkv(o)] => ChainStep::product_rkv(o, win),
             [Step::Attend(a, true)] => ChainStep::attention(a),
             [Step::AttendSplit(a)] => ChainStep::attention_split(&a.0),
+            [Step::Mm8(o)] => ChainStep::product8(o, win),
+            [Step::Mm8Rkv(o)] => ChainStep::product8_rkv(o, win),
+            [Step::AttendQ81(a)] => ChainStep::attention_q81(a),
             _ => None,
         };
         let chainable: Vec<Option<ChainStep>> = groups.iter().map(|(g, _)| step_of(g)).collect();
@@ -1195,6 +1262,7 @@ impl PlanOps {
             let mut run = vec![first];
             let mut work = first.cost(workgroups) + 1;
             let mut tile = first.tile;
+            let family = chain::family_of(first.kind);
             let mut dispatched = vec![(g, label)];
             while let Some((_, Some(next))) = groups.peek() {
                 let more = next.cost(workgroups) + 1;
@@ -1202,6 +1270,7 @@ impl PlanOps {
                 // attention goes with any).
                 if work + more > chain::WORK_BUDGET
                     || (next.tile != 0 && tile != 0 && next.tile != tile)
+                    || chain::family_of(next.kind) != family
                 {
                     break;
                 }
@@ -1237,6 +1306,7 @@ impl PlanOps {
                 tile: tile.max(1),
                 w_at: w_at as u32,
                 x_at: x_at as u32,
+                family,
             }));
             steps.push(Step::Barrier("persistent chain"));
             n_chains += 1;
