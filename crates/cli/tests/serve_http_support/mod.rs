@@ -86,12 +86,13 @@ impl Server {
 
     pub fn metric(&self, name: &str) -> f64 {
         let text = self.get("/metrics").text();
-        text.lines()
-            .find_map(|l| {
-                let (n, v) = l.rsplit_once(' ')?;
-                (n == name).then(|| v.parse().unwrap())
-            })
-            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+        find_metric(&text, name).unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+    }
+
+    /// As [`metric`](Self::metric), 0 for a labelled series not yet
+    /// exposed (a counter's label set appears at its first increment).
+    pub fn metric_or_zero(&self, name: &str) -> f64 {
+        find_metric(&self.get("/metrics").text(), name).unwrap_or(0.0)
     }
 
     /// Waits until `metric(name) == want` (panics after 120 s: the cancels
@@ -327,4 +328,13 @@ pub fn small_server() -> Server {
         "--max-body",
         "65536",
     ])
+}
+
+/// The value of the sample `name` (with its labels, as exposed) in
+/// `text`, if there is one.
+fn find_metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (n, v) = l.rsplit_once(' ')?;
+        (n == name).then(|| v.parse().unwrap())
+    })
 }
