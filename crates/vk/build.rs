@@ -91,7 +91,11 @@ fn main() {
         "/// The int8-activation entry points (built by `Kernels::with_int8` only).\n\
          pub const INT8: &[&str] = &[\n",
     );
-    for entry in qmatmul8_gen::int8_entries() {
+    // The int8 chain's entry points too: an f32 model never runs them.
+    let int8_chains = chain_gen::chain_entries()
+        .into_iter()
+        .filter(|e| e.starts_with("chain8_"));
+    for entry in qmatmul8_gen::int8_entries().into_iter().chain(int8_chains) {
         writeln!(table, "    {entry:?},").unwrap();
     }
     table.push_str("];\n");

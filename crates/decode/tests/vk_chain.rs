@@ -376,47 +376,55 @@ fn prefill_200(t: &Bpe, models: [&mut GpuLlama; 2]) -> (usize, u32) {
 
 #[test]
 fn a_long_context_splits_the_layers_over_chains_within_the_loop_budget() {
-    let Some((_one, mut chained, mut apart, t)) = models() else {
-        return;
-    };
-    // Position about 200: each attention step costs its workgroups 33 loop
-    // turns a position (an eighth of the positions each where it runs
-    // split, as here), so 30 layers need several chains.
-    let start = prefill_200(t, [&mut apart, &mut chained]).0;
-    let mut last = 0;
-    for i in 0..8 {
-        let pos = start + i;
-        let plan = BatchPlan {
-            seqs: vec![decode(vec![last], pos, 0)],
+    // f32 (the split attention, an eighth of the positions a lane), then
+    // int8 (the attention that quantizes its output: every position a lane,
+    // and its own loops after them).
+    for acts in [Activations::F32, Activations::Int8] {
+        let Some((_one, mut chained, mut apart, t)) = models_with(acts) else {
+            return;
         };
-        let (a, al) = run(&mut apart, &plan);
-        let (c, cl) = if i == 0 {
-            let (c, times) = chained.profile(&plan).unwrap();
-            let chains = times
-                .iter()
-                .filter(|(l, _)| *l == "persistent chain")
-                .count();
-            assert!(
-                chains >= 3,
-                "the budget splits the layers: {chains} chain(s)"
-            );
-            assert!(times.len() < 60, "still far fewer groups: {}", times.len());
-            // profile() keeps no logits: rerun the same plan on both for them.
-            (c, None)
-        } else {
-            let (c, cl) = run(&mut chained, &plan);
-            (c, Some(cl))
-        };
-        assert_eq!(a, c, "decode {i} at position {pos}: tokens");
-        if let Some(cl) = cl {
-            assert!(
-                same_bits(&al, &cl),
-                "decode {i} at position {pos}: logits differ"
-            );
+        // Position about 200: each attention step costs its workgroups 33
+        // loop turns a position, so 30 layers need several chains.
+        let start = prefill_200(t, [&mut apart, &mut chained]).0;
+        let mut last = 0;
+        for i in 0..8 {
+            let pos = start + i;
+            let plan = BatchPlan {
+                seqs: vec![decode(vec![last], pos, 0)],
+            };
+            let (a, al) = run(&mut apart, &plan);
+            let (c, cl) = if i == 0 {
+                let (c, times) = chained.profile(&plan).unwrap();
+                let chains = times
+                    .iter()
+                    .filter(|(l, _)| *l == "persistent chain")
+                    .count();
+                assert!(
+                    chains >= 3,
+                    "{acts:?}: the budget splits the layers: {chains} chain(s)"
+                );
+                assert!(
+                    times.len() < 60,
+                    "{acts:?}: still far fewer groups: {}",
+                    times.len()
+                );
+                // profile() keeps no logits: rerun the same plan on both for them.
+                (c, None)
+            } else {
+                let (c, cl) = run(&mut chained, &plan);
+                (c, Some(cl))
+            };
+            assert_eq!(a, c, "{acts:?}: decode {i} at position {pos}: tokens");
+            if let Some(cl) = cl {
+                assert!(
+                    same_bits(&al, &cl),
+                    "{acts:?}: decode {i} at position {pos}: logits differ"
+                );
+            }
+            last = c[0];
         }
-        last = c[0];
+        no_validation_errors();
     }
-    no_validation_errors();
 }
 
 #[test]

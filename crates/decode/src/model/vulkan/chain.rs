@@ -108,10 +108,11 @@ const MARGIN: u32 = 256;
 
 /// Loop turns a step costs in the kinds it is not (llvmpipe runs each kind's
 /// loop once with every lane masked off: a turn of it and of each loop
-/// inside, at most 8 for the f32 and split attentions, 12 for the int8 one,
-/// 4 for a product; in the f32 family's 5 other kinds 28 at most, in the
-/// int8 family's 3 at most 20).
-const NOT_TAKEN: u32 = 32;
+/// inside: at most 8 for the f32 and split attentions, 10 for the int8 one,
+/// 2 + tile for a product (its blocks' loop and `partial`'s, one a row);
+/// in the f32 family's other kinds 31 at most, in the int8 family's 22; 40
+/// leaves a margin).
+const NOT_TAKEN: u32 = 40;
 
 /// Polls a round (`build/chain_gen.rs`'s `POLLS`, as the build exports it).
 pub const POLLS_A_ROUND: u32 = xtc_vk::kernels::CHAIN_POLLS;
@@ -416,11 +417,12 @@ impl ChainStep {
         let words: &[u32] = bytemuck::cast_slice(std::slice::from_ref(op));
         step.params = [0; 20];
         step.params[..words.len()].copy_from_slice(words);
-        // `attend_img`'s loops as the f32 kind's, then the stores' loop,
-        // the two blocks' scales and the codes' loop (52 turns at most).
+        // `attend_img`'s loops (the query's 16, 33 a position, the
+        // output's 16), then the stores' loop (16), the two blocks' inverse
+        // scales (2), the codes' loop (16) and the scales' stores (2).
         step.turns = (op.att.max_pos.checked_add(1)?)
             .checked_mul(33)?
-            .checked_add(64)?;
+            .checked_add(68)?;
         Some(step)
     }
 

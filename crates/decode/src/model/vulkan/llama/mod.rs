@@ -71,7 +71,7 @@ use crate::model::vulkan::qops::{
 use crate::model::vulkan::qops8::{
     Activations, DotForm, QMatmul8, QMatmul8RopeKv, QuantizeQ81, q81_len,
 };
-use crate::model::vulkan::qweights::QTensor;
+use crate::model::vulkan::qweights::{KernelType, QTensor};
 use crate::model::{BatchPlan, Config};
 use xtc::{Error, Result};
 use xtc_vk::{
@@ -336,7 +336,9 @@ impl GpuLlama {
     /// environment makes it off) or off. It matters only where the model
     /// has int8 activations in the packed pairs' form (lavapipe with
     /// `XTC_ACTIVATIONS=auto` when the probe took int8, or `int8`) and
-    /// the persistent chain runs: on, an iteration of at most 4 rows takes
+    /// the persistent chain runs (the CPU kernel form with the KV image, and
+    /// a model whose layer products are stacked Q4_1 tensors): on, an
+    /// iteration of at most 4 rows takes
     /// the int8 products whatever [`int8_min_rows`](Self::int8_min_rows)
     /// says, and the chain holds them (the packed pairs, the int8 q|k|v
     /// product with RoPE and the KV append, the attention that quantizes
@@ -353,6 +355,24 @@ impl GpuLlama {
     /// load. Off: `int8_min_rows` alone decides.
     pub fn set_int8_chain(&mut self, on: bool) {
         self.int8_chain = on;
+    }
+
+    /// Whether the int8 chain can hold this model's small iterations: int8
+    /// activations in the packed pairs' form, the CPU kernel form with the
+    /// KV image (the chain's attention), and every layer's products one
+    /// stacked Q4_1 tensor (the chain's int8 kinds are the packed pairs; a
+    /// Q8_0 product would stay dispatched, slower than the f32 chain).
+    fn int8_chainable(&self) -> bool {
+        let q41 = |t: &QTensor| t.ty == KernelType::Q41;
+        let stacked_q41 = |p: &Proj| matches!(p, Proj::Stacked(t) if q41(t));
+        self.act8
+            .is_some_and(|a8| matches!(a8.form, DotForm::Swar { .. }))
+            && self.ops.variant() == Variant::Cpu
+            && self.kv_image.is_some()
+            && self
+                .layers
+                .iter()
+                .all(|l| stacked_q41(&l.qkv) && q41(&l.wo) && stacked_q41(&l.w13) && q41(&l.w2))
     }
 
     /// Makes the persistent chain `workgroups` wide without the probe (for
@@ -532,11 +552,7 @@ impl GpuLlama {
         // and bits.
         let small = self.cpu_threads.is_some() && self.ops.windows_on() && n_rows <= 4;
         let widest = self.shape.dim.max(self.shape.hidden_dim) as u32;
-        let int8_chain = small
-            && self.int8_chain
-            && self
-                .act8
-                .is_some_and(|a8| matches!(a8.form, DotForm::Swar { .. }));
+        let int8_chain = small && self.int8_chain && self.int8_chainable();
         let act8 = self.act8.and_then(|a8| {
             if int8_chain {
                 Some(Act8 {
@@ -570,8 +586,12 @@ impl GpuLlama {
         if let Some(n) = chain {
             let sync_base = self.opts.max_seqs as u32;
             let win = self.set.windows();
-            // The products' inputs: x, att and h (f32), or their blocks.
-            let x_base = u64::from(act8.map_or(a.x, |a8| a8.xq)) * 4;
+            // The products' inputs: x, att and h (f32), or the int8
+            // chain's blocks.
+            let x_base = u64::from(match (int8_chain, act8) {
+                (true, Some(a8)) => a8.xq,
+                _ => a.x,
+            }) * 4;
             (plan_rec, n_chains) = plan_rec.chained(&win, x_base, n, sync_base, &mut self.scratch);
         }
         if (self.scratch.len() * 4) as u64 > self.meta.size() {
