@@ -15,7 +15,7 @@ mod model_support;
 mod vk_support;
 
 use xtc_decode::model::text::bpe::Bpe;
-use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions, GroupTimes};
 use xtc_decode::model::vulkan::ops::Variant;
 use xtc_decode::model::vulkan::qops8::{Activations, DotForm};
 use xtc_decode::model::{BatchPlan, KvGeometry, SeqWork};
@@ -132,9 +132,27 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
     let layers = chained.config().n_layers;
     let workgroups = chained.chain_workgroups().expect("models() sets the chain");
     let prompt = t.encode("The three primary colors are");
-    // Member 0: the prompt in chunks of 4 rows (not chained), then decode.
-    let mut pos = 0;
-    let mut last = 0;
+    // Member 0: the prompt in chunks of 4 rows, then decode.
+    let (mut pos, last) = prefill_in_chunks(&mut chained, &mut apart, &prompt);
+    // Timed once: the chained iteration's groups.
+    let (next, atimes, ctimes) = profile_both(&mut chained, &mut apart, last, pos);
+    assert_eq!(atimes.len(), 5 * layers + 4, "dispatched: {atimes:?}");
+    // qembed, the chains, then the sampled rows' norm, LM head and argmax:
+    // every layer's groups in chains (two at this position on two threads:
+    // chain::WORK_BUDGET).
+    assert_chained_profile(&ctimes, &["qembed"], 3);
+    pos += 1;
+    // Decode 60 positions; member 1 joins for positions 20..30 (two rows:
+    // `chain_r2`), alone again after.
+    let (last, pos) = decode_with_a_joiner(&mut chained, &mut apart, t, (next, pos), 60, 20..30);
+    until_a_chain_completes(&mut chained, &mut apart, workgroups, last, pos);
+}
+
+/// Member 0's `prompt` in chunks of 4 rows on both models, tokens and
+/// logits compared bit for bit; returns the next position and the greedy
+/// token after the prompt.
+fn prefill_in_chunks(chained: &mut GpuLlama, apart: &mut GpuLlama, prompt: &[u32]) -> (usize, u32) {
+    let (mut pos, mut last) = (0, 0);
     while pos < prompt.len() {
         let end = (pos + 4).min(prompt.len());
         let plan = BatchPlan {
@@ -143,8 +161,8 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
                 ..decode(prompt[pos..end].to_vec(), pos, 0)
             }],
         };
-        let (a, al) = run(&mut apart, &plan);
-        let (c, cl) = run(&mut chained, &plan);
+        let (a, al) = run(apart, &plan);
+        let (c, cl) = run(chained, &plan);
         assert_eq!(a, c);
         assert!(same_bits(&al, &cl), "prefill at {pos}: logits differ");
         if let Some(&x) = c.first() {
@@ -152,42 +170,25 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
         }
         pos = end;
     }
-    // Timed once: the chained iteration's groups.
-    let plan = BatchPlan {
-        seqs: vec![decode(vec![last], pos, 0)],
-    };
-    let (at, atimes) = apart.profile(&plan).unwrap();
-    let (ct, ctimes) = chained.profile(&plan).unwrap();
-    assert_eq!(at, ct);
-    assert_eq!(atimes.len(), 5 * layers + 4, "dispatched: {atimes:?}");
-    // qembed, the chains, then the sampled rows' norm, LM head and argmax:
-    // every layer's groups in chains (two at this position on two threads:
-    // chain::WORK_BUDGET).
-    let labels: Vec<&str> = ctimes.iter().map(|(l, _)| *l).collect();
-    let chains = labels.len() - 4;
-    assert!((1..=3).contains(&chains), "{labels:?}");
-    assert_eq!(labels[0], "qembed");
-    assert!(
-        labels[1..1 + chains]
-            .iter()
-            .all(|l| *l == "persistent chain")
-    );
-    assert_eq!(
-        labels[1 + chains..],
-        [
-            "rmsnorm (sampled rows)",
-            "qmm LM head (+argmax partials)",
-            "argmax_part"
-        ]
-    );
-    pos += 1;
-    last = ct[0];
-    // Decode 60 positions; member 1 joins for positions 20..30 (two rows:
-    // dispatched), alone again after.
+    (pos, last)
+}
+
+/// `steps` decode steps of member 0 from `(last, pos)` on both models, with
+/// member 1 (a prompt of its own, one token a step) joining for the steps
+/// in `join`; tokens and logits compared bit for bit. Returns member 0's
+/// last token and next position.
+fn decode_with_a_joiner(
+    chained: &mut GpuLlama,
+    apart: &mut GpuLlama,
+    t: &Bpe,
+    (mut last, mut pos): (u32, usize),
+    steps: usize,
+    join: std::ops::Range<usize>,
+) -> (u32, usize) {
     let mut other = (t.encode("Name a planet."), 0usize, 0u32);
-    for i in 0..60 {
+    for i in 0..steps {
         let mut seqs = vec![decode(vec![last], pos, 0)];
-        if (20..30).contains(&i) {
+        if join.contains(&i) {
             let (p, at, l) = &other;
             let toks = if *at < p.len() {
                 vec![p[*at]]
@@ -197,8 +198,8 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
             seqs.push(decode(toks, *at, 1));
         }
         let plan = BatchPlan { seqs };
-        let (a, al) = run(&mut apart, &plan);
-        let (c, cl) = run(&mut chained, &plan);
+        let (a, al) = run(apart, &plan);
+        let (c, cl) = run(chained, &plan);
         assert_eq!(a, c, "decode {i}: tokens");
         assert!(same_bits(&al, &cl), "decode {i}: logits differ");
         if plan.seqs.len() == 2 {
@@ -208,20 +209,57 @@ fn chained_iterations_give_the_same_logits_bit_for_bit_in_a_few_groups_instead_o
         last = c[0];
         pos += 1;
     }
-    until_a_chain_completes(&mut chained, &mut apart, workgroups, last, pos);
-    let (completed, aborted) = chained.chain_stats();
+    (last, pos)
+}
+
+/// A chained one-member iteration's groups: `head`, then 1 to `max_chains`
+/// chains, then the sampled rows' norm, LM head and argmax.
+fn assert_chained_profile(times: &[(&str, f64)], head: &[&str], max_chains: usize) {
+    let labels: Vec<&str> = times.iter().map(|(l, _)| *l).collect();
+    let chains = labels.len().saturating_sub(head.len() + 3);
+    assert!((1..=max_chains).contains(&chains), "{labels:?}");
+    assert_eq!(labels[..head.len()], *head, "{labels:?}");
+    let end = head.len() + chains;
     assert!(
-        completed > 0,
-        "chained iterations ran ({completed} completed, {aborted} aborted and rerun)"
+        labels[head.len()..end]
+            .iter()
+            .all(|l| *l == "persistent chain"),
+        "{labels:?}"
     );
-    no_validation_errors();
+    assert_eq!(
+        labels[end..],
+        [
+            "rmsnorm (sampled rows)",
+            "qmm LM head (+argmax partials)",
+            "argmax_part"
+        ],
+        "{labels:?}"
+    );
+}
+
+/// One decode step of member 0 (`last` at `pos`) profiled on both models;
+/// returns the (same) greedy token and both profiles.
+fn profile_both(
+    chained: &mut GpuLlama,
+    apart: &mut GpuLlama,
+    last: u32,
+    pos: usize,
+) -> (u32, GroupTimes, GroupTimes) {
+    let plan = BatchPlan {
+        seqs: vec![decode(vec![last], pos, 0)],
+    };
+    let (at, atimes) = apart.profile(&plan).unwrap();
+    let (ct, ctimes) = chained.profile(&plan).unwrap();
+    assert_eq!(at, ct);
+    (ct[0], atimes, ctimes)
 }
 
 /// On a machine busy with other work every chain so far may have aborted
 /// (its barrier's polling bound is a timing; three aborts leave the chain
 /// off): forces it on again (`workgroups` wide) and decodes member 0 on
 /// from `last` at `pos`, still bit for bit, until one completes (within
-/// the context of 256 positions).
+/// the context of 256 positions); then asserts one did, and that the
+/// validation layer said nothing.
 fn until_a_chain_completes(
     chained: &mut GpuLlama,
     apart: &mut GpuLlama,
@@ -243,6 +281,12 @@ fn until_a_chain_completes(
         last = c[0];
         pos += 1;
     }
+    let (completed, aborted) = chained.chain_stats();
+    assert!(
+        completed > 0,
+        "chained iterations ran ({completed} completed, {aborted} aborted and rerun)"
+    );
+    no_validation_errors();
 }
 
 /// int8 activations (the packed pairs, lavapipe's int8 form): iterations
@@ -265,88 +309,19 @@ fn int8_iterations_chain_with_the_dispatched_bits() {
     );
     let workgroups = chained.chain_workgroups().expect("models() sets the chain");
     let prompt = t.encode("The three primary colors are");
-    let mut pos = 0;
-    let mut last = 0;
-    while pos < prompt.len() {
-        let end = (pos + 4).min(prompt.len());
-        let plan = BatchPlan {
-            seqs: vec![SeqWork {
-                sample: end == prompt.len(),
-                ..decode(prompt[pos..end].to_vec(), pos, 0)
-            }],
-        };
-        let (a, al) = run(&mut apart, &plan);
-        let (c, cl) = run(&mut chained, &plan);
-        assert_eq!(a, c);
-        assert!(same_bits(&al, &cl), "prefill at {pos}: logits differ");
-        if let Some(&x) = c.first() {
-            last = x;
-        }
-        pos = end;
-    }
-    let plan = BatchPlan {
-        seqs: vec![decode(vec![last], pos, 0)],
-    };
-    let (at, atimes) = apart.profile(&plan).unwrap();
-    let (ct, ctimes) = chained.profile(&plan).unwrap();
-    assert_eq!(at, ct);
-    let labels: Vec<&str> = ctimes.iter().map(|(l, _)| *l).collect();
+    let (mut pos, last) = prefill_in_chunks(&mut chained, &mut apart, &prompt);
+    let (next, atimes, ctimes) = profile_both(&mut chained, &mut apart, last, pos);
     assert!(
-        labels.len() < atimes.len() / 10,
-        "chained {labels:?}, dispatched {} groups",
+        ctimes.len() < atimes.len() / 10,
+        "chained {ctimes:?}, dispatched {} groups",
         atimes.len()
     );
-    // The LM head runs the f32 product (no quantizer of the sampled rows).
-    let chains = labels.len() - 5;
-    assert!((1..=4).contains(&chains), "{labels:?}");
-    assert_eq!(labels[..2], ["qembed", "quant_q81"], "{labels:?}");
-    assert!(
-        labels[2..2 + chains]
-            .iter()
-            .all(|l| *l == "persistent chain"),
-        "{labels:?}"
-    );
-    assert_eq!(
-        labels[2 + chains..],
-        [
-            "rmsnorm (sampled rows)",
-            "qmm LM head (+argmax partials)",
-            "argmax_part"
-        ]
-    );
+    // The first layer's quantizer, then the chains; the LM head runs the
+    // f32 product (no quantizer of the sampled rows).
+    assert_chained_profile(&ctimes, &["qembed", "quant_q81"], 4);
     pos += 1;
-    last = ct[0];
-    let mut other = (t.encode("Name a planet."), 0usize, 0u32);
-    for i in 0..24 {
-        let mut seqs = vec![decode(vec![last], pos, 0)];
-        if (8..16).contains(&i) {
-            let (p, at, l) = &other;
-            let toks = if *at < p.len() {
-                vec![p[*at]]
-            } else {
-                vec![*l]
-            };
-            seqs.push(decode(toks, *at, 1));
-        }
-        let plan = BatchPlan { seqs };
-        let (a, al) = run(&mut apart, &plan);
-        let (c, cl) = run(&mut chained, &plan);
-        assert_eq!(a, c, "decode {i}: tokens");
-        assert!(same_bits(&al, &cl), "decode {i}: logits differ");
-        if plan.seqs.len() == 2 {
-            other.1 += 1;
-            other.2 = c[1];
-        }
-        last = c[0];
-        pos += 1;
-    }
+    let (last, pos) = decode_with_a_joiner(&mut chained, &mut apart, t, (next, pos), 24, 8..16);
     until_a_chain_completes(&mut chained, &mut apart, workgroups, last, pos);
-    let (completed, aborted) = chained.chain_stats();
-    assert!(
-        completed > 0,
-        "chained int8 iterations ran ({completed} completed, {aborted} aborted and rerun)"
-    );
-    no_validation_errors();
 }
 
 /// Member 0 of both models prefilled with 200 prompt tokens in chunks of
