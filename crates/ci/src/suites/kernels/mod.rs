@@ -256,7 +256,8 @@ mod tests {
     fn every_kernel_entry_point_has_a_case() {
         let specs = specs();
         // The int8-activation entry points (built only by
-        // `Kernels::with_int8`) are checked by crates/decode/tests/vk_qkernels8.rs,
+        // `Kernels::with_int8`) are checked by crates/decode/tests/vk_qkernels8.rs
+        // and, the int8 chain's `chain8_r<T>`, by crates/decode/tests/vk_chain.rs,
         // not by an xtc.kernels case yet.
         let int8 = |e: &&str| xtc_vk::kernels::INT8.contains(e);
         for (entry, _) in xtc_vk::kernels::KERNELS.iter().filter(|(e, _)| !int8(e)) {
