@@ -18,6 +18,55 @@ use xtc_decode::serve::metrics::{CONTENT_TYPE, encode};
 /// OpenMetrics parsers reject).
 type Current = Arc<Mutex<Arc<Registry>>>;
 
+/// Why a `/metrics` server did not start; its message names the option
+/// (`--metrics-addr ADDR: ...`).
+#[derive(Debug)]
+pub enum MetricsServerError {
+    /// The address cannot be bound (in use, not local, no permission).
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the listener said.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The bound listener is not an IP socket.
+    NotIp(SocketAddr),
+    /// The server's thread did not start.
+    Thread {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The spawn's error.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for MetricsServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Listen { addr, source } => {
+                write!(f, "--metrics-addr {addr}: cannot listen: {source}")
+            }
+            Self::NotIp(addr) => write!(f, "--metrics-addr {addr}: not an IP socket"),
+            Self::Thread { addr, source } => {
+                write!(
+                    f,
+                    "--metrics-addr {addr}: cannot start its thread: {source}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for MetricsServerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Listen { source, .. } => Some(source.as_ref()),
+            Self::NotIp(_) => None,
+            Self::Thread { source, .. } => Some(source),
+        }
+    }
+}
+
 /// A running `/metrics` server (see the module doc); stopped by
 /// [`MetricsServer::stop`] or when dropped.
 pub struct MetricsServer {
@@ -42,14 +91,15 @@ impl MetricsServer {
     /// called (give it the families of a run, at zero).
     ///
     /// # Errors
-    /// The address cannot be bound (in use, not local, no permission).
-    pub fn start(addr: SocketAddr, initial: Arc<Registry>) -> Result<Self, String> {
+    /// [`MetricsServerError`]: the address cannot be bound (in use, not
+    /// local, no permission), or the server's thread did not start.
+    pub fn start(addr: SocketAddr, initial: Arc<Registry>) -> Result<Self, MetricsServerError> {
         let server = tiny_http::Server::http(addr)
-            .map_err(|e| format!("--metrics-addr {addr}: cannot listen: {e}"))?;
+            .map_err(|source| MetricsServerError::Listen { addr, source })?;
         let bound = server
             .server_addr()
             .to_ip()
-            .ok_or_else(|| format!("--metrics-addr {addr}: not an IP socket"))?;
+            .ok_or(MetricsServerError::NotIp(addr))?;
         let server = Arc::new(server);
         let current: Current = Arc::new(Mutex::new(initial));
         let stopping = Arc::new(AtomicBool::new(false));
@@ -57,7 +107,7 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("xtc-metrics".into())
             .spawn(move || serve(&s, &c, &st))
-            .map_err(|e| format!("--metrics-addr {addr}: cannot start its thread: {e}"))?;
+            .map_err(|source| MetricsServerError::Thread { addr, source })?;
         Ok(MetricsServer {
             server,
             addr: bound,

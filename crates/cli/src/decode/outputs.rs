@@ -36,7 +36,8 @@ impl Observe {
         let server = args
             .metrics_addr
             .map(|a| MetricsServer::start(a, DecodeMetrics::new(max_len).registry()))
-            .transpose()?;
+            .transpose()
+            .map_err(|e| e.to_string())?;
         if let Some(s) = &server {
             eprintln!(
                 "xtc decode: serving metrics on http://{}/metrics while the run lasts",
