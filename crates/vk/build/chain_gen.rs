@@ -212,39 +212,39 @@ fn attention(att: &str) -> String {
         .find(|l| l.starts_with("const NEG:"))
         .expect("chain_gen: NEG");
     // Kind 0 runs `attention_img`'s own body for invocation `idx` (64 a
-    // workgroup there, 8 here).
-    let entry = item(att, "fn attention_img(");
-    let sig =
-        "fn attention_img(@builtin(global_invocation_id) gid: vec3<u32>) {\n    let idx = gid.x;\n";
-    assert!(
-        entry.starts_with(sig),
-        "chain_gen: attention_img's first lines"
-    );
-    let body = rename_params(&entry.replacen(sig, "fn chain_attention(idx: u32) {\n", 1));
-    // The int8 kind runs `attention_img_q81`'s body for invocation `idx`.
-    let q81 = item(att, "fn attention_img_q81(");
-    let q81_sig = "fn attention_img_q81(@builtin(global_invocation_id) gid: vec3<u32>) {\n    let idx = gid.x;\n";
-    assert!(
-        q81.starts_with(q81_sig),
-        "chain_gen: attention_img_q81's first lines"
-    );
-    let q81_body = rename_params(&q81.replacen(q81_sig, "fn chain_attention_q81(idx: u32) {\n", 1));
+    // workgroup there, 8 here); the int8 kind `attention_img_q81`'s the
+    // same way.
+    let one_invocation = |name: &str, as_fn: &str| {
+        entry_body(
+            att,
+            &format!(
+                "fn {name}(@builtin(global_invocation_id) gid: vec3<u32>) {{\n    let idx = gid.x;\n"
+            ),
+            &format!("fn {as_fn}(idx: u32) {{\n"),
+        )
+    };
+    let body = one_invocation("attention_img", "chain_attention");
+    let q81_body = one_invocation("attention_img_q81", "chain_attention_q81");
     // The split kind runs `attention_img_split`'s body for workgroup `idx`
     // (one a (row, head) there too) on lane `sl`.
-    let split = item(att, "fn attention_img_split(");
-    let split_sig = "fn attention_img_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {\n    let idx = wg.x;\n";
-    assert!(
-        split.starts_with(split_sig),
-        "chain_gen: attention_img_split's first lines"
-    );
-    let split_body = rename_params(&split.replacen(
-        split_sig,
+    let split_body = entry_body(
+        att,
+        "fn attention_img_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_invocation_id) sl: u32) {\n    let idx = wg.x;\n",
         "fn chain_attention_split(idx: u32, sl: u32) {\n",
-        1,
-    ));
+    );
     format!(
         "{params}var<private> pa: AttParams;\n{neg}\n\n{head}\n{part}\n{head_q}\n{attend_part}\n{attend}\n{body}\n{split_body}\n{q81_body}"
     )
+}
+
+/// The entry point of `att` whose text starts with `sig` (its signature
+/// and first line, checked) as the function `as_fn` (a signature and `{`),
+/// its parameters renamed ([`rename_params`]).
+fn entry_body(att: &str, sig: &str, as_fn: &str) -> String {
+    let name = &sig[..sig.find('(').expect("chain_gen: signature")];
+    let entry = item(att, &format!("{name}("));
+    assert!(entry.starts_with(sig), "chain_gen: {name}'s first lines");
+    rename_params(&entry.replacen(sig, as_fn, 1))
 }
 
 /// `text` with every `p.` that does not end a longer name turned into `pa.`.
