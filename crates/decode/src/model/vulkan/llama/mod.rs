@@ -338,9 +338,8 @@ impl GpuLlama {
     /// `XTC_ACTIVATIONS=auto` when the probe took int8, or `int8`) and
     /// the persistent chain runs (the CPU kernel form with the KV image, and
     /// a model whose layer products are stacked Q4_1 tensors): on, an
-    /// iteration of at most 4 rows takes
-    /// the int8 products whatever [`int8_min_rows`](Self::int8_min_rows)
-    /// says, and the chain holds them (the packed pairs, the int8 q|k|v
+    /// iteration of at most 4 rows takes the int8 products whatever
+    /// [`int8_min_rows`](Self::int8_min_rows) says, and the chain holds them (the packed pairs, the int8 q|k|v
     /// product with RoPE and the KV append, the attention that quantizes
     /// its output: `qmm8_q41_r<T>_swar*` and `attention_img_q81` as chain
     /// kinds), so such an iteration is as few dispatch groups as an f32
