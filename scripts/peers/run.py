@@ -288,6 +288,11 @@ def measure(a):
         r = report["roofline"]
         print(f"roofline ({r.get('path', '?')}): triad {r['triad_gbs']:.1f} GB/s, f32 FMA "
               f"{r['f32_fma_gflops']:.1f} GFLOP/s, int8 multiply-add {r['int8_gops']:.1f} GOP/s")
+        d = r.get("device")
+        if d:
+            print(f"device ceiling ({d['name']}): f32 multiply-add {d['f32_gflops']:.1f} GFLOP/s "
+                  f"({100 * d['f32_fraction_of_fma_peak']:.1f}% of the FMA peak), fma builtin "
+                  f"{d['f32_fma_gflops']:.1f}, i32 multiply-add {d['i32_gops']:.1f} GOP/s")
     print("(a shared machine: rates are noisy, ratios measured side by side are the figures to read)")
     with open(a.json, "w") as f:
         json.dump(report, f, indent=1)

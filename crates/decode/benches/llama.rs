@@ -10,7 +10,8 @@
 //! through `XTC_PEER_JSON` (a JSON file: `{"label": .., "pp512": ..,
 //! "tg128": .., "agg": {"8": .., "16": .., "32": ..}}`); only then does the
 //! table print a ratio. `XTC_ROOFLINE_JSON` (written by `--bench roofline`)
-//! adds each product's fraction of the machine's peaks to the profile.
+//! adds each product's fraction of the machine's peaks to the profile (`%FMA`,
+//! `%triad`), and of the device's own f32 ceiling (`%dev`) where it measured one.
 //! `XTC_BENCH_JSON=PATH` writes this bench's figures as JSON.
 //! `XTC_BENCH_SIDES=vulkan,cpu` (the default) picks the sides measured.
 //!
@@ -169,6 +170,9 @@ fn macs(label: &str, m: usize, samples: usize) -> Option<(f64, f64)> {
 struct Roof {
     triad_gbs: f64,
     f32_gflops: f64,
+    /// The device's own f32 multiply-add ceiling (`peak_f32`), where the
+    /// roofline bench opened one.
+    device_f32_gflops: Option<f64>,
 }
 
 fn read_json(var: &str) -> Option<Value> {
@@ -185,6 +189,7 @@ fn roofline() -> Option<Roof> {
     Some(Roof {
         triad_gbs: v["triad_gbs"].as_f64()?,
         f32_gflops: v["f32_fma_gflops"].as_f64()?,
+        device_f32_gflops: v["device"]["f32_gflops"].as_f64(),
     })
 }
 
@@ -254,10 +259,12 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, roof: Option<&Roo
             ""
         }
     );
-    let frac_hdr = if roof.is_some() {
-        format!(" {:>7} {:>7}", "%FMA", "%triad")
-    } else {
-        String::new()
+    let frac_hdr = match roof {
+        Some(r) if r.device_f32_gflops.is_some() => {
+            format!(" {:>7} {:>7} {:>7}", "%FMA", "%triad", "%dev")
+        }
+        Some(_) => format!(" {:>7} {:>7}", "%FMA", "%triad"),
+        None => String::new(),
     };
     println!(
         "{:<32} {:>6} {:>9} {:>6} {:>9} {:>8}{frac_hdr}",
@@ -275,9 +282,11 @@ fn profile(gpu: &mut GpuLlama, ms: &mut [Member], reps: usize, roof: Option<&Roo
                 format!("{f:.2}"),
                 format!("{b:.2}"),
                 format!(
-                    " {:>6.1}% {:>6.1}%",
+                    " {:>6.1}% {:>6.1}%{}",
                     100.0 * f / r.f32_gflops,
-                    100.0 * b / r.triad_gbs
+                    100.0 * b / r.triad_gbs,
+                    r.device_f32_gflops
+                        .map_or(String::new(), |d| format!(" {:>6.1}%", 100.0 * f / d))
                 ),
             ),
             (Some((f, b)), None) => (format!("{f:.2}"), format!("{b:.2}"), String::new()),

@@ -12,6 +12,13 @@
 //! an FMA is 2 FLOPs; an int8 multiply-add (u8 x i8 summed into i32) is 2
 //! ops; the triad moves 24 bytes per element (STREAM's convention).
 //!
+//! Then the device's own ceiling, where a Vulkan device opens
+//! (`decode::model::vulkan::peak`: register-only multiply-add kernels, every
+//! output checked): what the device's compiler makes of shader arithmetic on
+//! these cores. On lavapipe it is a fraction of the machine's FMA peak
+//! (llvmpipe emits a multiply and an add for every `fma`, 8 lanes wide), and
+//! the kernel profile of `--bench llama` reads each product against both.
+//!
 //! `cargo bench --bench roofline`; `XTC_BENCH_QUICK=1` runs fewer
 //! repetitions; `XTC_BENCH_JSON=PATH` writes the figures as JSON (the peer
 //! harness passes it to `--bench llama` through `XTC_ROOFLINE_JSON`, which
@@ -247,6 +254,62 @@ mod x86 {
 
 type Kernel = fn(u64) -> f64;
 
+/// The default Vulkan device's multiply-add ceiling
+/// (`decode::model::vulkan::peak`), printed; `None` (with the reason
+/// printed) where no device opens.
+fn device_ceiling() -> Option<(String, xtc_decode::model::vulkan::peak::Peaks)> {
+    use xtc_vk::{Device, DeviceKind, Selector};
+    let dev = match Device::open(&Selector::Auto) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("device ceiling: no Vulkan device ({e})");
+            return None;
+        }
+    };
+    // Enough workgroups to keep every lavapipe thread busy for tens of
+    // milliseconds (its rate stops rising from about 256 on two cores); a
+    // GPU needs hundreds of thousands of invocations.
+    let groups = if dev.info().kind == DeviceKind::Cpu {
+        256
+    } else {
+        65_536
+    };
+    let name = dev.info().name.clone();
+    match xtc_decode::model::vulkan::peak::measure(&dev, groups) {
+        Ok(p) => {
+            println!(
+                "device ceiling on {name} (kernels/peak.wgsl, {groups} workgroups of 8, outputs checked):"
+            );
+            println!(
+                "{:<28} {:>10.1} GFLOP/s (acc * a + b)",
+                "f32 multiply-add",
+                p.f32_gflops()
+            );
+            println!(
+                "{:<28} {:>10.1} GFLOP/s (fma(acc, a, b): {})",
+                "f32 fma builtin",
+                p.f32_fma_gflops(),
+                if p.f32_fma_gflops() > 1.5 * p.f32_gflops() {
+                    "fused"
+                } else {
+                    "not faster: no fused multiply-add"
+                }
+            );
+            println!(
+                "{:<28} {:>10.1} GOP/s   (acc * a + b in i32; the packed pairs' two products a multiply: {:.1})",
+                "i32 multiply-add",
+                p.i32_gops(),
+                2.0 * p.i32_gops()
+            );
+            Some((name, p))
+        }
+        Err(e) => {
+            println!("device ceiling on {name}: {e}");
+            None
+        }
+    }
+}
+
 /// The widest f32 FMA and int8 kernels this CPU runs, with their names.
 fn kernels() -> ((&'static str, Kernel), (&'static str, Kernel)) {
     #[cfg(target_arch = "x86_64")]
@@ -318,14 +381,29 @@ fn main() {
         f32_g / gbs,
         i8_g / gbs
     );
+    let device = device_ceiling();
+    if let Some((_, d)) = &device {
+        println!(
+            "the device's f32 ceiling is {:.1}% of the machine's FMA peak",
+            100.0 * d.f32_gflops() / f32_g
+        );
+    }
     if let Some(p) = std::env::var_os("XTC_BENCH_JSON") {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "threads": t, "triad_gbs": gbs, "triad_mib_per_array": (n * 8) >> 20,
             "f32_fma_gflops": f32_g, "f32_path": fname,
             "int8_gops": i8_g, "int8_path": iname,
             "f32_scalar_gflops": f32_scalar_g,
             "path": format!("{fname}; {iname}"),
         });
+        if let Some((name, p)) = device {
+            v["device"] = serde_json::json!({
+                "name": name, "groups": p.groups,
+                "f32_gflops": p.f32_gflops(), "f32_fma_gflops": p.f32_fma_gflops(),
+                "i32_gops": p.i32_gops(),
+                "f32_fraction_of_fma_peak": p.f32_gflops() / f32_g,
+            });
+        }
         std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     }
 }

@@ -4,9 +4,9 @@
 //! entry points that use no subgroup operation are built, SmolLM2 runs in
 //! the GPU form under validation with no error and answers as the CPU
 //! reference does, and asking for the CPU form there is a clear error; the
-//! barrier probe computes what the host does. Needs a Vulkan device
-//! (lavapipe in CI) and, for the model case, the model file; with `CI` set
-//! a missing one fails.
+//! barrier probe and the device-ceiling kernels compute what the host does.
+//! Needs a Vulkan device (lavapipe in CI) and, for the model case, the
+//! model file; with `CI` set a missing one fails.
 
 mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
@@ -188,6 +188,37 @@ fn the_barrier_probe_runs_both_kernels_correctly() {
         "kept for the process"
     );
     assert!(form::cache_key(&dev).len() > 20);
+    assert_eq!(xtc_vk::validation_errors(), 0);
+}
+
+/// The device-ceiling kernels (`kernels/peak.wgsl`, `peak::measure`) run
+/// every step of every invocation as written (their outputs are checked
+/// inside `measure`: an early loop exit or a miscompile is an error, not a
+/// rate), the rates are finite, and a grid of no workgroups is refused.
+#[test]
+fn the_peak_kernels_run_every_step() {
+    let Some(dev) = vk_support::device() else {
+        return;
+    };
+    let p = xtc_decode::model::vulkan::peak::measure(&dev, 4).unwrap();
+    eprintln!(
+        "peak (4 workgroups): f32 {:.1} GFLOP/s, fma builtin {:.1}, i32 {:.1} GOP/s",
+        p.f32_gflops(),
+        p.f32_fma_gflops(),
+        p.i32_gops()
+    );
+    assert_eq!(p.groups, 4);
+    assert_eq!(
+        p.madds(),
+        4.0 * 8.0 * 12.0 * 8.0 * f64::from(xtc_decode::model::vulkan::peak::ITERS)
+    );
+    for r in [p.f32_gflops(), p.f32_fma_gflops(), p.i32_gops()] {
+        assert!(r.is_finite() && r > 0.0, "{p:?}");
+    }
+    match xtc_decode::model::vulkan::peak::measure(&dev, 0) {
+        Err(VkError::Inval(m)) => assert!(m.contains("groups"), "{m}"),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(xtc_vk::validation_errors(), 0);
 }
 

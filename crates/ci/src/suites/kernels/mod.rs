@@ -110,6 +110,25 @@ pub fn specs() -> Vec<Spec> {
             ))
         },
     ));
+    // The device's multiply-add ceiling (`kernels/peak.wgsl`): every
+    // invocation's accumulators against the host's (`peak::measure` checks
+    // them, so a device that ends loops early fails); its rates are
+    // reported, never judged.
+    v.push(spec(
+        "xtc.kernels.peak.outputs_exact".into(),
+        &xtc_decode::model::vulkan::peak::KERNELS,
+        |ctx| {
+            let dev = ctx.device()?;
+            let p = xtc_decode::model::vulkan::peak::measure(&dev, 16)?;
+            ok(format!(
+                "outputs exact; f32 {:.1} GFLOP/s, fma builtin {:.1}, i32 {:.1} GOP/s \
+                 (16 workgroups: a lower bound of the ceiling)",
+                p.f32_gflops(),
+                p.f32_fma_gflops(),
+                p.i32_gops()
+            ))
+        },
+    ));
     v
 }
 

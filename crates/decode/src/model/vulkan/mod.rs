@@ -19,6 +19,7 @@ mod f32_record;
 pub mod form;
 pub mod llama;
 pub mod ops;
+pub mod peak;
 pub mod qops;
 pub mod qops8;
 pub mod qweights;
