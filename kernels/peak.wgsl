@@ -19,10 +19,11 @@
 //
 // Shapes / layouts (offsets in elements; the i32 form's words are its
 // accumulators' bits):
-//   act[out_off ..]  [grid * 8]: each invocation's sum of its 12
+//   act[out_off ..]  [grid * 64]: each invocation's sum of its 12
 //                     accumulators (f32; peak_i32 stores the i32's bits)
 // Bindings (group 0): 1 act (read_write).
-// Workgroup: 8 (one llvmpipe subgroup, as the products' CPU form); grid
+// Workgroup: 64 (two warps of a GPU, eight llvmpipe subgroups of 8 run one
+// after the other on one thread: no barrier, so no fiber switch); grid
 // (groups). Counting: one multiply-add is 2 ops; an invocation does
 // 96 * iters of them.
 
@@ -31,7 +32,7 @@ var<immediate> p: Params;
 
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
 
-@compute @workgroup_size(8)
+@compute @workgroup_size(64)
 fn peak_f32(@builtin(global_invocation_id) gid: vec3<u32>) {
     let a = vec4<f32>(bitcast<f32>(p.a));
     let b = vec4<f32>(bitcast<f32>(p.b));
@@ -52,7 +53,7 @@ fn peak_f32(@builtin(global_invocation_id) gid: vec3<u32>) {
     act[p.out_off + gid.x] = s.x + s.y + s.z + s.w;
 }
 
-@compute @workgroup_size(8)
+@compute @workgroup_size(64)
 fn peak_f32_fma(@builtin(global_invocation_id) gid: vec3<u32>) {
     let a = vec4<f32>(bitcast<f32>(p.a));
     let b = vec4<f32>(bitcast<f32>(p.b));
@@ -73,7 +74,7 @@ fn peak_f32_fma(@builtin(global_invocation_id) gid: vec3<u32>) {
     act[p.out_off + gid.x] = s.x + s.y + s.z + s.w;
 }
 
-@compute @workgroup_size(8)
+@compute @workgroup_size(64)
 fn peak_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
     let a = vec4<i32>(bitcast<i32>(p.a));
     let b = vec4<i32>(bitcast<i32>(p.b));

@@ -266,19 +266,19 @@ fn device_ceiling() -> Option<(String, xtc_decode::model::vulkan::peak::Peaks)> 
             return None;
         }
     };
-    // Enough workgroups to keep every lavapipe thread busy for tens of
-    // milliseconds (its rate stops rising from about 256 on two cores); a
-    // GPU needs hundreds of thousands of invocations.
+    // Enough workgroups of 64 to keep every lavapipe thread busy for tens
+    // of milliseconds (its rate stops rising from about 2,048 invocations
+    // on two cores); a GPU needs hundreds of thousands of invocations.
     let groups = if dev.info().kind == DeviceKind::Cpu {
-        256
+        32
     } else {
-        65_536
+        8_192
     };
     let name = dev.info().name.clone();
     match xtc_decode::model::vulkan::peak::measure(&dev, groups) {
         Ok(p) => {
             println!(
-                "device ceiling on {name} (kernels/peak.wgsl, {groups} workgroups of 8, outputs checked):"
+                "device ceiling on {name} (kernels/peak.wgsl, {groups} workgroups of 64, outputs checked):"
             );
             println!(
                 "{:<28} {:>10.1} GFLOP/s (acc * a + b)",

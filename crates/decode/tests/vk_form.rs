@@ -210,7 +210,7 @@ fn the_peak_kernels_run_every_step() {
     assert_eq!(p.groups, 4);
     assert_eq!(
         p.madds(),
-        4.0 * 8.0 * 12.0 * 8.0 * f64::from(xtc_decode::model::vulkan::peak::ITERS)
+        4.0 * 64.0 * 12.0 * 8.0 * f64::from(xtc_decode::model::vulkan::peak::ITERS)
     );
     for r in [p.f32_gflops(), p.f32_fma_gflops(), p.i32_gops()] {
         assert!(r.is_finite() && r > 0.0, "{p:?}");

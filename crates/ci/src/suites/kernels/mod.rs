@@ -119,10 +119,10 @@ pub fn specs() -> Vec<Spec> {
         &xtc_decode::model::vulkan::peak::KERNELS,
         |ctx| {
             let dev = ctx.device()?;
-            let p = xtc_decode::model::vulkan::peak::measure(&dev, 16)?;
+            let p = xtc_decode::model::vulkan::peak::measure(&dev, 2)?;
             ok(format!(
                 "outputs exact; f32 {:.1} GFLOP/s, fma builtin {:.1}, i32 {:.1} GOP/s \
-                 (16 workgroups: a lower bound of the ceiling)",
+                 (2 workgroups of 64: a lower bound of the ceiling)",
                 p.f32_gflops(),
                 p.f32_fma_gflops(),
                 p.i32_gops()

@@ -21,7 +21,7 @@
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dev = xtc_vk::Device::open(&xtc_vk::Selector::Auto)?;
-//! let p = xtc_decode::model::vulkan::peak::measure(&dev, 64)?;
+//! let p = xtc_decode::model::vulkan::peak::measure(&dev, 32)?;
 //! println!(
 //!     "f32 {:.1} GFLOP/s (fma builtin {:.1}), i32 {:.1} GOP/s",
 //!     p.f32_gflops(),
@@ -44,9 +44,11 @@ use xtc_vk::{
 pub const ITERS: u32 = 8192;
 /// Multiply-adds per invocation: 12 accumulators x 8 steps x [`ITERS`].
 pub const MADDS_PER_INVOCATION: u64 = 12 * 8 * ITERS as u64;
-/// Invocations per workgroup (one llvmpipe subgroup, as the products' CPU
-/// form).
-pub const WORKGROUP: u32 = 8;
+/// Invocations per workgroup: two warps of a GPU (a workgroup of 8 would
+/// leave three quarters of a 32-lane warp idle and measure a quarter of
+/// its peak); on lavapipe eight 8-lane subgroups run one after the other
+/// on one thread, with no barrier between them.
+pub const WORKGROUP: u32 = 64;
 /// Timed runs of each kernel (the fastest counts).
 const RUNS: usize = 5;
 
@@ -117,8 +119,8 @@ pub fn expected(g: u32) -> i64 {
 /// alternating, and checks every invocation's output against [`expected`].
 ///
 /// Shapes: `groups` workgroups of [`WORKGROUP`] invocations, each
-/// [`MADDS_PER_INVOCATION`] multiply-adds; on lavapipe 64 workgroups take
-/// about 10 ms a kernel on two cores.
+/// [`MADDS_PER_INVOCATION`] multiply-adds; on lavapipe 32 workgroups take
+/// about 25 ms a kernel on two cores, and a GPU needs thousands to fill.
 ///
 /// # Errors
 /// Device errors; [`VkError::Inval`] for `groups` 0 or when an output is
