@@ -115,7 +115,7 @@ pub fn expected(g: u32) -> i64 {
     4 * (3 * (start + 8 * i64::from(ITERS)) + 3)
 }
 
-/// Runs each kernel [`RUNS`] (5) times over `groups` workgroups,
+/// Runs each kernel 5 times over `groups` workgroups,
 /// alternating, and checks every invocation's output against [`expected`].
 ///
 /// Shapes: `groups` workgroups of [`WORKGROUP`] invocations, each
