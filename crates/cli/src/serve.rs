@@ -29,14 +29,19 @@ pub const MODEL_NAME: &str = "smollm2-135m-instruct";
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = "\
 Endpoints: POST /v1/completions, POST /v1/chat/completions (OpenAI; \"stream\": true \
-for server-sent events), GET /v1/models, GET /health (503 while loading or \
+for server-sent events), GET /v1/models and /v1/models/{id}, GET /health (503 while loading or \
 draining), GET /metrics (Prometheus, xtc: names), POST /tokenize, POST /detokenize \
 (vLLM's shapes).
 
 Requests: max_tokens defaults to --default-max-tokens; temperature 0 (greedy) \
 unless given; top_p, top_k, min_p, seed, stop, stream_options.include_usage, \
-ignore_eos, min_tokens are honoured; n > 1, logprobs, echo, tools and \
-response_format other than text are refused (400 naming the field). A request \
+ignore_eos, min_tokens (neither EOS nor a stop string ends an answer before \
+it) are honoured; n > 1, logprobs, echo, tools, stop_token_ids, \
+include_stop_str_in_output and response_format other than text are refused \
+(400 naming the field). Chat messages are rendered as ChatML without the \
+model template's default system message (send a system message to get one). \
+A body over --max-body is refused (413) before it is read; one not complete \
+within --body-timeout of its headers gets 408 and the connection closes. A request \
 whose prompt + max_tokens cannot fit the context or the KV cache is refused at \
 once (400 context_length_exceeded); when --max-queued requests already wait, a \
 new one gets 429 with Retry-After. A client that disconnects is cancelled at \
@@ -97,6 +102,10 @@ pub struct ServeArgs {
     /// Seconds a connection has to send its request headers.
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     pub header_timeout: f64,
+    /// Seconds a request has to send its whole body once its headers are in
+    /// (408 and the connection closed beyond).
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    pub body_timeout: f64,
     /// Milliseconds between SSE keep-alive comments while a stream waits.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub keepalive_ms: u64,
@@ -137,11 +146,13 @@ pub fn run(args: &ServeArgs, out: &mut dyn Write) -> i32 {
             return usage(format!("{name} 0: must be at least 1"));
         }
     }
-    if !(args.header_timeout.is_finite() && args.header_timeout > 0.0) {
-        return usage(format!(
-            "--header-timeout {}: must be a positive number of seconds",
-            args.header_timeout
-        ));
+    for (name, v) in [
+        ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+    ] {
+        if !(v.is_finite() && v > 0.0 && v < 1e9) {
+            return usage(format!("{name} {v}: must be a positive number of seconds"));
+        }
     }
     if let Err(f) = generate::check_options(&args.device, args.threads) {
         return usage(f.msg);
@@ -210,6 +221,7 @@ pub fn run(args: &ServeArgs, out: &mut dyn Write) -> i32 {
             default_max_tokens: args.default_max_tokens,
             max_body: args.max_body,
             header_timeout: Duration::from_secs_f64(args.header_timeout),
+            body_timeout: Duration::from_secs_f64(args.body_timeout),
             keepalive: Duration::from_millis(args.keepalive_ms.max(10)),
             max_connections: args.max_connections,
         },

@@ -177,6 +177,16 @@ fn stop_strings_end_the_answer_across_tokens(s: &Server) {
         })
         .collect();
     assert_eq!(streamed, text[..at + 2]);
+    // Before min_tokens a stop string does not end the answer (vLLM's rule):
+    // with min_tokens = max_tokens the whole text comes back.
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "The capital of France is", "max_tokens": 8, "stop": [stop],
+                "ignore_eos": true, "min_tokens": 8}),
+    );
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"], text, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
 }
 
 fn sampling_is_seeded_and_min_tokens_holds_eos_back(s: &Server) {
@@ -354,6 +364,50 @@ fn bad_input_gets_a_clear_400_and_the_server_keeps_serving(s: &Server) {
     let r = s.post_raw("/v1/completions", big.as_bytes());
     assert_eq!(r.status, 413, "{}", r.text());
     r.error();
+    // vLLM's stop extensions are refused, not ignored (their off values pass).
+    for (body, field) in [
+        (
+            json!({"prompt": "a", "max_tokens": 1, "stop_token_ids": [30]}),
+            "stop_token_ids",
+        ),
+        (
+            json!({"prompt": "a", "max_tokens": 1, "include_stop_str_in_output": true}),
+            "include_stop_str_in_output",
+        ),
+    ] {
+        let r = s.post("/v1/completions", &body);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let (_, param, code) = r.error();
+        assert_eq!(
+            (param.as_deref(), code.as_deref()),
+            (Some(field), Some("not_supported"))
+        );
+    }
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "a", "max_tokens": 1, "stop_token_ids": [],
+                "include_stop_str_in_output": false}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Response ids carry this process's random prefix: cmpl-<12 hex>-<n>.
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let parts: Vec<&str> = id.split('-').collect();
+    assert_eq!(parts.len(), 3, "{id}");
+    assert_eq!(parts[0], "cmpl");
+    assert!(
+        parts[1].len() == 12 && parts[1].chars().all(|c| c.is_ascii_hexdigit()),
+        "{id}"
+    );
+    // One model by id (the official client's models.retrieve).
+    let r = s.get("/v1/models/smollm2-135m-instruct");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["id"], "smollm2-135m-instruct");
+    assert_eq!(r.json()["object"], "model");
+    let r = s.get("/v1/models/gpt-4");
+    assert_eq!(
+        (r.status, r.error().2.as_deref()),
+        (404, Some("model_not_found"))
+    );
     // Unknown route and model.
     assert_eq!(s.get("/v2/nothing").status, 404);
     let r = s.get("/v1/completions");
@@ -370,4 +424,154 @@ fn bad_input_gets_a_clear_400_and_the_server_keeps_serving(s: &Server) {
         &json!({"prompt": "Hello", "max_tokens": 2}),
     );
     assert_eq!(r.status, 200);
+}
+
+/// A body that stops halfway, or never comes, cannot hold a connection:
+/// 408 after `--body-timeout` and the connection closes, which frees its
+/// `--max-connections` slot; a declared length over `--max-body` is 413
+/// (what was sent is read first, so the client gets the answer, not a
+/// reset), and one far over it is answered without waiting for the body.
+#[test]
+fn bodies_that_never_end_time_out_and_oversized_ones_are_refused() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    if !have_model() {
+        return;
+    }
+    let s = Server::start(&[
+        "--device",
+        "cpu",
+        "--context",
+        "256",
+        "--max-body",
+        "1024",
+        "--body-timeout",
+        "1",
+        "--max-connections",
+        "2",
+    ]);
+    let open = |head: &str, body: &[u8]| {
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        c.write_all(body).unwrap();
+        c
+    };
+    let head = |len: u64| {
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {len}\r\n\r\n"
+        )
+    };
+    // Both connection slots taken by bodies that stop halfway.
+    let t0 = Instant::now();
+    let stuck: Vec<TcpStream> = (0..2).map(|_| open(&head(50), b"{\"pro")).collect();
+    for c in stuck {
+        let mut r = BufReader::new(c);
+        let (status, headers) = read_head(&mut r).unwrap();
+        assert_eq!(status, 408);
+        assert!(
+            headers
+                .iter()
+                .any(|(n, v)| n == "connection" && v == "close"),
+            "{headers:?}"
+        );
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap(); // EOF: the server closed it
+        let v: serde_json::Value = serde_json::from_slice(&rest).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    // The slots are free again.
+    assert_eq!(s.get("/health").status, 200);
+    // Far over the limit and never sent: answered at once, closed.
+    let mut r = BufReader::new(open(&head(99_999_999_999), b""));
+    let (status, _) = read_head(&mut r).unwrap();
+    assert_eq!(status, 413);
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).unwrap();
+    // Over the limit and all sent before reading: the 413 arrives whole.
+    let body = vec![b' '; 3000];
+    let mut r = BufReader::new(open(&head(body.len() as u64), &body));
+    let (status, _) = read_head(&mut r).unwrap();
+    assert_eq!(status, 413);
+    let mut line = String::new();
+    while r.read_line(&mut line).unwrap() > 0 {}
+    assert!(line.contains("larger than the server accepts"), "{line}");
+    // And a normal request still works.
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// A non-streaming request is read by the server's own future, never by a
+/// slow client: however busy the HTTP workers are (here one worker, a
+/// one-piece stream buffer and 1 MB prompts being tokenized alongside), it
+/// is never cancelled as stalled. It was, answered 503 "the server is
+/// shutting down", before its channel held every delta and tokenization
+/// moved off the workers.
+#[test]
+fn non_streaming_requests_are_never_cancelled_as_stalled() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if !have_model() {
+        return;
+    }
+    let s = Server::start(&[
+        "--device",
+        "cpu",
+        "--context",
+        "256",
+        "--stream-buffer",
+        "1",
+        "--http-workers",
+        "1",
+        "--max-active",
+        "8",
+        "--max-body",
+        "2000000",
+    ]);
+    let addr = s.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let body = serde_json::to_vec(&json!({"prompt": " ".repeat(1_000_000)})).unwrap();
+                while !stop.load(Ordering::SeqCst) {
+                    let r = request(addr, "POST", "/tokenize", &body).unwrap();
+                    assert_eq!(r.status, 200);
+                }
+            })
+        })
+        .collect();
+    let reqs: Vec<_> = (0..6)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": format!("Story {i}:"), "max_tokens": 32,
+                                  "ignore_eos": true});
+                request(
+                    addr,
+                    "POST",
+                    "/v1/completions",
+                    &serde_json::to_vec(&body).unwrap(),
+                )
+                .unwrap()
+            })
+        })
+        .collect();
+    for h in reqs {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["usage"]["completion_tokens"], 32);
+    }
+    stop.store(true, Ordering::SeqCst);
+    for h in load {
+        h.join().unwrap();
+    }
+    assert_eq!(s.metric_or_zero("xtc:stream_stalled_total"), 0.0);
 }

@@ -11,7 +11,7 @@
 //! | field | default | accepted |
 //! | --- | --- | --- |
 //! | `prompt` (completions) | required | a string (special tokens such as `<|im_start|>` parsed), a list of token ids, or a list of one of either |
-//! | `messages` (chat) | required | `[{role, content}]`, `role` in `system`, `developer`, `user`, `assistant`; `content` a string or a list of `{type: "text", text}` parts; rendered with the model's ChatML template |
+//! | `messages` (chat) | required | `[{role, content}]`, `role` in `system`, `developer`, `user`, `assistant`; `content` a string or a list of `{type: "text", text}` parts; rendered as ChatML without the model template's default system message (`chat::chatml`; send a system message to get one) |
 //! | `max_tokens` (chat also `max_completion_tokens`) | the server's `--default-max-tokens` (256) | integer >= 1; prompt + max_tokens must fit the context and the KV cache |
 //! | `temperature` | 0 (greedy) | number >= 0 |
 //! | `top_p` | 1 | number in (0, 1] |
@@ -22,8 +22,9 @@
 //! | `stream` | false | boolean |
 //! | `stream_options.include_usage` | false | boolean (needs `stream`) |
 //! | `ignore_eos` | false | boolean |
-//! | `min_tokens` | 0 | integer in 0..=max_tokens |
+//! | `min_tokens` | 0 | integer in 0..=max_tokens; neither EOS nor a stop string ends the answer before it (as vLLM) |
 //! | `user`, `model` | — | strings (`model`: the served name, or absent) |
+//! | `stop_token_ids`, `include_stop_str_in_output` | — | only their off values (`[]`, `false`); others 400 `not_supported` |
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -48,6 +49,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds for `Retry-After`.
     pub retry_after: Option<u64>,
+    /// Answer with `Connection: close` (the request could not be read to
+    /// its end, so the connection cannot carry another).
+    pub close: bool,
 }
 
 impl ApiError {
@@ -60,6 +64,7 @@ impl ApiError {
             param: param.map(str::to_string),
             code: None,
             retry_after: None,
+            close: false,
         }
     }
 
@@ -94,6 +99,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after,
+            close: false,
         }
     }
 
@@ -115,6 +121,10 @@ impl IntoResponse for ApiError {
             let h = r.headers_mut();
             h.insert("retry-after", HeaderValue::from(s));
             h.insert("x-should-retry", HeaderValue::from_static("true"));
+        }
+        if self.close {
+            r.headers_mut()
+                .insert("connection", HeaderValue::from_static("close"));
         }
         r
     }
@@ -268,6 +278,23 @@ fn refuse_unsupported(o: &Map<String, Value>, kind: Kind) -> Result<(), ApiError
         return Err(ApiError::unsupported(
             "top_logprobs",
             "top_logprobs are not supported",
+        ));
+    }
+    // vLLM's stop extensions: not implemented, so refused rather than
+    // silently ignored (an answer that runs past its stop is a wrong result
+    // nobody sees). Their off values pass.
+    if let Some(v) = field(o, "stop_token_ids")
+        && !matches!(v, Value::Array(a) if a.is_empty())
+    {
+        return Err(ApiError::unsupported(
+            "stop_token_ids",
+            "stop_token_ids are not supported (use 'stop' strings)",
+        ));
+    }
+    if opt_bool(o, "include_stop_str_in_output")? == Some(true) {
+        return Err(ApiError::unsupported(
+            "include_stop_str_in_output",
+            "include_stop_str_in_output is not supported (the stop string is never part of the text)",
         ));
     }
     if opt_bool(o, "echo")? == Some(true) {

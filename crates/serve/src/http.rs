@@ -1,12 +1,15 @@
 //! The HTTP side: axum 0.8 routes on a small tokio runtime, each connection
 //! served by hyper's HTTP/1 connection (a header read timeout for clients
-//! that send nothing, a cap on open connections). Handlers reach the engine
+//! that send nothing, a body read timeout for those that stop halfway, a cap
+//! on open connections). JSON parsing and tokenization run on tokio's
+//! blocking pool, so a large prompt never holds an HTTP worker. Handlers reach the engine
 //! only through [`EngineHandle`] (`submit_mt` / `cancel_mt`).
 //!
 //! # Routes
 //! - `POST /v1/completions`, `POST /v1/chat/completions`: OpenAI's shapes,
 //!   JSON or SSE (`stream: true`); see [`super::api`] for the fields.
-//! - `GET /v1/models`: the one served model.
+//! - `GET /v1/models`: the one served model; `GET /v1/models/{id}` it alone
+//!   (by the served name or an alias), else 404 `model_not_found`.
 //! - `GET /health`: 503 while loading or draining, then 200 `{"status":"ok"}`.
 //! - `GET /metrics`: OpenMetrics text (`xtc:` names).
 //! - `POST /tokenize` (`{prompt}` or `{messages}`, `add_special_tokens`,
@@ -17,8 +20,9 @@
 //! 400 for bad input (malformed JSON, wrong types, a body that is not UTF-8,
 //! unsupported values, token ids outside the vocabulary) and
 //! `context_length_exceeded` (prompt + `max_tokens` past the context or the
-//! KV cache: refused before any work); 404 unknown route or model; 413 a
-//! body over `--max-body`; 429 with `Retry-After` when the admission ring is
+//! KV cache: refused before any work); 404 unknown route or model; 408 a
+//! body not complete within `--body-timeout`; 413 a body over `--max-body`
+//! (both close the connection); 429 with `Retry-After` when the admission ring is
 //! full (seconds for the requests ahead to drain through the active slots at
 //! the recent mean request time, 1 to 60); 503 with `Retry-After` while
 //! loading or draining; 500 only for an engine failure.
@@ -33,9 +37,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -63,6 +66,10 @@ pub struct HttpOpts {
     pub max_body: usize,
     /// Time a connection has to send a request's headers.
     pub header_timeout: Duration,
+    /// Time a request has to send its whole body once its headers are in
+    /// (408 and the connection closed beyond: a body that never ends must
+    /// not hold a connection slot forever).
+    pub body_timeout: Duration,
     /// SSE comment interval while a stream has nothing to send.
     pub keepalive: Duration,
     /// Open connections at most (more wait in the listen backlog).
@@ -90,6 +97,9 @@ pub struct App {
     pub active: AtomicUsize,
     created: u64,
     ids: AtomicU64,
+    /// A random prefix of this process's response ids, so ids do not repeat
+    /// across restarts or replicas (`cmpl-<prefix>-<n>`).
+    id_prefix: String,
 }
 
 impl App {
@@ -114,6 +124,7 @@ impl App {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             ids: AtomicU64::new(1),
+            id_prefix: format!("{:012x}", fastrand::u64(..) >> 16),
         }
     }
 
@@ -138,18 +149,17 @@ impl App {
 
 /// The routes (see the module doc).
 pub fn router(app: Arc<App>) -> Router {
-    let limit = app.opts.max_body;
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }
 
@@ -157,7 +167,7 @@ async fn not_found() -> ApiError {
     ApiError::status(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such route (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, \
+        "no such route (POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], \
          GET /health, GET /metrics, POST /tokenize, POST /detokenize)",
         None,
     )
@@ -173,23 +183,98 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// The JSON value of a body, or the 400/413 that says why not.
-fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
-    let bytes = body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                ..ApiError::invalid(None, "the request body is larger than the server accepts")
-            }
-        } else {
-            ApiError::invalid(None, format!("cannot read the request body: {r}"))
+/// A request's whole body, read within `--body-timeout` of its headers.
+///
+/// - A `Content-Length` over `--max-body`: 413 without keeping the body.
+///   What arrives of it within the timeout, up to 8 times the limit, is read
+///   and dropped first, so the client (which may write all of it before
+///   reading) gets the answer and not a reset; a longer one is not waited
+///   for. The connection then closes (hyper would otherwise drain the rest,
+///   however long, to reuse it).
+/// - A body without a length that grows past the limit: 413, connection
+///   closed.
+/// - Not complete within the timeout: 408, connection closed (a body that
+///   never ends must not hold a connection slot forever).
+/// - The connection fails: 400.
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = app.opts.max_body;
+    let too_large = || ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        close: true,
+        ..ApiError::invalid(
+            None,
+            format!("the request body is larger than the server accepts ({limit} bytes)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(n) = declared
+        && n > limit as u64
+    {
+        let cap = limit.saturating_mul(8);
+        if n <= cap as u64 {
+            let _ =
+                tokio::time::timeout(app.opts.body_timeout, axum::body::to_bytes(body, cap)).await;
         }
-    })?;
-    if std::str::from_utf8(&bytes).is_err() {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(app.opts.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            // `to_bytes` reports its limit as a length-limit error somewhere
+            // in the source chain.
+            let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(c) = src {
+                if c.is::<http_body_util::LengthLimitError>() {
+                    return Err(too_large());
+                }
+                src = c.source();
+            }
+            Err(ApiError::invalid(
+                None,
+                format!("cannot read the request body: {e}"),
+            ))
+        }
+        Err(_) => Err(ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            close: true,
+            ..ApiError::invalid(
+                None,
+                format!(
+                    "the request body did not arrive within {} s of its headers \
+                     (--body-timeout)",
+                    app.opts.body_timeout.as_secs_f64()
+                ),
+            )
+        }),
+    }
+}
+
+/// The JSON value of a body, or the 400 that says why not.
+fn json_body(bytes: &[u8]) -> Result<Value, ApiError> {
+    if std::str::from_utf8(bytes).is_err() {
         return Err(ApiError::invalid(None, "the request body is not UTF-8"));
     }
-    serde_json::from_slice(&bytes)
+    serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))
+}
+
+/// Runs `f` (JSON parsing, tokenization: up to half a second for a 1 MB
+/// prompt) on tokio's blocking pool, so the HTTP workers keep reading other
+/// connections and draining streams meanwhile.
+async fn off_workers<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("the request's parsing failed: {e}"),
+            None,
+        ))
+    })
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
@@ -199,18 +284,39 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     }
 }
 
+/// The one model object `/v1/models` lists.
+fn model_object(app: &App) -> Value {
+    json!({
+        "id": app.model_name,
+        "object": "model",
+        "created": app.created,
+        "owned_by": "xtc",
+        "max_model_len": app.engine.get().map(|e| e.opts().context),
+    })
+}
+
 async fn models(State(app): State<Arc<App>>) -> Response {
-    let ctx = app.engine.get().map(|e| e.opts().context);
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": app.model_name,
-            "object": "model",
-            "created": app.created,
-            "owned_by": "xtc",
-            "max_model_len": ctx,
-        }],
-    }))
+    axum::Json(json!({"object": "list", "data": [model_object(&app)]})).into_response()
+}
+
+/// `GET /v1/models/{id}` (the official client's `models.retrieve`): the
+/// model object for the served name or an alias, else 404
+/// `model_not_found`.
+async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    if id == app.model_name || app.aliases.contains(&id) {
+        return axum::Json(model_object(&app)).into_response();
+    }
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: Some("model_not_found"),
+        ..ApiError::invalid(
+            Some("model"),
+            format!(
+                "the model '{id}' does not exist; this server serves '{}'",
+                app.model_name
+            ),
+        )
+    }
     .into_response()
 }
 
@@ -261,9 +367,13 @@ fn chat_ids(tok: &Bpe, msgs: &[api::ChatMessage], gen_prompt: bool) -> Result<Ve
     })
 }
 
-async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let r = (|| -> Result<Value, ApiError> {
-        let v = json_body(body)?;
+async fn tokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_body(&app, &headers, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let r = off_workers(move || -> Result<Value, ApiError> {
+        let v = json_body(&body)?;
         let Some(o) = v.as_object() else {
             return Err(ApiError::invalid(
                 None,
@@ -309,16 +419,21 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejectio
             "tokens": ids,
             "token_strs": strs,
         }))
-    })();
+    })
+    .await;
     match r {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn detokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let r = (|| -> Result<Value, ApiError> {
-        let v = json_body(body)?;
+async fn detokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_body(&app, &headers, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let r = off_workers(move || -> Result<Value, ApiError> {
+        let v = json_body(&body)?;
         let ids = match v.get("tokens") {
             Some(Value::Array(a)) => a
                 .iter()
@@ -337,24 +452,22 @@ async fn detokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesReject
         };
         let ids = check_ids(&app.tok, &ids, "tokens")?;
         Ok(json!({"prompt": app.tok.decode(&ids)}))
-    })();
+    })
+    .await;
     match r {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(app, body, Kind::Completion)
+async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate(app, headers, body, Kind::Completion)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat_completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    generate(app, body, Kind::Chat)
+async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    generate(app, headers, body, Kind::Chat)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -483,39 +596,46 @@ fn engine_failed(e: xtc::Error) -> ApiError {
 
 async fn generate(
     app: Arc<App>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
     kind: Kind,
 ) -> Result<Response, ApiError> {
     let engine = app.engine()?.clone();
-    let v = json_body(body)?;
-    let p = api::parse(kind, &v)?;
-    if let Some(m) = &p.model
-        && *m != app.model_name
-        && !app.aliases.contains(m)
-    {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            code: Some("model_not_found"),
-            ..ApiError::invalid(
-                Some("model"),
-                format!(
-                    "the model '{m}' does not exist; this server serves '{}'",
-                    app.model_name
-                ),
-            )
-        });
-    }
-    let prompt = match &p.prompt {
-        PromptIn::Text(s) => app.tok.encode_with_specials(s),
-        PromptIn::Ids(ids) => check_ids(&app.tok, ids, "prompt")?,
-        PromptIn::Messages(m) => chat_ids(&app.tok, m, true)?,
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(
-            Some("prompt"),
-            "the prompt has no tokens",
-        ));
-    }
+    let body = read_body(&app, &headers, body).await?;
+    let a = app.clone();
+    let (p, prompt) = off_workers(move || {
+        let v = json_body(&body)?;
+        let p = api::parse(kind, &v)?;
+        if let Some(m) = &p.model
+            && *m != a.model_name
+            && !a.aliases.contains(m)
+        {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                code: Some("model_not_found"),
+                ..ApiError::invalid(
+                    Some("model"),
+                    format!(
+                        "the model '{m}' does not exist; this server serves '{}'",
+                        a.model_name
+                    ),
+                )
+            });
+        }
+        let prompt = match &p.prompt {
+            PromptIn::Text(s) => a.tok.encode_with_specials(s),
+            PromptIn::Ids(ids) => check_ids(&a.tok, ids, "prompt")?,
+            PromptIn::Messages(m) => chat_ids(&a.tok, m, true)?,
+        };
+        if prompt.is_empty() {
+            return Err(ApiError::invalid(
+                Some("prompt"),
+                "the prompt has no tokens",
+            ));
+        }
+        Ok((p, prompt))
+    })
+    .await?;
     let max_tokens = match p.max_tokens {
         None => app.opts.default_max_tokens,
         Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
@@ -529,15 +649,17 @@ async fn generate(
         stop: p.stop.clone(),
         ignore_eos: p.ignore_eos,
         min_tokens: usize::try_from(p.min_tokens).unwrap_or(usize::MAX),
+        whole: !p.stream,
     };
     let ticket = engine.submit(req).map_err(|r| refused(&app, &engine, r))?;
     let names = Names {
         id: format!(
-            "{}-{}",
+            "{}-{}-{}",
             match kind {
                 Kind::Completion => "cmpl",
                 Kind::Chat => "chatcmpl",
             },
+            app.id_prefix,
             app.ids.fetch_add(1, Ordering::Relaxed)
         ),
         created: SystemTime::now()
@@ -562,7 +684,21 @@ async fn whole_response(mut t: Ticket, names: Names) -> Result<Response, ApiErro
     }
     let outcome = (&mut t.outcome).await;
     t.guard.disarm();
-    let o = outcome.map_err(engine_failed)?;
+    // A non-streaming request's deltas are read by this future alone and
+    // its channel holds all of them (`GenRequest::whole`), so a stall cancel
+    // cannot reach it; kept apart from a shutdown's cancel all the same.
+    let o = outcome.map_err(|e| {
+        if t.stalled.load(Ordering::SeqCst) {
+            ApiError::status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "the request was cancelled: its answer's buffer filled",
+                None,
+            )
+        } else {
+            engine_failed(e)
+        }
+    })?;
     let choice = match names.kind {
         Kind::Completion => json!({
             "index": 0, "text": text, "logprobs": null,

@@ -51,6 +51,23 @@ impl Detokenizer {
         self.push_text(&new)
     }
 
+    /// As [`push`](Self::push), but no stop string is looked for: what is
+    /// complete goes out at once, held text included. For the tokens before
+    /// `min_tokens`, where (as in vLLM) stop strings do not end an answer.
+    ///
+    /// # Panics
+    /// As [`push`](Self::push).
+    pub fn push_unchecked(&mut self, tok: &Bpe, id: u32) -> Piece {
+        if tok.kind(id) != TokenKind::Control {
+            let new = self.utf8.push(tok.token_bytes(id));
+            self.held.push_str(&new);
+        }
+        Piece {
+            text: std::mem::take(&mut self.held),
+            stopped: None,
+        }
+    }
+
     /// Feeds text (what [`push`](Self::push) does after UTF-8 assembly).
     pub fn push_text(&mut self, new: &str) -> Piece {
         self.held.push_str(new);

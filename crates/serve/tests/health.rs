@@ -68,6 +68,7 @@ fn health_answers_503_while_the_model_loads_then_200() {
             default_max_tokens: 4,
             max_body: 1 << 16,
             header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
             keepalive: Duration::from_secs(1),
             max_connections: 64,
         },

@@ -102,9 +102,15 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Keep generating past the end-of-sequence token.
     pub ignore_eos: bool,
-    /// The end-of-sequence token cannot end the answer before this many
-    /// tokens (its logit is masked).
+    /// Neither the end-of-sequence token (its logit is masked) nor a stop
+    /// string ends the answer before this many tokens.
     pub min_tokens: usize,
+    /// A non-streaming request: its deltas are read by the server's own
+    /// future, never by a slow client, so its channel holds every delta
+    /// (`max_tokens + 1`, one a step and the last) instead of
+    /// `--stream-buffer`, and it is never cancelled as stalled however
+    /// briefly that future waits for a worker thread.
+    pub whole: bool,
 }
 
 /// A piece of a request's answer, in order.
@@ -403,7 +409,12 @@ impl EngineHandle {
         let sampler = (req.sampling.temperature > 0.0)
             .then(|| Sampler::new(req.sampling).ok())
             .flatten();
-        let (tx, rx) = mpsc::channel(self.opts.stream_buffer.max(1));
+        let cap = if req.whole {
+            req.max_tokens.saturating_add(1)
+        } else {
+            self.opts.stream_buffer
+        };
+        let (tx, rx) = mpsc::channel(cap.clamp(1, 1 << 24));
         let (future, promise) = rt::future_pair();
         let stalled = Arc::new(AtomicBool::new(false));
         let job = Job {

@@ -321,7 +321,13 @@ fn apply_rows(
                 sh.decode.record_token_gap(gap);
             }
             delta.tokens.push(t);
-            let piece = j.detok.push(&sh.tok, t);
+            // Stop strings end an answer only from `min_tokens` tokens on
+            // (vLLM's rule; the end-of-sequence token is masked before).
+            let piece = if j.seq.generated.len() >= j.min_tokens {
+                j.detok.push(&sh.tok, t)
+            } else {
+                j.detok.push_unchecked(&sh.tok, t)
+            };
             delta.text = piece.text;
             if piece.stopped.is_some() {
                 j.stop = piece.stopped;
