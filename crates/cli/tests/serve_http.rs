@@ -359,6 +359,19 @@ fn bad_input_gets_a_clear_400_and_the_server_keeps_serving(s: &Server) {
         assert_eq!(s.metric("xtc:generation_tokens_total"), g0, "no work");
         assert_eq!(s.metric("xtc:kv_blocks_used"), 0.0, "no block");
     }
+    // A prompt that fits with max_tokens 1 but not with the server's default
+    // (8 here): the refusal says the client sent no max_tokens.
+    let prompt = "word ".repeat(508);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s.post("/v1/completions", &json!({"prompt": prompt}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.error().2.as_deref(), Some("context_length_exceeded"));
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("--default-max-tokens 8"), "{msg}");
     // A body over --max-body (64 KiB here): 413.
     let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(100_000));
     let r = s.post_raw("/v1/completions", big.as_bytes());

@@ -651,7 +651,19 @@ async fn generate(
         min_tokens: usize::try_from(p.min_tokens).unwrap_or(usize::MAX),
         whole: !p.stream,
     };
-    let ticket = engine.submit(req).map_err(|r| refused(&app, &engine, r))?;
+    let defaulted = p.max_tokens.is_none();
+    let ticket = engine.submit(req).map_err(|r| {
+        let mut e = refused(&app, &engine, r);
+        if defaulted && e.code == Some("context_length_exceeded") {
+            // The client sent no max_tokens: say whose it was.
+            e.message.push_str(&format!(
+                " (max_tokens was not given: the server's default, --default-max-tokens {}, \
+                 applied; send a smaller max_tokens)",
+                app.opts.default_max_tokens
+            ));
+        }
+        e
+    })?;
     let names = Names {
         id: format!(
             "{}-{}-{}",

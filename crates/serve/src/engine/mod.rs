@@ -202,7 +202,9 @@ pub enum Refused {
         capacity: usize,
     },
     /// The admission ring is full: retry later.
-    #[error("the server is at capacity ({queued} requests waiting for admission); retry later")]
+    #[error(
+        "the server is at capacity ({queued} requests accepted and not yet finished); retry later"
+    )]
     Busy {
         /// Requests accepted and not yet finished.
         queued: usize,
