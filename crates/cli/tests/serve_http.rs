@@ -452,11 +452,7 @@ fn bodies_that_never_end_time_out_and_oversized_ones_are_refused() {
     if !have_model() {
         return;
     }
-    let s = Server::start(&[
-        "--device",
-        "cpu",
-        "--context",
-        "256",
+    let s = cpu_server(&[
         "--max-body",
         "1024",
         "--body-timeout",
@@ -534,11 +530,7 @@ fn non_streaming_requests_are_never_cancelled_as_stalled() {
     if !have_model() {
         return;
     }
-    let s = Server::start(&[
-        "--device",
-        "cpu",
-        "--context",
-        "256",
+    let s = cpu_server(&[
         "--stream-buffer",
         "1",
         "--http-workers",

@@ -315,6 +315,13 @@ impl Sse {
 }
 
 /// The server for read-only checks: the CPU reference, small sizes.
+/// A server on the CPU reference with a 256-position context and `extra`.
+pub fn cpu_server(extra: &[&str]) -> Server {
+    let mut args = vec!["--device", "cpu", "--context", "256"];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
 pub fn small_server() -> Server {
     Server::start(&[
         "--device",

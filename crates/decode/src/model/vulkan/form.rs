@@ -113,18 +113,12 @@ pub fn measure(dev: &Device) -> VkResult<BarrierProbe> {
             .iter()
             .enumerate()
         {
-            pool.reset()?;
-            let mut rec = pool.record(&kernels, &set)?;
             let push = ProbePush {
                 iters: ITERS,
                 out_off: (i * n) as u32,
             };
-            rec.dispatch(kernels.get(name)?, &push, [GROUPS, 1, 1])?;
-            rec.host_barrier();
-            let cmd = rec.finish()?;
-            let t = Instant::now();
-            pool.submit(vec![cmd])?.wait(None)?;
-            best[i] = best[i].min(t.elapsed());
+            let t = time_dispatch(&mut pool, &kernels, &set, name, &push, [GROUPS, 1, 1])?;
+            best[i] = best[i].min(t);
         }
     }
     pool.reset()?;
@@ -146,6 +140,30 @@ pub fn measure(dev: &Device) -> VkResult<BarrierProbe> {
         barrier: best[0],
         plain: best[1],
     })
+}
+
+/// Submit-to-completion time of one dispatch of `name` over `grid` with
+/// `push`, alone in its command buffer (`pool` is reset first; the results
+/// are visible to the host after it).
+///
+/// # Errors
+/// Device errors; an unknown or unsupported `name`.
+pub(crate) fn time_dispatch<P: bytemuck::Pod>(
+    pool: &mut CommandPool,
+    kernels: &Kernels,
+    set: &BindingSet,
+    name: &str,
+    push: &P,
+    grid: [u32; 3],
+) -> VkResult<Duration> {
+    pool.reset()?;
+    let mut rec = pool.record(kernels, set)?;
+    rec.dispatch(kernels.get(name)?, push, grid)?;
+    rec.host_barrier();
+    let cmd = rec.finish()?;
+    let t = Instant::now();
+    pool.submit(vec![cmd])?.wait(None)?;
+    Ok(t.elapsed())
 }
 
 /// The cache key of `dev`: vendor and device ids, driver version, and an

@@ -32,7 +32,7 @@
 //! # }
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use xtc_vk::{
     BINDINGS, BindingSet, Buffer, CommandPool, Device, Kernels, Location, VkError, VkResult,
@@ -147,8 +147,6 @@ pub fn measure(dev: &Device, groups: u32) -> VkResult<Peaks> {
     let mut best = [Duration::MAX; 3];
     for _ in 0..RUNS {
         for (i, name) in KERNELS.iter().enumerate() {
-            pool.reset()?;
-            let mut rec = pool.record(&kernels, &set)?;
             let (a, b) = if i == 2 {
                 (1i32 as u32, 1i32 as u32)
             } else {
@@ -160,12 +158,9 @@ pub fn measure(dev: &Device, groups: u32) -> VkResult<Peaks> {
                 a,
                 b,
             };
-            rec.dispatch(kernels.get(name)?, &push, [groups, 1, 1])?;
-            rec.host_barrier();
-            let cmd = rec.finish()?;
-            let t = Instant::now();
-            pool.submit(vec![cmd])?.wait(None)?;
-            best[i] = best[i].min(t.elapsed());
+            let t =
+                super::form::time_dispatch(&mut pool, &kernels, &set, name, &push, [groups, 1, 1])?;
+            best[i] = best[i].min(t);
         }
     }
     pool.reset()?;
