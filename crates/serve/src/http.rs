@@ -128,6 +128,11 @@ impl App {
         }
     }
 
+    /// Whether `model` names the served model (its name or an alias).
+    fn serves(&self, model: &str) -> bool {
+        model == self.model_name || self.aliases.iter().any(|a| a == model)
+    }
+
     fn engine(&self) -> Result<&Arc<EngineHandle>, ApiError> {
         match (self.state.load(Ordering::SeqCst), self.engine.get()) {
             (READY, Some(e)) => Ok(e),
@@ -303,21 +308,25 @@ async fn models(State(app): State<Arc<App>>) -> Response {
 /// model object for the served name or an alias, else 404
 /// `model_not_found`.
 async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    if id == app.model_name || app.aliases.contains(&id) {
+    if app.serves(&id) {
         return axum::Json(model_object(&app)).into_response();
     }
+    model_not_found(&app, &id).into_response()
+}
+
+/// 404 `model_not_found` for a `model` this server does not serve.
+fn model_not_found(app: &App, m: &str) -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
         code: Some("model_not_found"),
         ..ApiError::invalid(
             Some("model"),
             format!(
-                "the model '{id}' does not exist; this server serves '{}'",
+                "the model '{m}' does not exist; this server serves '{}'",
                 app.model_name
             ),
         )
     }
-    .into_response()
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
@@ -607,20 +616,9 @@ async fn generate(
         let v = json_body(&body)?;
         let p = api::parse(kind, &v)?;
         if let Some(m) = &p.model
-            && *m != a.model_name
-            && !a.aliases.contains(m)
+            && !a.serves(m)
         {
-            return Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                code: Some("model_not_found"),
-                ..ApiError::invalid(
-                    Some("model"),
-                    format!(
-                        "the model '{m}' does not exist; this server serves '{}'",
-                        a.model_name
-                    ),
-                )
-            });
+            return Err(model_not_found(&a, m));
         }
         let prompt = match &p.prompt {
             PromptIn::Text(s) => a.tok.encode_with_specials(s),
