@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::status::Status;
-use xtc_decode::model::vulkan::ops::Variant;
+use xtc_model::vulkan::ops::Variant;
 use xtc_vk::{Device, Kernels, Selector};
 
 /// The suites of `xtc ci run --suite`.

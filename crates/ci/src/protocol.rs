@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::case::{CaseError, Ctx, DeviceId, Outcome, Record};
 use super::registry;
 use super::status::Status;
-use xtc_decode::model::vulkan::ops::Variant;
+use xtc_model::vulkan::ops::Variant;
 
 /// Marks the protocol's lines on the child's stdout.
 pub const PREFIX: &str = "@xtc-ci ";

@@ -6,7 +6,7 @@ use regex::{Regex, RegexSet};
 use super::case::{Case, Suite};
 use super::file_error::FileError;
 use super::suites;
-use xtc_decode::model::vulkan::ops::Variant;
+use xtc_model::vulkan::ops::Variant;
 
 /// Every registered case, suites in [`Suite::ALL`] order then the hidden
 /// [`Suite::Selftest`]; within a suite, in the order its module lists them.

@@ -2,11 +2,11 @@
 //! `xtc ci` kernels suite. It holds the five kernel-ABI buffers in
 //! host-visible memory, optionally the storage image of binding 7, one
 //! binding set and a command pool; a caller writes inputs, records ops with
-//! [`xtc_decode::model::vulkan::ops::Ops::run`], and reads outputs back.
+//! [`xtc_model::vulkan::ops::Ops::run`], and reads outputs back.
 
 use std::sync::Arc;
 
-use xtc_decode::model::vulkan::ops::{Ops, Variant};
+use xtc_model::vulkan::ops::{Ops, Variant};
 use xtc_vk::{
     BINDINGS, BindingSet, Buffer, CommandPool, Device, Kernels, Location, Recorder, StorageImage,
     Submission, VkError, VkResult, WINDOWS, Window,

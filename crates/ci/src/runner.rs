@@ -20,7 +20,7 @@ use super::baseline::{DeviceTable, FailureBaseline};
 use super::case::{Case, DeviceId, Measure, Record};
 use super::protocol::{EXIT_RESPAWN, Event};
 use super::status::Status;
-use xtc_decode::model::vulkan::ops::Variant;
+use xtc_model::vulkan::ops::Variant;
 
 /// The baseline key of records from a run whose cases opened no device.
 pub const NO_DEVICE: &str = "no device";

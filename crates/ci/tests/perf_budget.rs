@@ -6,7 +6,7 @@
 //! file (`model_support::model_path`) and a Vulkan device (lavapipe in
 //! CI); with `CI` set a missing one fails.
 
-#[path = "../../decode/tests/model_support/mod.rs"]
+#[path = "../../model/tests/model_support/mod.rs"]
 mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;

@@ -15,11 +15,11 @@ mod vk_support;
 
 use rig_support::{Rig, rand_vec};
 use vk_support::max_abs_diff;
-use xtc_decode::model::cpu::f32_model::{self, CpuKvCache, EPS};
-use xtc_decode::model::vulkan::ops::{
+use xtc_model::cpu::f32_model::{self, CpuKvCache, EPS};
+use xtc_model::vulkan::ops::{
     Argmax, Attention, Embed, KvAppend, Matmul, RmsNorm, Rope, SwiGlu, Variant, pack_metadata,
 };
-use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
+use xtc_model::{BatchPlan, Config, KvGeometry, SeqWork};
 
 const TOL: f32 = 1e-4;
 

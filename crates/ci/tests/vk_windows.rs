@@ -15,8 +15,8 @@ mod vk_support;
 
 use rig_support::{Rig, rand_vec};
 use vk_support::max_abs_diff;
-use xtc_decode::model::cpu::f32_model;
-use xtc_decode::model::vulkan::ops::{Matmul, Op, Variant, Windowed};
+use xtc_model::cpu::f32_model;
+use xtc_model::vulkan::ops::{Matmul, Op, Variant, Windowed};
 use xtc_vk::{VkError, WINDOW_BYTES, WINDOWS, Window};
 
 const TOL: f32 = 1e-4;
@@ -269,8 +269,8 @@ fn dispatch_windowed_refuses_bad_offsets() {
 /// list (the LM head's gather) keeps the storage form.
 #[test]
 fn windowed_rmsnorm_chunks_rows_and_matches_the_reference() {
-    use xtc_decode::model::cpu::f32_model::EPS;
-    use xtc_decode::model::vulkan::ops::RmsNorm;
+    use xtc_model::cpu::f32_model::EPS;
+    use xtc_model::vulkan::ops::RmsNorm;
     let Some(dev) = vk_support::device() else {
         return;
     };

@@ -1,6 +1,6 @@
 //! `xtc calibrate`: measures the GGUF model's iteration cost on a device
 //! (fixed, per token row, per KV position read) over a small designed set
-//! of iterations, fits it by least squares ([`xtc_decode::model::cost`]),
+//! of iterations, fits it by least squares ([`xtc_model::cost`]),
 //! prints the points, the fit, R² and the residuals, and writes the JSON
 //! that `xtc decode --device toy --toy-cost FILE` replays.
 //!
@@ -11,11 +11,11 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use xtc_decode::model::KvGeometry;
-use xtc_decode::model::cost::{
+use xtc_model::KvGeometry;
+use xtc_replay::calibrate::{
     self, COST_FORMAT, COST_VERSION, CostCoefficients, CostFile, DesignPoint,
 };
-use xtc_decode::model::open::{Limits, open};
+use xtc_model::open::{Limits, open};
 
 use super::generate::{Failure, load, open_device};
 use crate::out_file::OutFile;
@@ -133,7 +133,7 @@ fn run_inner(args: &CalibrateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     // as in `xtc decode`.
     let (spec, _tok, path, _pool) = load(args.model.as_deref(), &args.device, None)?;
     let target = open_device(&args.device, "xtc calibrate")?;
-    let points = cost::design(&args.rows.0, &args.cached.0, &args.prefill_rows.0);
+    let points = calibrate::design(&args.rows.0, &args.cached.0, &args.prefill_rows.0);
     let context = target.context(spec.shape().seq_len);
     if let Some(p) = points.iter().find(|p| p.context() > context) {
         return Err(Failure::usage(format!(
@@ -170,7 +170,7 @@ fn run_inner(args: &CalibrateArgs, out: &mut dyn Write) -> Result<(), Failure> {
             eprint!("\r  {done}/{total} iterations");
         }
     };
-    let cal = cost::calibrate(model.as_mut(), &points, bs, args.repeats, &mut progress)
+    let cal = calibrate::calibrate(model.as_mut(), &points, bs, args.repeats, &mut progress)
         .map_err(Failure::error)?;
     if tty {
         eprintln!();
@@ -222,8 +222,8 @@ fn run_inner(args: &CalibrateArgs, out: &mut dyn Write) -> Result<(), Failure> {
 
 fn kind_name(p: &DesignPoint) -> &'static str {
     match p.kind {
-        cost::PointKind::Decode => "decode",
-        cost::PointKind::Prefill => "prefill",
+        calibrate::PointKind::Decode => "decode",
+        calibrate::PointKind::Prefill => "prefill",
     }
 }
 

@@ -13,11 +13,11 @@
 //!   node; a device that does not open is an error listing the devices that
 //!   exist.
 //!
-//! What is opened is an [`xtc_decode::model::open::Target`], the front door's
+//! What is opened is an [`xtc_model::open::Target`], the front door's
 //! device.
 
-use xtc_decode::model::adapters::IterationCost;
-use xtc_decode::model::open::Target;
+use xtc_model::adapters::IterationCost;
+use xtc_model::open::Target;
 
 /// What `--device` means, for each command's `--help`.
 pub const HELP: &str = "`auto` (the default: the first Vulkan device, a GPU if present, else \

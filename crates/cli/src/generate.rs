@@ -26,15 +26,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::device::{self, DeviceArg, DeviceFailure, Takes};
-use xtc_decode::model::cpu::llama::{ForwardError, Llama};
-use xtc_decode::model::generate::{GenerateStats, PREFILL_CHUNK, generate_on};
-use xtc_decode::model::open::{ModelSpec, StreamLimits, Target, open_stream};
-use xtc_decode::model::stream::{Stream, StreamError};
-use xtc_decode::model::text::bpe::{Bpe, TextStream};
-use xtc_decode::model::text::chat::{self, Message};
-use xtc_decode::model::text::sampling::{Sampler, SamplingParams};
-use xtc_decode::model::vulkan::ops::Variant;
-use xtc_decode::model::{MODEL_FILE, find_model};
+use xtc_model::cpu::llama::{ForwardError, Llama};
+use xtc_model::generate::{GenerateStats, PREFILL_CHUNK, generate_on};
+use xtc_model::open::{ModelSpec, StreamLimits, Target, open_stream};
+use xtc_model::stream::{Stream, StreamError};
+use xtc_model::text::bpe::{Bpe, TextStream};
+use xtc_model::text::chat::{self, Message};
+use xtc_model::text::sampling::{Sampler, SamplingParams};
+use xtc_model::vulkan::ops::Variant;
+use xtc_model::{MODEL_FILE, find_model};
 
 /// Arguments of `xtc generate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -194,7 +194,7 @@ pub(crate) fn load(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KernelForm {
     /// By capability and the barrier probe (`GpuLlamaOptions::variant`
-    /// `None`, `xtc_decode::model::vulkan::form`).
+    /// `None`, `xtc_model::vulkan::form`).
     Auto,
     /// The GPU form ([`Variant::Gpu`]).
     Gpu,

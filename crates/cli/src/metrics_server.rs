@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use prometheus_client::registry::Registry;
 
-use xtc_decode::serve::metrics::{CONTENT_TYPE, encode};
+use xtc_kvbatch::metrics::{CONTENT_TYPE, encode};
 
 /// The registry the server shows: the run in progress, or before the first
 /// run the registry given to [`MetricsServer::start`] (every family at zero:

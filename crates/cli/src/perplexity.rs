@@ -19,8 +19,8 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::generate::{Failure, KernelForm, check_options, load, open_device, stream};
-use xtc_decode::model::open::{CPU_DEVICE_CONTEXT, Target};
-use xtc_decode::model::stream::{SCORE_STEP, nll};
+use xtc_model::open::{CPU_DEVICE_CONTEXT, Target};
+use xtc_model::stream::{SCORE_STEP, nll};
 
 /// Default window length in tokens.
 pub const DEFAULT_CTX: usize = 512;

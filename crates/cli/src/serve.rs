@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::generate;
-use xtc_decode::model::KvGeometry;
-use xtc_decode::model::open::{ModelSpec, Target};
+use xtc_model::KvGeometry;
+use xtc_model::open::{ModelSpec, Target};
 use xtc_serve::backend::Backend;
 use xtc_serve::engine::EngineOpts;
 use xtc_serve::http::HttpOpts;

@@ -8,8 +8,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use xtc_decode::model::find_model;
-use xtc_decode::model::format::gguf::Gguf;
+use xtc_model::find_model;
+use xtc_model::format::gguf::Gguf;
 use xtc_serve::hf_tokenizer;
 
 /// Arguments of `xtc tokenizer`.

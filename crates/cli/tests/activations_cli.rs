@@ -7,7 +7,7 @@
 //! values named. Needs the model file and Vulkan; with `CI` set a missing
 //! one fails.
 
-#[path = "../../decode/tests/model_support/mod.rs"]
+#[path = "../../model/tests/model_support/mod.rs"]
 mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;

@@ -5,7 +5,7 @@
 //! errors naming the file, before anything runs. Needs the model file and
 //! Vulkan for the device test; with `CI` set a missing one fails.
 
-#[path = "../../decode/tests/model_support/mod.rs"]
+#[path = "../../model/tests/model_support/mod.rs"]
 mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;

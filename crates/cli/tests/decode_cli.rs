@@ -4,8 +4,8 @@
 //! usage: every range check is clap's), the memory check, and the exit
 //! statuses of runs with rejected requests.
 
-use xtc_decode::model::format::checkpoint;
-use xtc_decode::model::{Config, Weights};
+use xtc_model::format::checkpoint;
+use xtc_model::{Config, Weights};
 
 mod decode_cli_support;
 

@@ -6,8 +6,8 @@
 mod decode_cli_support;
 
 use decode_cli_support::{BANNER, FAST, xtc, xtc_bin};
-use xtc_decode::model::format::checkpoint;
-use xtc_decode::model::{Config, Weights};
+use xtc_model::format::checkpoint;
+use xtc_model::{Config, Weights};
 
 #[test]
 fn trace_out_writes_chrome_trace_json() {

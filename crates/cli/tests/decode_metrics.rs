@@ -263,7 +263,7 @@ fn metrics_addr_serves_metrics_while_the_run_lasts() {
 #[test]
 fn a_scrape_before_the_first_run_sees_the_families_at_zero() {
     use xtc_cli::metrics_server::MetricsServer;
-    use xtc_decode::serve::metrics::DecodeMetrics;
+    use xtc_kvbatch::metrics::DecodeMetrics;
     let initial = DecodeMetrics::new(64).registry();
     let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), initial).unwrap();
     let url = format!("http://{}/metrics", server.addr());

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-#[path = "../../decode/tests/model_support/mod.rs"]
+#[path = "../../model/tests/model_support/mod.rs"]
 mod model_support;
 
 fn xtc(args: &[&str]) -> (i32, String) {

@@ -8,7 +8,7 @@
 //! does, while the batching policies keep their TTFT 4 to 25 times below the
 //! SLO there, so only a stall of most of a second could change the outcome.
 
-#[path = "../../decode/tests/model_support/mod.rs"]
+#[path = "../../model/tests/model_support/mod.rs"]
 mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;

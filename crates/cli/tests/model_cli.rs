@@ -3,7 +3,7 @@
 //! and errors with their exit statuses. Tests that need the model skip
 //! without it unless `CI` is set (then they fail).
 
-#[path = "../../decode/tests/model_support/mod.rs"]
+#[path = "../../model/tests/model_support/mod.rs"]
 mod model_support;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;

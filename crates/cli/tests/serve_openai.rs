@@ -29,7 +29,7 @@ fn venv_python() -> Option<PathBuf> {
 #[test]
 fn the_openai_client_and_the_exported_tokenizer_agree_with_the_server() {
     let ci = std::env::var_os("CI").is_some();
-    if let Err(e) = xtc_decode::model::find_model(None) {
+    if let Err(e) = xtc_model::find_model(None) {
         assert!(!ci, "CI must have the model: {e}");
         eprintln!("skipped: no model ({e})");
         return;

@@ -9,10 +9,10 @@
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
-use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
-use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
-use xtc_decode::model::vulkan::ops::Variant;
-use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
+use xtc_model::cpu::f32_model::{self, CpuKvCache};
+use xtc_model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_model::vulkan::ops::Variant;
+use xtc_model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use xtc_vk::Device;
 
 const TOL: f32 = 1e-4;

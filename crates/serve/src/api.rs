@@ -30,7 +30,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use xtc_decode::model::text::sampling::SamplingParams;
+use xtc_model::text::sampling::SamplingParams;
 
 /// An OpenAI-shaped error answer: `{"error": {"message", "type", "param",
 /// "code"}}` with its status (and `Retry-After` for 429 and 503).

@@ -1,9 +1,9 @@
 //! The model the server's engine drives: the GGUF model on a Vulkan device
 //! (lavapipe or a GPU) or on the CPU reference, one packed [`BatchPlan`] at
-//! a time. Unlike [`xtc_decode::Model`] (greedy tokens only), a launch
+//! a time. Unlike [`xtc_model::Model`] (greedy tokens only), a launch
 //! may ask for the logits of the sampled rows, so requests that sample with
 //! a temperature (or must not end before `min_tokens`) are sampled on the
-//! host with their own seeded [`Sampler`](xtc_decode::model::text::sampling::Sampler).
+//! host with their own seeded [`Sampler`](xtc_model::text::sampling::Sampler).
 //!
 //! The launch becomes the batch engine's [`Exec`] here: a Vulkan fence
 //! (`Exec::Fence`, the submission's fd) or CPU work on the blocking pool
@@ -15,12 +15,12 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use xtc::batch::Exec;
-use xtc_decode::BatchPlan;
-use xtc_decode::model::KvGeometry;
-use xtc_decode::model::cpu::llama::{Llama, PagedKv};
-use xtc_decode::model::text::sampling::argmax;
-use xtc_decode::model::vulkan::InFlight;
-use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_model::BatchPlan;
+use xtc_model::KvGeometry;
+use xtc_model::cpu::llama::{Llama, PagedKv};
+use xtc_model::text::sampling::argmax;
+use xtc_model::vulkan::InFlight;
+use xtc_model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
 
 /// A model failure (its message).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

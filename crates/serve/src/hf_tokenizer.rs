@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use xtc_decode::model::format::gguf::{Gguf, GgufError};
+use xtc_model::format::gguf::{Gguf, GgufError};
 
 /// A tokenizer the export cannot write, or a file it cannot write.
 #[derive(Debug, thiserror::Error)]

@@ -47,8 +47,8 @@ use tokio::sync::mpsc;
 use crate::api::{self, ApiError, Kind, Parsed, PromptIn};
 use crate::engine::{Delta, EngineHandle, GenRequest, Outcome, Refused, Ticket};
 use crate::metrics::ServeMetrics;
-use xtc_decode::model::text::bpe::Bpe;
-use xtc_decode::model::text::chat::{self, Message};
+use xtc_model::text::bpe::Bpe;
+use xtc_model::text::chat::{self, Message};
 
 /// Server state: loading the model.
 pub const LOADING: u8 = 0;
@@ -335,7 +335,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
-            xtc_decode::serve::metrics::CONTENT_TYPE,
+            xtc_kvbatch::metrics::CONTENT_TYPE,
         )],
         text,
     )

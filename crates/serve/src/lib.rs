@@ -55,7 +55,7 @@ use engine::{Engine, EngineError, EngineOpts};
 use http::{App, HttpOpts};
 use metrics::ServeMetrics;
 use xtc::batch::CloseMode;
-use xtc_decode::model::text::bpe::Bpe;
+use xtc_model::text::bpe::Bpe;
 
 /// How long a drain waits, once every request has ended, for response
 /// bodies still being sent (a client that stopped reading may never take

@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use xtc_decode::serve::metrics::{REQUEST_LATENCY_BUCKETS_S, encode};
+use xtc_kvbatch::metrics::{REQUEST_LATENCY_BUCKETS_S, encode};
 
 /// Label set: one `(name, value)` pair.
 pub type Labels = Vec<(String, String)>;

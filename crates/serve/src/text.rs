@@ -4,7 +4,7 @@
 //! boundaries (text that could still be the start of a stop string is held
 //! back until it is known not to be one).
 
-use xtc_decode::model::text::bpe::{Bpe, TextStream, TokenKind};
+use xtc_model::text::bpe::{Bpe, TextStream, TokenKind};
 
 /// What one more token produced.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use xtc_decode::model::KvGeometry;
-use xtc_decode::model::cpu::llama::Llama;
-use xtc_decode::model::find_model;
-use xtc_decode::model::text::bpe::Bpe;
+use xtc_model::KvGeometry;
+use xtc_model::cpu::llama::Llama;
+use xtc_model::find_model;
+use xtc_model::text::bpe::Bpe;
 use xtc_serve::backend::Backend;
 use xtc_serve::engine::EngineOpts;
 use xtc_serve::http::HttpOpts;

@@ -1,6 +1,7 @@
 //! The layering of `xtc serve`: the HTTP stack (tokio, axum, hyper) lives in
 //! this crate only. The batch engine (`src/batch/`), the runtime (`src/rt/`)
-//! and the decode layer (`crates/decode/src/`) never name it (their
+//! and the model, the serving core and the benchmark (`crates/model/src/`,
+//! `crates/kvbatch/src/`, `crates/replay/src/`) never name it (their
 //! `Cargo.toml`s do not list it either, so the compiler holds this too), so
 //! no tokio type enters them; the front end reaches the engine through
 //! `batch::Remote`, never through the group's owner-loop API.
@@ -21,7 +22,13 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn no_http_stack_outside_the_serve_layer() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    for layer in ["src/batch", "src/rt", "crates/decode/src"] {
+    for layer in [
+        "src/batch",
+        "src/rt",
+        "crates/model/src",
+        "crates/kvbatch/src",
+        "crates/replay/src",
+    ] {
         let mut files = Vec::new();
         sources(&root.join(layer), &mut files);
         assert!(!files.is_empty(), "{layer}");

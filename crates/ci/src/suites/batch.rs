@@ -38,8 +38,8 @@ use xtc::batch::{
     SyncOpts,
 };
 use xtc::rt::{self, Loop};
-use xtc_decode::model::cpu::f32_model;
-use xtc_decode::model::vulkan::ops::{Argmax, Variant};
+use xtc_model::cpu::f32_model;
+use xtc_model::vulkan::ops::{Argmax, Variant};
 use xtc_vk::Submission;
 
 /// Registers the suite's cases.

@@ -21,10 +21,10 @@
 
 use crate::case::{Case, CaseError, Ctx, Outcome, Record, Suite, ensure};
 use crate::check;
-use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
-use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
-use xtc_decode::model::vulkan::ops::Variant;
-use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
+use xtc_model::cpu::f32_model::{self, CpuKvCache};
+use xtc_model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_model::vulkan::ops::Variant;
+use xtc_model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 
 /// Largest NMSE of the device's logits against the reference's.
 pub const LOGITS_NMSE: f64 = 1e-8;

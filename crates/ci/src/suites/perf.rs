@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use crate::case::{Case, CaseError, Ctx, Measure, Outcome, Record, Suite};
 use crate::rig::Rig;
 use crate::support::empty_round_trip;
-use xtc_decode::model::vulkan::f32_model::{GpuModel, GpuOptions};
-use xtc_decode::model::vulkan::ops::{Matmul, Variant};
-use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
+use xtc_model::vulkan::f32_model::{GpuModel, GpuOptions};
+use xtc_model::vulkan::ops::{Matmul, Variant};
+use xtc_model::{BatchPlan, Config, KvGeometry, SeqWork, Weights};
 use xtc_vk::CommandPool;
 
 /// Registers the suite's cases.

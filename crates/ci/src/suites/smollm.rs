@@ -15,7 +15,7 @@
 //!   reference ([`Llama::forward`]) along the device's own tokens: the
 //!   sampled row's logits within NMSE [`LOGITS_NMSE`] at every step, every
 //!   device token the reference's greedy choice up to a near-tie
-//!   ([`xtc_decode::model::cpu::f32_model::greedy_agrees`], gap [`TIE`]).
+//!   ([`xtc_model::cpu::f32_model::greedy_agrees`], gap [`TIE`]).
 //! - `xtc.decode.smollm2_135m_q4_1.<form>.int8.p<i>`: the int8-activation
 //!   path (`Activations::Int8`) against the CPU reference along the
 //!   reference's tokens: logits within NMSE [`INT8_LOGITS_NMSE`], and the
@@ -42,15 +42,15 @@ use std::sync::OnceLock;
 
 use crate::case::{Case, CaseError, CaseResult, Ctx, Measure, Outcome, Record, Suite, ensure};
 use crate::check;
-use xtc_decode::model::cpu::f32_model::{self};
-use xtc_decode::model::cpu::llama::{Chunk, Llama, Logits, Sequence};
-use xtc_decode::model::text::bpe::Bpe;
-use xtc_decode::model::text::chat;
-use xtc_decode::model::text::sampling::top2_margin;
-use xtc_decode::model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
-use xtc_decode::model::vulkan::ops::Variant;
-use xtc_decode::model::vulkan::qops8::Activations;
-use xtc_decode::model::{BatchPlan, FETCH_SCRIPT, KvGeometry, SeqWork, find_model};
+use xtc_model::cpu::f32_model::{self};
+use xtc_model::cpu::llama::{Chunk, Llama, Logits, Sequence};
+use xtc_model::text::bpe::Bpe;
+use xtc_model::text::chat;
+use xtc_model::text::sampling::top2_margin;
+use xtc_model::vulkan::llama::{GpuLlama, GpuLlamaOptions};
+use xtc_model::vulkan::ops::Variant;
+use xtc_model::vulkan::qops8::Activations;
+use xtc_model::{BatchPlan, FETCH_SCRIPT, KvGeometry, SeqWork, find_model};
 
 /// Case-name component of the model.
 pub const NAME: &str = "smollm2_135m_q4_1";

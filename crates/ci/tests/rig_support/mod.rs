@@ -31,7 +31,7 @@ impl Rig {
         Rig::with_variant(
             dev,
             elems,
-            xtc_decode::model::vulkan::ops::Variant::for_device(dev).unwrap(),
+            xtc_model::vulkan::ops::Variant::for_device(dev).unwrap(),
         )
     }
 
@@ -39,7 +39,7 @@ impl Rig {
     pub fn with_variant(
         dev: &Device,
         elems: [usize; 5],
-        variant: xtc_decode::model::vulkan::ops::Variant,
+        variant: xtc_model::vulkan::ops::Variant,
     ) -> Rig {
         let kernels = Arc::new(xtc_vk::Kernels::new(dev).unwrap());
         Rig(xtc_ci::Rig::new(kernels, elems, variant).unwrap())
@@ -64,7 +64,7 @@ impl Rig {
     /// asserts the validation layer (on in debug builds) reported nothing.
     pub fn run(
         &mut self,
-        f: impl FnOnce(&xtc_decode::model::vulkan::ops::Ops, &mut xtc_vk::Recorder<'_>),
+        f: impl FnOnce(&xtc_model::vulkan::ops::Ops, &mut xtc_vk::Recorder<'_>),
     ) {
         let errors = self
             .0

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::device::DeviceArg;
 use crate::generate::KernelForm;
-use xtc_decode::model::adapters::IterationCost;
-use xtc_decode::serve::trace::Scaling;
+use xtc_model::adapters::IterationCost;
+use xtc_replay::trace::Scaling;
 
 /// Default speed-up of the trace's arrival clock.
 pub const DEFAULT_TIME_SCALE: f64 = 8.0;
@@ -23,7 +23,7 @@ pub const DEFAULT_REQUESTS: usize = 512;
 /// Length scaling on CPU devices: prompt / 32 (the trace's median prompt of
 /// ~1,000 tokens becomes ~32), output / 4 (median ~240 becomes ~60), each
 /// capped at 128 tokens (half the synthetic model's 256 positions,
-/// [`xtc_decode::model::Config::tiny`]; the GGUF model on a CPU device gets the same caps).
+/// [`xtc_model::Config::tiny`]; the GGUF model on a CPU device gets the same caps).
 pub const CPU_SCALING: Scaling = Scaling {
     time_scale: DEFAULT_TIME_SCALE,
     prompt_div: 32,

@@ -4,9 +4,9 @@
 use std::io::Write;
 use std::time::Instant;
 
-use xtc_decode::serve::job::{JobOpts, Mode, SharedModel, Workload};
-use xtc_decode::serve::report::{Comparison, Report};
-use xtc_decode::serve::run_config::RunConfig;
+use xtc_replay::job::{JobOpts, Mode, SharedModel, Workload};
+use xtc_replay::report::{Comparison, Report};
+use xtc_replay::run_config::RunConfig;
 
 use super::args::DecodeArgs;
 use super::outputs::{Observe, Outputs};

@@ -4,16 +4,16 @@
 
 use std::path::Path;
 
-use xtc_decode::model::Weights;
-use xtc_decode::serve::job::{JobOpts, Workload};
-use xtc_decode::serve::latency::Slo;
-use xtc_decode::serve::run_config::{
+use xtc_model::Weights;
+use xtc_replay::job::{JobOpts, Workload};
+use xtc_kvbatch::latency::Slo;
+use xtc_replay::run_config::{
     DeviceConfig, HostConfig, KvConfig, LengthScaling, ModelConfig, RunConfig, TraceConfig,
 };
-use xtc_decode::serve::trace::{self, Scaling, Trace};
+use xtc_replay::trace::{self, Scaling, Trace};
 
 use super::args::DecodeArgs;
-use xtc_decode::model::open::Target;
+use xtc_model::open::Target;
 
 /// What a run's model is: its description, its shape (`Model::config`) and
 /// the weights it was built from.
@@ -21,7 +21,7 @@ pub struct ModelFacts {
     /// `Model::describe`.
     pub description: String,
     /// `Model::config` (the toy model's own shape for the toy).
-    pub shape: xtc_decode::Config,
+    pub shape: xtc_model::Config,
     /// Weight elements of the loaded weights (synthetic or from `--model`).
     pub parameters: u64,
     /// Bytes of those weights (4 per element for f32 weights; the file's

@@ -1,19 +1,20 @@
 //! What a run needs before it starts: a KV cache whose size block ids can
 //! name (`check_kv_size`), requests that can fit it (the trace rows that
 //! never can are named up front: `unfit_rows`), and host memory for the model's part
-//! ([`xtc_decode::model::open::model_memory`]) and the serving side's
+//! ([`xtc_model::open::model_memory`]) and the serving side's
 //! ([`memory_need`]) within what the process can still get ([`host_limit`],
 //! read through `xtc::rt::sysfs`).
 
 use std::time::Duration;
 
 use xtc::rt::sysfs::MemoryFiles;
-use xtc_decode::model::open::{Limits, MemoryKind, Target, model_memory};
-use xtc_decode::model::{Config, KvGeometry};
-use xtc_decode::serve::job::{self, JobOpts, RejectReason, Workload};
-use xtc_decode::serve::kv::KvLedger;
-use xtc_decode::serve::seq::RequestSpec;
-use xtc_decode::serve::trace::Trace;
+use xtc_model::open::{Limits, MemoryKind, Target, model_memory};
+use xtc_model::{Config, KvGeometry};
+use xtc_kvbatch::reject::{self, RejectReason, Rejected};
+use xtc_replay::job::{self, JobOpts, Workload};
+use xtc_kvbatch::kv::KvLedger;
+use xtc_kvbatch::seq::RequestSpec;
+use xtc_replay::trace::Trace;
 
 use super::args::DecodeArgs;
 
@@ -104,7 +105,7 @@ pub fn memory_need(
     parts.extend(model_memory(config, weight_elems, &limits, kind));
     // The group holds every request's slot and max-active members several
     // times over (ready, blocked, the driver's items): a generous bound.
-    let seq = n(size_of::<xtc_decode::serve::seq::Sequence>());
+    let seq = n(size_of::<xtc_kvbatch::seq::Sequence>());
     let slots = n(wl.requests.len().max(o.max_active));
     parts.push(("batch group", slots * (2 * seq + 64) + sq * (6 * seq + 64)));
     // Tokens live in the spec, the member and the output's copy; each token
@@ -220,7 +221,7 @@ const UNFIT_LISTED: usize = 5;
 
 /// The requests of `wl` that can never fit under `o`, reported before the
 /// run starts: a KV charge (prompt and output positions, in blocks) past
-/// the cache's blocks, or positions past `seq_len` ([`job::rejection`],
+/// the cache's blocks, or positions past `seq_len` ([`reject::rejection`],
 /// the rule the run applies at arrival). Says how many, then the first
 /// [`UNFIT_LISTED`] by their trace row (1-based, the header not counted)
 /// with the row's lengths, the scaled lengths and what they need against
@@ -233,10 +234,10 @@ pub(crate) fn unfit_rows(
     seq_len: usize,
 ) -> Option<String> {
     let kv = KvLedger::new(o.kv_blocks, o.block_size).ok()?;
-    let mut unfit: Vec<(&RequestSpec, job::Rejected)> = wl
+    let mut unfit: Vec<(&RequestSpec, Rejected)> = wl
         .requests
         .iter()
-        .filter_map(|r| job::rejection(r, &kv, seq_len).map(|why| (r, why)))
+        .filter_map(|r| reject::rejection(r, &kv, seq_len).map(|why| (r, why)))
         .collect();
     if unfit.is_empty() {
         return None;
@@ -291,8 +292,8 @@ pub(crate) fn unfit_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xtc_decode::serve::job::Mode;
-    use xtc_decode::serve::trace::{Scaling, Trace, TraceRequest};
+    use xtc_replay::job::Mode;
+    use xtc_replay::trace::{Scaling, Trace, TraceRequest};
 
     /// Issue 22: a trace row that can never fit is reported before the run,
     /// by its row and lengths; a workload that fits reports nothing.

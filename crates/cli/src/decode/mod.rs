@@ -36,11 +36,12 @@ use outputs::{Observe, Outputs};
 use render::{banner, render_samples, with_samples};
 use run::{finish_status, run_once};
 use source::Source;
-use xtc_decode::model::Config;
-use xtc_decode::model::cost::{CostFile, IterationCost};
-use xtc_decode::serve::job::{JobOpts, Mode, Workload};
-use xtc_decode::serve::report::Report;
-use xtc_decode::serve::trace::{self, Scaling};
+use xtc_model::Config;
+use xtc_replay::calibrate::CostFile;
+use xtc_model::cost::IterationCost;
+use xtc_replay::job::{JobOpts, Mode, Workload};
+use xtc_replay::report::Report;
+use xtc_replay::trace::{self, Scaling};
 
 /// Runs `xtc decode`, writing the report to `out` (progress and the banner go
 /// to stderr); returns the exit status ([`EXIT_OK`], [`EXIT_ERROR`],

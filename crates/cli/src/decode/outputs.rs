@@ -5,10 +5,10 @@
 
 use std::rc::Rc;
 
-use xtc_decode::serve::job::{RunOutput, Workload};
-use xtc_decode::serve::metrics::{self, DecodeMetrics};
-use xtc_decode::serve::report::{chrome_trace, request_records};
-use xtc_decode::serve::run_config::RunConfig;
+use xtc_replay::job::{RunOutput, Workload};
+use xtc_kvbatch::metrics::{self, DecodeMetrics};
+use xtc_replay::report::{chrome_trace, request_records};
+use xtc_replay::run_config::RunConfig;
 
 use super::args::DecodeArgs;
 use crate::metrics_server::MetricsServer;

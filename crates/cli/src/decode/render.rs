@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use xtc_decode::serve::job::{JobOpts, Workload};
-use xtc_decode::serve::run_config::RunConfig;
-use xtc_decode::serve::trace::Trace;
+use xtc_replay::job::{JobOpts, Workload};
+use xtc_replay::run_config::RunConfig;
+use xtc_replay::trace::Trace;
 
 use super::args::DecodeArgs;
 use super::config;
@@ -40,7 +40,7 @@ pub(crate) fn banner(
     let slo = if c.slo.is_set() {
         format!(
             ", SLO {}",
-            xtc_decode::serve::report::slo_bounds(c.slo.ttft_ms, c.slo.tpot_ms)
+            xtc_replay::report::slo_bounds(c.slo.ttft_ms, c.slo.tpot_ms)
         )
     } else {
         String::new()

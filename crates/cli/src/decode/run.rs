@@ -5,9 +5,9 @@ use std::io::IsTerminal;
 use std::rc::Rc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_decode::serve::job::{JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
-use xtc_decode::serve::metrics::DecodeMetrics;
-use xtc_decode::serve::report::Report;
+use xtc_replay::job::{JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
+use xtc_kvbatch::metrics::DecodeMetrics;
+use xtc_replay::report::Report;
 
 use super::args::{EXIT_FAILED, EXIT_LEAK, EXIT_OK, EXIT_REJECTED};
 
@@ -27,7 +27,7 @@ pub(crate) fn run_once(
         b.set_position(p.done as u64);
         b.set_message(format!("active {:>3} | {rate:>7.1} tok/s", p.active));
     };
-    let out = xtc_decode::serve::run_with_metrics(model, wl, opts, Box::new(update), metrics)
+    let out = xtc_replay::run_with_metrics(model, wl, opts, Box::new(update), metrics)
         .map_err(|e| e.to_string());
     bar.finish_and_clear();
     out
@@ -96,7 +96,7 @@ mod tests {
     use super::*;
     use crate::decode::args::{EXIT_ERROR, EXIT_STATUS_HELP, EXIT_USAGE};
     use std::time::{Duration, Instant};
-    use xtc_decode::serve::job::{Mode, RunOutput};
+    use xtc_replay::job::{Mode, RunOutput};
 
     fn report() -> Report {
         let out = RunOutput {

@@ -7,7 +7,7 @@
 //!   prompts are real English text: windows of [`PROMPT_TEXT`] tokenized
 //!   with the model's own tokenizer, one window per request at a seeded
 //!   offset, of the request's scaled prompt length
-//!   ([`xtc_decode::serve::prompts`]). Its end-of-sequence token is
+//!   ([`xtc_replay::prompts`]). Its end-of-sequence token is
 //!   ignored: every request runs to the trace's (scaled) output length, so
 //!   the workload is the trace's whatever the model says.
 //! - `--model PATH` naming a llama2.c checkpoint (anything without the GGUF
@@ -22,17 +22,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::args::DecodeArgs;
-use xtc_decode::model::cpu::llama::Llama;
-use xtc_decode::model::format::checkpoint;
-use xtc_decode::model::format::gguf::MAGIC;
-use xtc_decode::model::format::tokenizer::{self, Tokenizer};
-use xtc_decode::model::open::{Limits, ModelSpec, OpenError, Target, open};
-use xtc_decode::model::text::bpe::{Bpe, TextStream};
-use xtc_decode::model::vulkan::ops::Variant;
-use xtc_decode::model::{Config, KvGeometry, Weights, find_model};
-use xtc_decode::serve::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
-use xtc_decode::serve::prompts;
-use xtc_decode::serve::trace::{Scaling, Trace};
+use xtc_model::cpu::llama::Llama;
+use xtc_model::format::checkpoint;
+use xtc_model::format::gguf::MAGIC;
+use xtc_model::format::tokenizer::{self, Tokenizer};
+use xtc_model::open::{Limits, ModelSpec, OpenError, Target, open};
+use xtc_model::text::bpe::{Bpe, TextStream};
+use xtc_model::vulkan::ops::Variant;
+use xtc_model::{Config, KvGeometry, Weights, find_model};
+use xtc_replay::job::{self, JobOpts, RunOutput, SharedModel, Status, Workload};
+use xtc_replay::prompts;
+use xtc_replay::trace::{Scaling, Trace};
 
 /// The prompt text of GGUF models: chapters 1 to 12 of *Pride and Prejudice*
 /// (public domain; provenance in `data/pride_and_prejudice_ch1-12.PROVENANCE.md`).
@@ -48,7 +48,7 @@ pub const CPU_MODEL_REQUESTS: usize = 128;
 
 /// Positions per sequence of a GGUF model on a CPU-kind Vulkan device in
 /// `xtc decode`: below the kernel's limit
-/// ([`xtc_decode::model::open::CPU_DEVICE_CONTEXT`]), so the default
+/// ([`xtc_model::open::CPU_DEVICE_CONTEXT`]), so the default
 /// workload's requests stay short there.
 pub const CPU_DEVICE_CONTEXT: usize = 1024;
 
@@ -338,13 +338,13 @@ impl Source {
         }
     }
 
-    /// Opens the model on `device` ([`xtc_decode::model::open::open`]) with a KV
+    /// Opens the model on `device` ([`xtc_model::open::open`]) with a KV
     /// cache and buffers for `opts`, in the kernel form `kernels` on a
     /// Vulkan device (`None`: the device's own, `--kernels auto`); `config`
     /// is [`Source::config`] for the device.
     ///
     /// # Errors
-    /// As [`xtc_decode::model::open::open`].
+    /// As [`xtc_model::open::open`].
     pub fn model(
         &self,
         device: &Target,

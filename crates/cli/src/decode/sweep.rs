@@ -1,17 +1,17 @@
 //! `xtc decode --sweep RATES`: continuous, static and one-at-a-time batching
 //! at each request rate in one process, each policy's capacity under the SLO
-//! and the capacity ratios ([`xtc_decode::serve::sweep`]), each knee
+//! and the capacity ratios ([`xtc_replay::sweep`]), each knee
 //! refined `--refine` times; a table (or JSON), `--csv-out`, `--plot-out`.
 
 use std::io::Write;
 use std::time::Instant;
 
-use xtc_decode::model::Config;
-use xtc_decode::serve::job::{JobOpts, Mode, SharedModel};
-use xtc_decode::serve::report::Report;
-use xtc_decode::serve::run_config::RunConfig;
-use xtc_decode::serve::sweep::{ATTAINMENT_TARGET, Sweep, SweepPoint, knee_bracket, refine_rate};
-use xtc_decode::serve::trace::{Scaling, Trace};
+use xtc_model::Config;
+use xtc_replay::job::{JobOpts, Mode, SharedModel};
+use xtc_replay::report::Report;
+use xtc_replay::run_config::RunConfig;
+use xtc_replay::sweep::{ATTAINMENT_TARGET, Sweep, SweepPoint, knee_bracket, refine_rate};
+use xtc_replay::trace::{Scaling, Trace};
 
 use super::args::DecodeArgs;
 use super::outputs::Observe;

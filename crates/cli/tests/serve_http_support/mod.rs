@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// Whether the model is installed; panics in CI when it is not.
 pub fn have_model() -> bool {
-    match xtc_decode::model::find_model(None) {
+    match xtc_model::find_model(None) {
         Ok(_) => true,
         Err(e) => {
             assert!(

@@ -4,13 +4,13 @@
 use super::{Bench, NMSE_REDUCE, Spec, ok, rand_vec, spec};
 use crate::case::{CaseError, CaseResult, Ctx, ensure};
 use crate::check;
-use xtc_decode::model::cpu::f32_model::{self, CpuKvCache};
-use xtc_decode::model::vulkan::ops::{
+use xtc_model::cpu::f32_model::{self, CpuKvCache};
+use xtc_model::vulkan::ops::{
     Attention, AttentionImage, AttentionImageQ81, AttentionImageSplit, KvAppend, KvAppendImage,
     KvImage, Op, Variant, pack_metadata,
 };
-use xtc_decode::model::vulkan::qops8::{Q81_WORDS, q81_len, reference_quantize_q81};
-use xtc_decode::model::{BatchPlan, Config, KvGeometry, SeqWork};
+use xtc_model::vulkan::qops8::{Q81_WORDS, q81_len, reference_quantize_q81};
+use xtc_model::{BatchPlan, Config, KvGeometry, SeqWork};
 
 // ---------------------------------------------------------------- KV append + attention
 

@@ -4,8 +4,8 @@
 use super::{Bench, NMSE_REDUCE, NMSE_ROPE, Spec, ok, rand_vec, spec};
 use crate::case::{CaseResult, Ctx};
 use crate::check;
-use xtc_decode::model::cpu::f32_model::{self, EPS};
-use xtc_decode::model::vulkan::ops::{Argmax, Embed, Matmul, RmsNorm, Rope, SwiGlu, Variant};
+use xtc_model::cpu::f32_model::{self, EPS};
+use xtc_model::vulkan::ops::{Argmax, Embed, Matmul, RmsNorm, Rope, SwiGlu, Variant};
 
 // ---------------------------------------------------------------- embed
 

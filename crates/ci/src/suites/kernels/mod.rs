@@ -1,6 +1,6 @@
 //! `xtc.kernels.*`: every entry point of `kernels/*.wgsl`, run through the
-//! decode ops ([`xtc_decode::model::vulkan::ops::Ops::run`]) on seeded random inputs and
-//! compared with the CPU reference ([`xtc_decode::model::cpu::f32_model`]): NMSE
+//! decode ops ([`xtc_model::vulkan::ops::Ops::run`]) on seeded random inputs and
+//! compared with the CPU reference ([`xtc_model::cpu::f32_model`]): NMSE
 //! under a per-op threshold ([`check::close`]), bit-exact for the exact ops
 //! (embedding gather, KV append, argmax), NaN/Inf agreement, and guard
 //! regions: every buffer is filled with a sentinel pattern, inputs are
@@ -37,7 +37,7 @@ use std::sync::Arc;
 use crate::case::{Case, CaseError, CaseResult, Ctx, Outcome, Suite, ensure};
 use crate::check::Guarded;
 use crate::rig::Rig;
-use xtc_decode::model::vulkan::ops::{Op, Ops, Variant};
+use xtc_model::vulkan::ops::{Op, Ops, Variant};
 use xtc_vk::Recorder;
 
 mod attention;
@@ -101,7 +101,7 @@ pub fn specs() -> Vec<Spec> {
         &["form_probe_barrier", "form_probe_plain"],
         |ctx| {
             let dev = ctx.device()?;
-            let p = xtc_decode::model::vulkan::form::measure(&dev)?;
+            let p = xtc_model::vulkan::form::measure(&dev)?;
             ok(format!(
                 "outputs exact; {:?} with barriers, {:?} without (ratio {:.1})",
                 p.barrier,
@@ -116,10 +116,10 @@ pub fn specs() -> Vec<Spec> {
     // reported, never judged.
     v.push(spec(
         "xtc.kernels.peak.outputs_exact".into(),
-        &xtc_decode::model::vulkan::peak::KERNELS,
+        &xtc_model::vulkan::peak::KERNELS,
         |ctx| {
             let dev = ctx.device()?;
-            let p = xtc_decode::model::vulkan::peak::measure(&dev, 2)?;
+            let p = xtc_model::vulkan::peak::measure(&dev, 2)?;
             ok(format!(
                 "outputs exact; f32 {:.1} GFLOP/s, fma builtin {:.1}, i32 {:.1} GOP/s \
                  (2 workgroups of 64: a lower bound of the ceiling)",
@@ -275,8 +275,8 @@ mod tests {
     fn every_kernel_entry_point_has_a_case() {
         let specs = specs();
         // The int8-activation entry points (built only by
-        // `Kernels::with_int8`) are checked by crates/decode/tests/vk_qkernels8.rs
-        // and, the int8 chain's `chain8_r<T>`, by crates/decode/tests/vk_chain.rs,
+        // `Kernels::with_int8`) are checked by crates/model/tests/vk_qkernels8.rs
+        // and, the int8 chain's `chain8_r<T>`, by crates/model/tests/vk_chain.rs,
         // not by an xtc.kernels case yet.
         let int8 = |e: &&str| xtc_vk::kernels::INT8.contains(e);
         for (entry, _) in xtc_vk::kernels::KERNELS.iter().filter(|(e, _)| !int8(e)) {

@@ -24,15 +24,15 @@ use std::sync::Arc;
 use super::{Spec, spec};
 use crate::case::{CaseError, CaseResult, Ctx, Outcome, ensure};
 use crate::check::{self, Guarded};
-use xtc_decode::model::cpu::f32_model::argmax;
-use xtc_decode::model::format::gguf::GgmlType;
-use xtc_decode::model::format::quant::{self, QMatrix};
-use xtc_decode::model::vulkan::ops::{Op, Ops, Rope, Variant};
-use xtc_decode::model::vulkan::qops::{
+use xtc_model::cpu::f32_model::argmax;
+use xtc_model::format::gguf::GgmlType;
+use xtc_model::format::quant::{self, QMatrix};
+use xtc_model::vulkan::ops::{Op, Ops, Rope, Variant};
+use xtc_model::vulkan::qops::{
     ArgmaxPart, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups, gpu_mm_applies,
     reference_embed, reference_glu, reference_matmul, reference_rope, rope_table,
 };
-use xtc_decode::model::vulkan::qweights::{QTensor, TexelStream};
+use xtc_model::vulkan::qweights::{QTensor, TexelStream};
 use xtc_vk::{
     BindingSet, Buffer, CommandPool, Kernels, Location, Recorder, StorageImage, TexelFormat,
 };
@@ -532,7 +532,7 @@ fn qmm(
             b.output(1, y_off, m * n);
             let mut xn = vec![0f32; x.len()];
             for (o, r) in xn.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
-                xtc_decode::model::cpu::math::rmsnorm(o, r, &g, eps);
+                xtc_model::cpu::math::rmsnorm(o, r, &g, eps);
             }
             (
                 vec![QMatmul::glu(&t, m as u32, X_OFF as u32, y_off as u32).with_norm(g_off, eps)],
@@ -572,7 +572,7 @@ fn qmm(
 /// bit for bit, h against the reference, the chain's counter at one arrival
 /// per workgroup and no abort, and the guards.
 fn chain_case(ctx: &mut Ctx, m: usize, product: &'static str) -> CaseResult {
-    use xtc_decode::model::vulkan::chain::{self, Chain, ChainStep};
+    use xtc_model::vulkan::chain::{self, Chain, ChainStep};
     let dev = ctx.device()?;
     // The model chains only on CPU devices (as many workgroups as lavapipe's
     // threads); elsewhere one workgroup, which any device runs, still checks
@@ -685,7 +685,7 @@ fn chain_case(ctx: &mut Ctx, m: usize, product: &'static str) -> CaseResult {
     let y = reference_matmul(&w1, &x, m);
     let mut yn = vec![0f32; m * n];
     for (o, r) in yn.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
-        xtc_decode::model::cpu::math::rmsnorm(o, r, &g, eps);
+        xtc_model::cpu::math::rmsnorm(o, r, &g, eps);
     }
     let want = reference_glu(&gate, &up, &yn, m);
     let nmse = check::close("h", &chained[m * n..], &want, NMSE_Q)?;
@@ -842,7 +842,7 @@ fn rope_rows(
 /// buffer form the cache's turned k and exact v at each slot, and nothing
 /// else of the cache written; in the image form a second submission's
 /// `attention_img`-free probe is not possible, so the image's contents are
-/// covered end to end by the model's agreement tests (`crates/decode/tests/vk_llama.rs`)
+/// covered end to end by the model's agreement tests (`crates/model/tests/vk_llama.rs`)
 /// and here q and the guards.
 fn rope_kv(ctx: &mut Ctx, (heads, kv_heads, hs): (usize, usize, usize), image: bool) -> CaseResult {
     let mut rng = ctx.rng();
@@ -909,7 +909,7 @@ fn rope_kv(ctx: &mut Ctx, (heads, kv_heads, hs): (usize, usize, usize), image: b
     let e = check::close("q", &b.get(1, q_at, q.len())?, &wq, NMSE_Q)?;
     if image {
         return ok(format!(
-            "q NMSE {e:.2e} (the image's K/V: crates/decode/tests/vk_llama.rs)"
+            "q NMSE {e:.2e} (the image's K/V: crates/model/tests/vk_llama.rs)"
         ));
     }
     let mut worst = e;
@@ -936,7 +936,7 @@ fn rope_kv(ctx: &mut Ctx, (heads, kv_heads, hs): (usize, usize, usize), image: b
 /// table is 7, 2, 5, 0 (blocks of 4). q (turned) is checked against the
 /// reference product turned by the reference RoPE; the guards prove k and v
 /// were not stored in the activations (they go to the KV image, whose
-/// contents `crates/decode/tests/vk_fused_rope_kv.rs` checks end to end,
+/// contents `crates/model/tests/vk_fused_rope_kv.rs` checks end to end,
 /// bit for bit against the product and `rope_kv_img` apart).
 fn qmm_rope_kv(ctx: &mut Ctx, ty: GgmlType, m: usize, entry: &'static str) -> CaseResult {
     let mut rng = ctx.rng();
@@ -1005,6 +1005,6 @@ fn qmm_rope_kv(ctx: &mut Ctx, ty: GgmlType, m: usize, entry: &'static str) -> Ca
     }
     let e = check::close("q", &b.get(1, q_at, m * d)?, &wq, NMSE_Q)?;
     ok(format!(
-        "{m} rows, q NMSE {e:.2e}, k and v not in the activations (the image's K/V: crates/decode/tests/vk_fused_rope_kv.rs)"
+        "{m} rows, q NMSE {e:.2e}, k and v not in the activations (the image's K/V: crates/model/tests/vk_fused_rope_kv.rs)"
     ))
 }
