@@ -38,7 +38,10 @@ fn the_engine_tree_has_no_vulkan_model_http_or_cli_crate() {
         "xtc-trace",
         "xtc-dispatch",
         "xtc-vk",
-        "xtc-decode",
+        "xtc-model",
+        "xtc-kvbatch",
+        "xtc-replay",
+        "xtc-testkit",
         "xtc-ci",
         "xtc-cli",
         // Vulkan and its kernels.

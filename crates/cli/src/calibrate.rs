@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use xtc_model::KvGeometry;
+use xtc_model::open::{Limits, open};
 use xtc_replay::calibrate::{
     self, COST_FORMAT, COST_VERSION, CostCoefficients, CostFile, DesignPoint,
 };
-use xtc_model::open::{Limits, open};
 
 use super::generate::{Failure, load, open_device};
 use crate::out_file::OutFile;

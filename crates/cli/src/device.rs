@@ -169,7 +169,7 @@ pub fn idle_note(path: &std::path::Path) -> Option<String> {
              thread hand-offs (about 150 a decoded token of a large batch, a few where the \
              persistent chain holds an iteration of up to 4 rows) each wait for a vCPU woken through \
              the hypervisor; as root, `echo 200000 > {}` (the kernel's own default) made one
-             stream decode 1.4-1.8x faster on a 2-core guest before the chain (README, \"Beside llama.cpp\")",
+             stream decode 1.4-1.8x faster on a 2-core guest before the chain (benches/peers/beside-llama-cpp.md)",
             path.display(),
             path.display()
         )

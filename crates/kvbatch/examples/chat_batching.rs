@@ -23,6 +23,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use xtc_kvbatch::kv::KvLedger;
+use xtc_kvbatch::seq::{self, DecodeSeq, Outcome, RequestSpec};
 use xtc_model::Model;
 use xtc_model::adapters::CpuModel;
 use xtc_model::cpu::llama::{Chunk, Llama, Logits};
@@ -30,8 +32,6 @@ use xtc_model::text::bpe::Bpe;
 use xtc_model::text::chat::user_prompt;
 use xtc_model::text::sampling::argmax;
 use xtc_model::{KvGeometry, find_model};
-use xtc_kvbatch::kv::KvLedger;
-use xtc_kvbatch::seq::{self, DecodeSeq, Outcome, RequestSpec};
 
 const BLOCK_SIZE: usize = 16;
 const KV_BLOCKS: usize = 10;

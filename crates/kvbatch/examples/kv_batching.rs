@@ -17,10 +17,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use xtc_model::Model;
-use xtc_model::adapters::{ToyModel, toy_reference};
 use xtc_kvbatch::kv::KvLedger;
 use xtc_kvbatch::seq::{self, DecodeSeq, Outcome, RequestSpec};
+use xtc_model::Model;
+use xtc_model::adapters::{ToyModel, toy_reference};
 
 const VOCAB: usize = 1000;
 const BLOCK_SIZE: usize = 4;

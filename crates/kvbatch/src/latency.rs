@@ -16,7 +16,6 @@ use serde::Serialize;
 
 use crate::seq::Timing;
 
-
 /// One request's latencies (see the module doc), `None` where the request
 /// never reached that point.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

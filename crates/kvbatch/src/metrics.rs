@@ -3,7 +3,7 @@
 //! (`prometheus-client`, OpenMetrics text exposition).
 //!
 //! [`DecodeMetrics`] owns a [`Registry`] and is updated by the group driver
-//! ([`super::batch_driver::run_with_metrics`]) as the run goes: after every
+//! (`xtc_replay::run_with_metrics`) as the run goes: after every
 //! iteration (the batch group's statistics, running and waiting requests,
 //! KV-cache use, tokens per iteration, each new first token and token gap)
 //! and at every completion or rejection. [`encode`] renders a registry as

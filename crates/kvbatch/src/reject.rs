@@ -89,4 +89,3 @@ pub fn rejection(spec: &RequestSpec, kv: &KvLedger, seq_len: usize) -> Option<Re
     }
     None
 }
-

@@ -19,6 +19,13 @@ fn the_serving_core_imports_no_device_and_nothing_above_it() {
 
 #[test]
 fn the_serving_core_reaches_a_model_only_through_the_join() {
-    let join = ["Model", "Completion", "BatchPlan", "SeqWork", "Config", "DeviceError"];
+    let join = [
+        "Model",
+        "Completion",
+        "BatchPlan",
+        "SeqWork",
+        "Config",
+        "DeviceError",
+    ];
     check_items(&src(), "xtc_model", &join);
 }

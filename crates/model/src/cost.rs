@@ -120,4 +120,3 @@ pub fn positions_read(plan: &BatchPlan) -> u64 {
         })
         .sum()
 }
-

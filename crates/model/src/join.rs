@@ -11,9 +11,9 @@
 //!   the batch engine maps it onto the engine's `Exec` in one place
 //!   (`xtc_replay::batch_driver`) and the local driver waits on it in the
 //!   calling thread ([`Completion::wait_here`]).
-//! - The vocabulary both sides speak: [`BatchPlan`](crate::BatchPlan) /
+//! - The vocabulary both sides speak: [`BatchPlan`] /
 //!   [`SeqWork`](crate::SeqWork) (one iteration's token rows, positions and
-//!   block tables) and [`Config`](crate::Config) (the model's shape:
+//!   block tables) and [`Config`] (the model's shape:
 //!   `vocab_size`, `seq_len`, ...). [`DeviceError`] is a launch or finish
 //!   failure, by kind (lost, out of memory, unsupported, failed).
 //!

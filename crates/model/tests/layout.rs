@@ -10,14 +10,18 @@ use std::path::Path;
 use xtc_testkit::layout::{check, crate_paths, sources, super_paths};
 
 fn src(folder: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(folder)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(folder)
 }
 
 #[test]
 fn the_model_imports_neither_serving_nor_batching() {
     check(
         &src(""),
-        &["batch", "rt", "accel", "dispatch", "kvbatch", "replay", "serve"],
+        &[
+            "batch", "rt", "accel", "dispatch", "kvbatch", "replay", "serve",
+        ],
     );
 }
 

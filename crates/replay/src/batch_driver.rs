@@ -29,21 +29,21 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Instant;
 
-use xtc_model::Completion;
 use crate::job::{
-    Finished, IterRecord, JobError, JobOpts, Mode, Progress, RunOutput,
-    SharedModel, Status, Workload, check_opts,
+    Finished, IterRecord, JobError, JobOpts, Mode, Progress, RunOutput, SharedModel, Status,
+    Workload, check_opts,
 };
-use xtc_kvbatch::kv::{KvError, KvLedger};
-use xtc_kvbatch::latency::RequestLatency;
-use xtc_kvbatch::reject::{RejectReason, Rejected, rejection};
-use xtc_kvbatch::metrics::{Completed, DecodeMetrics};
-use xtc_kvbatch::seq::{self, DecodeSeq, Outcome, RequestSpec};
 use xtc::Error;
 use xtc::batch::{
     AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, StepResult,
 };
 use xtc::rt;
+use xtc_kvbatch::kv::{KvError, KvLedger};
+use xtc_kvbatch::latency::RequestLatency;
+use xtc_kvbatch::metrics::{Completed, DecodeMetrics};
+use xtc_kvbatch::reject::{RejectReason, Rejected, rejection};
+use xtc_kvbatch::seq::{self, DecodeSeq, Outcome, RequestSpec};
+use xtc_model::Completion;
 
 /// The iteration in flight (between submit and collect).
 struct LaunchedIteration {

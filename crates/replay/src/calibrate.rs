@@ -34,7 +34,6 @@
 //! its cached prefix (their contents do not change the cost) and owns the
 //! block it writes, so the KV cache stays small ([`DesignPoint::blocks`]).
 
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -150,7 +149,7 @@ pub fn design(rows: &[usize], cached: &[usize], prefill_rows: &[usize]) -> Vec<D
 /// The default design's decode rows.
 pub const DEFAULT_ROWS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 /// The default design's cached positions (up to a CPU device's context,
-/// [`crate::model::open::CPU_DEVICE_CONTEXT`]).
+/// [`CPU_DEVICE_CONTEXT`](xtc_model::open::CPU_DEVICE_CONTEXT)).
 pub const DEFAULT_CACHED: [usize; 4] = [0, 500, 1000, 1500];
 /// The default design's prefill chunks.
 pub const DEFAULT_PREFILL_ROWS: [usize; 2] = [8, 32];

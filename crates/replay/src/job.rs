@@ -19,10 +19,10 @@
 
 use std::time::{Duration, Instant};
 
+use crate::trace::{Scaling, Trace};
 use xtc_kvbatch::kv::{KvError, KvLedger};
 use xtc_kvbatch::reject::Rejected;
 use xtc_kvbatch::seq::{DecodeSeq, RequestSpec, TokenCountMismatch};
-use crate::trace::{Scaling, Trace};
 use xtc_model::{DeviceError, Model};
 
 /// Admission policy of a run.

@@ -14,7 +14,6 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use xtc_model::Model;
 use crate::job::{
     Finished, IterRecord, JobError, JobOpts, Mode, Progress, RunOutput, Status, Workload,
     check_opts,
@@ -22,6 +21,7 @@ use crate::job::{
 use xtc_kvbatch::kv::KvLedger;
 use xtc_kvbatch::reject::rejection;
 use xtc_kvbatch::seq::{self, DecodeSeq, Outcome, RequestSpec};
+use xtc_model::Model;
 
 struct State<'w> {
     opts: JobOpts,

@@ -22,10 +22,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::job::{Finished, RunOutput, Status, Workload};
-use xtc_kvbatch::reject::{RejectReason, Rejected};
 use crate::latency::{LatencyStats, SloReport};
-use xtc_kvbatch::latency::{RequestLatency, Slo};
 use crate::run_config::RunConfig;
+use xtc_kvbatch::latency::{RequestLatency, Slo};
+use xtc_kvbatch::reject::{RejectReason, Rejected};
 
 /// Version of the JSON report's layout (`schema_version`): bumped when a
 /// field is renamed, removed or changes meaning (added fields keep it).

@@ -8,9 +8,9 @@
 
 use serde::Serialize;
 
-use xtc_model::Config;
-use xtc_kvbatch::latency::Slo;
 use crate::trace::Scaling;
+use xtc_kvbatch::latency::Slo;
+use xtc_model::Config;
 
 /// The configuration of a run (see the module doc).
 #[derive(Debug, Clone, PartialEq, Serialize)]

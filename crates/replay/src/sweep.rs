@@ -27,9 +27,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use xtc_kvbatch::latency::Slo;
 use crate::report::{Report, SCHEMA_VERSION, XTC_VERSION, slo_bounds};
 use crate::run_config::RunConfig;
+use xtc_kvbatch::latency::Slo;
 
 /// The share of requests that must meet the SLO at a rate the policy
 /// sustains (DistServe's 90%).

@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
-use xtc_model::adapters::{ToyModel, toy_reference};
-use xtc_replay::report::Report;
 use xtc_kvbatch::seq::RequestSpec;
-use xtc_replay::{
-    job::{self, JobOpts, Mode, RunOutput, Status, Workload},
-};
+use xtc_model::adapters::{ToyModel, toy_reference};
+use xtc_replay::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
+use xtc_replay::report::Report;
 
 const VOCAB: usize = 97;
 

@@ -18,17 +18,17 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use xtc_kvbatch::seq::RequestSpec;
 use xtc_model::adapters::{CpuModel, VulkanModel};
 use xtc_model::cpu::llama::{Chunk, Llama, Logits};
 use xtc_model::text::sampling::argmax;
 use xtc_model::vulkan::llama::GpuLlamaOptions;
 use xtc_model::{BatchPlan, KvGeometry, SeqWork};
-use xtc_kvbatch::seq::RequestSpec;
+use xtc_model::{Completion, Model};
 use xtc_replay::{
     job::{self, JobOpts, Mode, RunOutput, Status, Workload},
     prompts,
 };
-use xtc_model::{Completion, Model};
 
 const TEXT: &str = include_str!("../../../data/pride_and_prejudice_ch1-12.txt");
 

@@ -9,14 +9,12 @@ use std::time::Duration;
 #[path = "../../vk/tests/vk_support/mod.rs"]
 mod vk_support;
 
+use xtc_kvbatch::seq::RequestSpec;
 use xtc_model::Model;
 use xtc_model::adapters::{CpuModel, VulkanModel, reference_greedy};
 use xtc_model::format::checkpoint;
 use xtc_model::{Config, KvGeometry, Weights};
-use xtc_kvbatch::seq::RequestSpec;
-use xtc_replay::{
-    job::{self, JobOpts, Mode, RunOutput, Status, Workload},
-};
+use xtc_replay::job::{self, JobOpts, Mode, RunOutput, Status, Workload};
 
 const SMALL: Config = Config {
     dim: 32,

@@ -18,6 +18,14 @@ fn the_benchmark_imports_no_device_and_no_server() {
 
 #[test]
 fn the_benchmark_reaches_a_model_only_through_the_join() {
-    let allowed = ["Model", "Completion", "BatchPlan", "SeqWork", "Config", "DeviceError", "cost"];
+    let allowed = [
+        "Model",
+        "Completion",
+        "BatchPlan",
+        "SeqWork",
+        "Config",
+        "DeviceError",
+        "cost",
+    ];
     check_items(&src(), "xtc_model", &allowed);
 }

@@ -333,10 +333,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     let reg = app.engine.get().map(|e| e.registry.clone());
     let text = app.metrics.exposition(reg.as_deref());
     (
-        [(
-            header::CONTENT_TYPE,
-            xtc_kvbatch::metrics::CONTENT_TYPE,
-        )],
+        [(header::CONTENT_TYPE, xtc_kvbatch::metrics::CONTENT_TYPE)],
         text,
     )
         .into_response()

@@ -166,7 +166,11 @@ pub fn items_of(dir: &Path, krate: &str) -> Vec<(String, String)> {
 /// all (the check would then prove nothing).
 pub fn check_items(dir: &Path, krate: &str, allowed: &[&str]) {
     let items = items_of(dir, krate);
-    assert!(!items.is_empty(), "{} names nothing of {krate}", dir.display());
+    assert!(
+        !items.is_empty(),
+        "{} names nothing of {krate}",
+        dir.display()
+    );
     let bad: Vec<String> = items
         .iter()
         .filter(|(_, n)| !allowed.contains(&n.as_str()))

@@ -62,10 +62,7 @@ impl Rig {
 
     /// Records `f` into one command buffer, submits it and waits for it;
     /// asserts the validation layer (on in debug builds) reported nothing.
-    pub fn run(
-        &mut self,
-        f: impl FnOnce(&xtc_model::vulkan::ops::Ops, &mut xtc_vk::Recorder<'_>),
-    ) {
+    pub fn run(&mut self, f: impl FnOnce(&xtc_model::vulkan::ops::Ops, &mut xtc_vk::Recorder<'_>)) {
         let errors = self
             .0
             .run(|ops, rec| -> Result<(), xtc_vk::VkError> {

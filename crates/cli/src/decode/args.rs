@@ -50,7 +50,7 @@ pub const EXIT_FAILED: i32 = 4;
 /// a bug in xtc).
 pub const EXIT_LEAK: i32 = 5;
 
-/// The exit-status section of `xtc decode --help` (also in the README).
+/// The exit-status section of `xtc decode --help` (also in docs/decode.md).
 pub const EXIT_STATUS_HELP: &str = "\
 Exit status:
   0  every request was done or cancelled

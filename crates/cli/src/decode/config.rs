@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
+use xtc_kvbatch::latency::Slo;
 use xtc_model::Weights;
 use xtc_replay::job::{JobOpts, Workload};
-use xtc_kvbatch::latency::Slo;
 use xtc_replay::run_config::{
     DeviceConfig, HostConfig, KvConfig, LengthScaling, ModelConfig, RunConfig, TraceConfig,
 };

@@ -8,12 +8,12 @@
 use std::time::Duration;
 
 use xtc::rt::sysfs::MemoryFiles;
+use xtc_kvbatch::kv::KvLedger;
+use xtc_kvbatch::reject::{self, RejectReason, Rejected};
+use xtc_kvbatch::seq::RequestSpec;
 use xtc_model::open::{Limits, MemoryKind, Target, model_memory};
 use xtc_model::{Config, KvGeometry};
-use xtc_kvbatch::reject::{self, RejectReason, Rejected};
 use xtc_replay::job::{self, JobOpts, Workload};
-use xtc_kvbatch::kv::KvLedger;
-use xtc_kvbatch::seq::RequestSpec;
 use xtc_replay::trace::Trace;
 
 use super::args::DecodeArgs;

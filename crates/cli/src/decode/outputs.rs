@@ -5,8 +5,8 @@
 
 use std::rc::Rc;
 
-use xtc_replay::job::{RunOutput, Workload};
 use xtc_kvbatch::metrics::{self, DecodeMetrics};
+use xtc_replay::job::{RunOutput, Workload};
 use xtc_replay::report::{chrome_trace, request_records};
 use xtc_replay::run_config::RunConfig;
 

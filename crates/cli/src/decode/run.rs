@@ -5,8 +5,8 @@ use std::io::IsTerminal;
 use std::rc::Rc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use xtc_replay::job::{JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use xtc_kvbatch::metrics::DecodeMetrics;
+use xtc_replay::job::{JobOpts, Mode, Progress, RunOutput, SharedModel, Workload};
 use xtc_replay::report::Report;
 
 use super::args::{EXIT_FAILED, EXIT_LEAK, EXIT_OK, EXIT_REJECTED};

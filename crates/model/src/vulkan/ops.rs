@@ -546,11 +546,7 @@ impl KvImage {
     /// used: `kv_dim` or `head_size` not a multiple of 4, `head_size > 64`
     /// (the attention form's registers), or an extent above `limits`
     /// (`(maxImageDimension2D, maxImageArrayLayers)`).
-    pub fn new(
-        c: &crate::Config,
-        kv: crate::KvGeometry,
-        limits: (u32, u32),
-    ) -> Option<KvImage> {
+    pub fn new(c: &crate::Config, kv: crate::KvGeometry, limits: (u32, u32)) -> Option<KvImage> {
         let (kv_dim, hs) = (c.kv_dim(), c.head_size());
         if !kv_dim.is_multiple_of(4) || !hs.is_multiple_of(4) || hs > 64 {
             return None;

@@ -57,12 +57,12 @@ use xtc::batch::{
     AsyncOpts, AsyncStep, CloseMode, Exec, ExecStatus, Group, Handle, Item, Remote, StepResult,
 };
 use xtc::rt;
-use xtc_model::text::bpe::Bpe;
-use xtc_model::text::sampling::{Sampler, SamplingParams, argmax};
 use xtc_kvbatch::kv::{KvError, KvLedger};
 use xtc_kvbatch::latency::RequestLatency;
 use xtc_kvbatch::metrics::{Completed, DecodeMetrics};
 use xtc_kvbatch::seq::{self, Outcome as SeqOutcome, RequestSpec, Sequence};
+use xtc_model::text::bpe::Bpe;
+use xtc_model::text::sampling::{Sampler, SamplingParams, argmax};
 
 mod step;
 

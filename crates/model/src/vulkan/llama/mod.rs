@@ -68,9 +68,7 @@ use crate::vulkan::ops::{
 use crate::vulkan::qops::{
     ArgmaxPart, NO_NORM, QEmbed, QMatmul, QMatmulRopeKv, RopeKv, RopeTable, argmax_groups,
 };
-use crate::vulkan::qops8::{
-    Activations, DotForm, QMatmul8, QMatmul8RopeKv, QuantizeQ81, q81_len,
-};
+use crate::vulkan::qops8::{Activations, DotForm, QMatmul8, QMatmul8RopeKv, QuantizeQ81, q81_len};
 use crate::vulkan::qweights::{KernelType, QTensor};
 use crate::{BatchPlan, Config};
 use xtc::{Error, Result};
