@@ -1,5 +1,5 @@
 // form_probe: the cost of a workgroup barrier on this device, measured once
-// per device to choose the kernel form (crates/decode/src/model/vulkan/form.rs).
+// per device to choose the kernel form (crates/model/src/vulkan/form.rs).
 // Two kernels do the same arithmetic, `iters` steps per invocation:
 //   form_probe_barrier: each step trades a value with the next invocation
 //     through workgroup memory between two workgroupBarrier()s

@@ -17,8 +17,9 @@
 //! The layers above it are crates of the same workspace: `xtc-trace` (the
 //! Chrome trace / Perfetto writer), `xtc-dispatch` (batched doorbell
 //! publication on an emulated NPU), `xtc-vk` (Vulkan compute through `ash`),
-//! `xtc-decode` (KV-cache continuous-batching decode of GGUF models),
-//! `xtc-ci` (the device-in-the-loop CI runner) and `xtc-cli` (the `xtc`
+//! `xtc-model` (GGUF models on Vulkan and the CPU), `xtc-kvbatch` (the
+//! KV-cache continuous-batching core), `xtc-replay` (`xtc decode`),
+//! `xtc-serve` (`xtc serve`), `xtc-ci` (the device-in-the-loop CI runner) and `xtc-cli` (the `xtc`
 //! command); `xtc-capi` is the C ABI of this crate.
 //!
 //! Clause ids (B-xxx) in these docs are sentences of the contract

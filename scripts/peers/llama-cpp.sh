@@ -25,7 +25,7 @@
 #   The table says which way it ran.
 # - Then scripts/peers/run.py runs, in one go: llama-bench (pp512, tg128,
 #   2 threads), llama-batched-bench (8/16/32 sequences, 32-token prompts,
-#   64 generated), then xtc's `cargo bench -p xtc-decode --bench roofline`
+#   64 generated), then xtc's `cargo bench -p xtc-model --bench roofline`
 #   and `--bench llama` (the same figures on the default Vulkan device,
 #   lavapipe here, and on the CPU reference, with llama.cpp's passed in
 #   through XTC_PEER_JSON), printing each figure of both sides, their ratio,

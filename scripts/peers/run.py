@@ -168,7 +168,7 @@ def handoff_ceiling(xtc, peer_tg):
 def cargo_bench(name, env_extra):
     env = dict(os.environ)
     env.update(env_extra)
-    return run(["nice", "-n", "0", "cargo", "bench", "--quiet", "-p", "xtc-decode", "--bench", name],
+    return run(["nice", "-n", "0", "cargo", "bench", "--quiet", "-p", "xtc-model", "--bench", name],
                env=env, echo=True)
 
 
